@@ -1,0 +1,145 @@
+"""Gaussian (mip) pyramid: the multi-scale image every token is read from.
+
+Level 0 is the image at full resolution; level ``l`` is level ``l-1`` blurred with the
+5-tap binomial kernel ``[1, 4, 6, 4, 1] / 16`` (separable) and subsampled by two, with
+mirror (reflect-101) borders: exactly OpenCV's ``cv2.pyrDown`` [Burt & Adelson 1983].
+A token at level ``l`` therefore covers ``patch * 2**l`` base pixels with ``patch``
+samples, one per level-``l`` pixel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+_BINOMIAL5 = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0]) / 16.0
+
+
+def as_image_batch(image: np.ndarray | torch.Tensor, *, device: str | torch.device | None = None
+                   ) -> torch.Tensor:
+    """Convert an image or a batch to a float32 tensor ``[B, C, H, W]`` in ``[0, 1]``.
+
+    Accepts a numpy ``[H, W]``, ``[H, W, C]`` or ``[B, H, W, C]`` array (uint8 in 0..255 or
+    float in 0..1, as scikit-image and OpenCV give them) or a torch tensor that is already
+    ``[C, H, W]`` or ``[B, C, H, W]``.
+    """
+    if isinstance(image, np.ndarray):
+        arr = image
+        if arr.ndim == 2:
+            arr = arr[None, :, :, None]
+        elif arr.ndim == 3:
+            arr = arr[None]
+        if arr.ndim != 4:
+            raise ValueError(f"numpy image must be [H,W], [H,W,C] or [B,H,W,C], got {image.shape}")
+        scale = 255.0 if arr.dtype == np.uint8 else 1.0
+        t = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2).float() / scale
+    elif isinstance(image, torch.Tensor):
+        t = image[None] if image.ndim == 3 else image
+        if t.ndim != 4:
+            raise ValueError(f"tensor image must be [C,H,W] or [B,C,H,W], got {tuple(image.shape)}")
+        t = t.float() / 255.0 if t.dtype == torch.uint8 else t.float()
+    else:
+        raise TypeError(f"image must be a numpy array or torch tensor, got {type(image).__name__}")
+    return t.to(device) if device is not None else t
+
+
+def pyr_down(x: torch.Tensor) -> torch.Tensor:
+    """One pyramid step ``[B, C, H, W] -> [B, C, ceil(H/2), ceil(W/2)]`` (= ``cv2.pyrDown``).
+
+    Separable binomial blur computed only at the kept samples (stride-2 convolutions),
+    reflect-101 borders. Needs ``H, W >= 3``.
+    """
+    if x.shape[-1] < 3 or x.shape[-2] < 3:
+        raise ValueError(f"pyr_down needs H, W >= 3, got {tuple(x.shape[-2:])}")
+    b, c, h, w = x.shape
+    k = _BINOMIAL5.to(x)
+    y = x.reshape(b * c, 1, h, w)
+    y = F.conv2d(F.pad(y, (2, 2, 0, 0), mode="reflect"), k.view(1, 1, 1, 5), stride=(1, 2))
+    y = F.conv2d(F.pad(y, (0, 0, 2, 2), mode="reflect"), k.view(1, 1, 5, 1), stride=(2, 1))
+    return y.reshape(b, c, y.shape[-2], y.shape[-1])
+
+
+def default_num_levels(height: int, width: int, patch: int = 16) -> int:
+    """Levels ``0..L`` such that the coarsest level still holds one whole patch."""
+    if min(height, width) < patch:
+        raise ValueError(f"image {height}x{width} is smaller than one {patch}px patch")
+    return int(math.floor(math.log2(min(height, width) / patch))) + 1
+
+
+@dataclass(frozen=True, eq=False)
+class Pyramid:
+    """A batched mip pyramid.
+
+    Attributes:
+        levels: level ``l`` is a float tensor ``[B, C, ceil(H / 2**l), ceil(W / 2**l)]``.
+    """
+
+    levels: tuple[torch.Tensor, ...]
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ValueError("a Pyramid needs at least one level")
+        b, c = self.levels[0].shape[:2]
+        for i, lvl in enumerate(self.levels):
+            if lvl.ndim != 4 or lvl.shape[:2] != (b, c):
+                raise ValueError(f"level {i} has shape {tuple(lvl.shape)}, expected [{b}, {c}, H, W]")
+
+    @property
+    def base(self) -> torch.Tensor:
+        """Level 0, ``[B, C, H, W]``."""
+        return self.levels[0]
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    @property
+    def batch_size(self) -> int:
+        return self.levels[0].shape[0]
+
+    @property
+    def channels(self) -> int:
+        return self.levels[0].shape[1]
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` of level 0 in pixels."""
+        return tuple(self.levels[0].shape[-2:])  # type: ignore[return-value]
+
+    def grid_shape(self, patch: int = 16, level: int = 0) -> tuple[int, int]:
+        """Patch-grid shape ``(Gh, Gw)`` at ``level``: ``ceil(H / (patch * 2**level))``."""
+        h, w = self.image_size
+        side = patch * 2**level
+        return math.ceil(h / side), math.ceil(w / side)
+
+    def to(self, device: str | torch.device) -> "Pyramid":
+        return Pyramid(tuple(lvl.to(device) for lvl in self.levels))
+
+
+def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = None, *,
+                  patch: int = 16) -> Pyramid:
+    """Build the mip pyramid of an image batch.
+
+    Args:
+        image: anything :func:`as_image_batch` accepts; ``[B, C, H, W]`` after conversion.
+        num_levels: number of levels including level 0; default
+            :func:`default_num_levels` (coarsest level still >= one ``patch``).
+        patch: the token patch size in pixels (only used for the default level count).
+
+    Returns:
+        :class:`Pyramid` with ``num_levels`` levels, level ``l`` of size ``ceil(H/2**l)``.
+    """
+    x = as_image_batch(image)
+    h, w = x.shape[-2:]
+    if num_levels is None:
+        num_levels = default_num_levels(h, w, patch)
+    if num_levels < 1:
+        raise ValueError(f"num_levels must be >= 1, got {num_levels}")
+    levels = [x]
+    for _ in range(num_levels - 1):
+        levels.append(pyr_down(levels[-1]))
+    return Pyramid(tuple(levels))

@@ -1,0 +1,179 @@
+"""``TokenSet``: the one structure every stage of the pipeline passes along.
+
+Per image, exactly ``N`` tokens (the budget; identical across the batch, so every
+downstream shape is fixed). Token ``n`` of image ``b`` is a ``patch x patch`` sample grid
+read at mip level ``levels[b, n]`` and centred at ``centers[b, n]``; it covers a square
+footprint of ``patch * 2**level`` base pixels.
+
+Coordinates: ``(x, y)`` normalised to ``[0, 1]`` over the base image, x to the right, y
+down; pixel ``i`` spans ``[i, i+1)`` so its centre is ``(i + 0.5) / W``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+
+def _as_tensor(x: torch.Tensor | object, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSet:
+    """A batch of fixed-size foveated token sets.
+
+    Attributes:
+        centers: ``[B, N, 2]`` float32, ``(x, y)`` in ``[0, 1]``.
+        levels: ``[B, N]`` int64 mip level, ``0 <= level``; level ``l`` covers
+            ``patch * 2**l`` base pixels.
+        scores: ``[B, N]`` float32 importance of each token (NaN not allowed).
+        fixations: ``[B, K, 2]`` float32 fixation(s) in ``[0, 1]`` used to allocate.
+        image_size: ``(H, W)`` of the base image in pixels.
+        patch: samples per token side (16 by default; 14 for Qwen-style encoders).
+    """
+
+    centers: torch.Tensor
+    levels: torch.Tensor
+    scores: torch.Tensor
+    fixations: torch.Tensor
+    image_size: tuple[int, int]
+    patch: int = 16
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "centers", _as_tensor(self.centers, torch.float32))
+        object.__setattr__(self, "levels", _as_tensor(self.levels, torch.int64))
+        object.__setattr__(self, "scores", _as_tensor(self.scores, torch.float32))
+        fix = _as_tensor(self.fixations, torch.float32)
+        object.__setattr__(self, "fixations", fix[:, None, :] if fix.ndim == 2 else fix)
+        object.__setattr__(self, "image_size", (int(self.image_size[0]), int(self.image_size[1])))
+        self.validate()
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field that breaks the contract."""
+        c, lv, s, f = self.centers, self.levels, self.scores, self.fixations
+        if c.ndim != 3 or c.shape[-1] != 2:
+            raise ValueError(f"centers must be [B, N, 2], got {tuple(c.shape)} "
+                             "(a ragged batch cannot be a TokenSet: every image has N tokens)")
+        b, n = c.shape[:2]
+        if n < 1:
+            raise ValueError("a TokenSet needs at least one token per image")
+        if lv.shape != (b, n):
+            raise ValueError(f"levels must be [B, N] = [{b}, {n}], got {tuple(lv.shape)}")
+        if s.shape != (b, n):
+            raise ValueError(f"scores must be [B, N] = [{b}, {n}], got {tuple(s.shape)}")
+        if f.ndim != 3 or f.shape[0] != b or f.shape[-1] != 2:
+            raise ValueError(f"fixations must be [B, K, 2] with B = {b}, got {tuple(f.shape)}")
+        if not torch.isfinite(c).all() or c.min() < 0 or c.max() > 1:
+            bad = c[~(torch.isfinite(c) & (c >= 0) & (c <= 1))][:3].tolist()
+            raise ValueError(f"centers must be finite and in [0, 1]; found {bad}")
+        if not torch.isfinite(f).all() or f.min() < 0 or f.max() > 1:
+            raise ValueError("fixations must be finite and in [0, 1]")
+        if lv.min() < 0:
+            raise ValueError(f"levels must be >= 0, found {int(lv.min())}")
+        if torch.isnan(s).any():
+            raise ValueError("scores contain NaN")
+        if self.patch < 1:
+            raise ValueError(f"patch must be >= 1, got {self.patch}")
+        if min(self.image_size) < 1:
+            raise ValueError(f"image_size must be positive, got {self.image_size}")
+
+    # ---------------------------------------------------------------- shape
+    @property
+    def batch_size(self) -> int:
+        return self.centers.shape[0]
+
+    @property
+    def budget(self) -> int:
+        """N, the number of tokens per image."""
+        return self.centers.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.centers.device
+
+    # ---------------------------------------------------------------- geometry
+    def footprint(self) -> torch.Tensor:
+        """Footprint side in base pixels, ``[B, N]`` float: ``patch * 2**level``."""
+        return self.patch * torch.pow(2.0, self.levels.float())
+
+    def centers_px(self) -> torch.Tensor:
+        """Centres in base pixels ``[B, N, 2]`` (x, y)."""
+        h, w = self.image_size
+        return self.centers * self.centers.new_tensor([w, h])
+
+    def boxes(self) -> torch.Tensor:
+        """Footprints as pixel boxes ``[B, N, 4]`` = (x0, y0, x1, y1); may leave the image."""
+        half = (self.footprint() / 2)[..., None]
+        xy = self.centers_px()
+        return torch.cat([xy - half, xy + half], dim=-1)
+
+    def base_cells(self) -> torch.Tensor:
+        """Index ``(row, col)`` ``[B, N, 2]`` of the level-0 patch cell under each centre."""
+        h, w = self.image_size
+        gh, gw = -(-h // self.patch), -(-w // self.patch)
+        xy = self.centers_px() / self.patch
+        col = xy[..., 0].floor().long().clamp(0, gw - 1)
+        row = xy[..., 1].floor().long().clamp(0, gh - 1)
+        return torch.stack([row, col], dim=-1)
+
+    def keys(self) -> torch.Tensor:
+        """Integer key per token ``[B, N]`` identifying (level, centre rounded to 1/8 px)."""
+        xy = torch.round(self.centers_px() * 8).long()
+        return (self.levels * 2**20 + xy[..., 1]) * 2**20 + xy[..., 0]
+
+    def is_distinct(self) -> torch.Tensor:
+        """``[B]`` bool: no two tokens of an image share level and centre."""
+        k = self.keys().sort(dim=1).values
+        return (k[:, 1:] != k[:, :-1]).all(dim=1) if self.budget > 1 else torch.ones(
+            self.batch_size, dtype=torch.bool)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_grid(cls, rows: torch.Tensor, cols: torch.Tensor, levels: torch.Tensor | int,
+                  *, image_size: tuple[int, int], patch: int = 16,
+                  scores: torch.Tensor | None = None,
+                  fixations: torch.Tensor | None = None) -> "TokenSet":
+        """Tokens at cells ``(row, col)`` of the level-``l`` patch grid, all ``[B, N]``.
+
+        The cell ``(i, j)`` of level ``l`` has its centre at pixel
+        ``((j + 0.5) * s, (i + 0.5) * s)`` with ``s = patch * 2**l``, clipped into the image.
+        """
+        rows, cols = rows.long(), cols.long()
+        lv = torch.as_tensor(levels, dtype=torch.int64).expand_as(rows)
+        h, w = image_size
+        side = patch * torch.pow(2.0, lv.float())
+        cx = ((cols.float() + 0.5) * side / w).clamp(0, 1)
+        cy = ((rows.float() + 0.5) * side / h).clamp(0, 1)
+        if scores is None:
+            scores = torch.zeros(rows.shape)
+        if fixations is None:
+            fixations = torch.full((rows.shape[0], 1, 2), 0.5)
+        return cls(torch.stack([cx, cy], -1), lv, scores, fixations, image_size, patch)
+
+    def to(self, device: str | torch.device) -> "TokenSet":
+        return replace(self, centers=self.centers.to(device), levels=self.levels.to(device),
+                       scores=self.scores.to(device), fixations=self.fixations.to(device))
+
+    def __getitem__(self, index: int | slice | torch.Tensor) -> "TokenSet":
+        """Select images of the batch (the budget is unchanged)."""
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return replace(self, centers=self.centers[index], levels=self.levels[index],
+                       scores=self.scores[index], fixations=self.fixations[index])
+
+    @staticmethod
+    def cat(sets: list["TokenSet"]) -> "TokenSet":
+        """Concatenate along the batch; all sets must share budget, image size and patch."""
+        first = sets[0]
+        for s in sets[1:]:
+            if (s.budget, s.image_size, s.patch) != (first.budget, first.image_size, first.patch):
+                raise ValueError("TokenSet.cat needs equal budget, image_size and patch")
+        k = max(s.fixations.shape[1] for s in sets)
+        fix = [torch.cat([s.fixations, s.fixations[:, -1:].expand(-1, k - s.fixations.shape[1], -1)],
+                         1) for s in sets]
+        return TokenSet(torch.cat([s.centers for s in sets]), torch.cat([s.levels for s in sets]),
+                        torch.cat([s.scores for s in sets]), torch.cat(fix), first.image_size,
+                        first.patch)
