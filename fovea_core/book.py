@@ -74,7 +74,8 @@ def toc_notebooks(root: Path) -> list[Path]:
 
 
 def execute_notebook(src: Path, dst: Path, profile: str, *, kernel: str = KERNEL_NAME,
-                     parameters: dict | None = None, timeout: int = 1800) -> None:
+                     parameters: dict | None = None, timeout: int = 1800,
+                     label: str | None = None) -> None:
     """Run ``src`` with papermill into ``dst``; raise :class:`NotebookFailed` on a cell error.
 
     The notebook runs with its own folder as working directory, so relative paths in
@@ -92,9 +93,29 @@ def execute_notebook(src: Path, dst: Path, profile: str, *, kernel: str = KERNEL
                             cwd=str(src.parent), progress_bar=False,
                             execution_timeout=timeout)
     except PapermillExecutionError as exc:
-        raise NotebookFailed(
-            f"{src}: cell {exc.cell_index} (execution count {exc.exec_count}) raised "
-            f"{exc.ename}: {exc.evalue}") from None
+        raise NotebookFailed(f"{label or src}: {_describe_failure(dst, exc)}") from None
+
+
+def _describe_failure(executed: Path, exc: Exception) -> str:
+    """'cell K ('first line') raised E: msg', K being the cell's index in the *source* notebook.
+
+    papermill adds cells to the executed copy (its injected parameters, an error banner);
+    they are discounted so that K points at the cell a reader sees in JupyterLab.
+    """
+    import nbformat
+
+    added = {"injected-parameters", "papermill-error-cell-tag"}
+    where = f"cell {exc.cell_index} of the executed copy"
+    try:
+        cells = [c for c in nbformat.read(str(executed), as_version=4).cells
+                 if not added & set(c.metadata.get("tags", []))]
+        index = next(i for i, c in enumerate(cells)
+                     if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+        first = next((ln for ln in cells[index].source.splitlines() if ln.strip()), "")
+        where = f"cell {index} ({first.strip()[:60]!r})"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{where} raised {exc.ename}: {exc.evalue}"
 
 
 def run_all(root: Path, profile: str, *, out: Path | None = None,
@@ -114,7 +135,7 @@ def run_all(root: Path, profile: str, *, out: Path | None = None,
         print(f"[{i}/{len(notebooks)}] {nb} ...", end=" ", flush=True)
         start = time.perf_counter()
         try:
-            execute_notebook(root / nb, out / nb, profile)
+            execute_notebook(root / nb, out / nb, profile, label=str(nb))
             runs.append(NotebookRun(str(nb), time.perf_counter() - start, True))
             print(f"ok ({runs[-1].seconds:.1f} s)", flush=True)
         except NotebookFailed as exc:
