@@ -1,0 +1,90 @@
+"""Benchmark the importance scorers on one 1024 px page (``python -m fovea_core.bench importance``).
+
+The page is a real SROIE receipt (first image of ``sroie-dev``) resized so its longer side
+is 1024 px, or, when the dataset is absent, a synthetic 1024 x 768 invoice. Reports model
+load time, then the median/min/max per call of every scorer, and for the query scorer:
+``cold`` (OCR + embeddings recomputed: a new page) at coarse levels 0, 1, 2 and ``warm``
+(same page, new question: OCR read from the cache, only the question is embedded).
+Writes ``data/benchmarks/importance.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import cv2
+import numpy as np
+
+from fovea_core.bench.common import time_it, write_result
+from fovea_core.paths import DatasetNotFound, dataset_path
+
+QUESTIONS = ["What is the total?", "What is the date?", "Which company issued this receipt?",
+             "What is the address?"]
+
+
+def benchmark_page(side: int = 1024) -> tuple[np.ndarray, str]:
+    """``([H, W, 3] uint8 RGB page with longer side ``side``, description)``."""
+    try:
+        path = sorted((dataset_path("sroie-dev") / "img").glob("*.jpg"))[0]
+        img = cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)
+        source = f"sroie-dev/{path.name}"
+    except (DatasetNotFound, IndexError):
+        img = np.full((1024, 768, 3), 255, np.uint8)
+        for i, (text, y) in enumerate([("INVOICE", 80), ("Coffee beans 2kg   18.00", 400),
+                                       ("Date 12/03/2019", 460), ("TOTAL 42.00", 950)]):
+            cv2.putText(img, text, (60, y), cv2.FONT_HERSHEY_SIMPLEX, 1.0 + (i == 0), (0, 0, 0), 2)
+        source = "synthetic invoice"
+    scale = side / max(img.shape[:2])
+    img = cv2.resize(img, (round(img.shape[1] * scale), round(img.shape[0] * scale)),
+                     interpolation=cv2.INTER_AREA)
+    return img, f"{source} resized to {img.shape[0]}x{img.shape[1]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fovea_core.bench importance")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats of the cheap scorers")
+    ap.add_argument("--side", type=int, default=1024)
+    args = ap.parse_args(argv)
+
+    from fovea_core.importance import query_scores, score
+    from fovea_core.importance.query import clear_caches, text_encoder
+    from fovea_core.importance.text import ocr_engine
+
+    page, source = benchmark_page(args.side)
+    t0 = time.perf_counter()
+    ocr_engine()._load_det_model()
+    ocr_engine()._load_rec_model()
+    t1 = time.perf_counter()
+    text_encoder()
+    t2 = time.perf_counter()
+    result: dict = {"page": source, "page_shape": list(page.shape),
+                    "load_s": {"rapidocr": t1 - t0, "minilm": t2 - t1}, "scorers": {}}
+    # The combinations (saliency, text_saliency, query_saliency) cost the sum of their parts;
+    # "query" is timed below per coarse level (level 1 is the registry default).
+    for name in ("spectral_residual", "edge_density", "center_bias", "saliency", "text"):
+        reps = max(2, args.repeats // 2) if name == "text" else args.repeats
+        result["scorers"][name] = time_it(lambda name=name: score(name, page), repeats=reps,
+                                          warmup=1)
+        print(f"{name:18s} {result['scorers'][name]['median_ms']:9.1f} ms")
+    result["query_cold_by_coarse_level"], result["lines_read_by_coarse_level"] = {}, {}
+    for level in (0, 1, 2):
+        def cold(level=level):
+            clear_caches()
+            return query_scores(page, QUESTIONS[0], coarse_level=level)
+        result["query_cold_by_coarse_level"][str(level)] = time_it(cold, repeats=2, warmup=0)
+        print(f"query cold level {level} "
+              f"{result['query_cold_by_coarse_level'][str(level)]['median_ms']:9.1f} ms")
+        reads = query_scores(page, QUESTIONS[0], coarse_level=level, return_reads=True)[1]
+        result["lines_read_by_coarse_level"][str(level)] = len(reads[0].texts)   # cached read
+    query_scores(page, QUESTIONS[0])
+    counter = itertools.count(1)
+
+    def warm():                         # cached OCR, a question string never embedded before
+        i = next(counter)
+        return query_scores(page, f"{QUESTIONS[i % len(QUESTIONS)]} (variant {i})")
+    result["query_warm_new_question"] = time_it(warm, repeats=3, warmup=0)
+    print(f"query warm        {result['query_warm_new_question']['median_ms']:9.1f} ms")
+    write_result("importance", result)
+    return 0

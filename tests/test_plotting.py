@@ -1,0 +1,136 @@
+"""fovea_core.plotting: overlays, heatmaps and panels draw what they claim (Agg backend)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+
+from fovea_core import TokenSet  # noqa: E402
+from fovea_core.plotting import (box_vertices, level_colors, overlay_tokens,  # noqa: E402
+                                 show_reconstruction, show_scores, token_panel)
+
+H, W, P = 96, 128, 16
+
+
+def tokens(b=2):
+    """Per image: 6 level-0, 3 level-1 and 1 level-2 tokens (N = 10)."""
+    rows = torch.tensor([0, 0, 1, 1, 2, 5, 0, 1, 2, 0]).repeat(b, 1)
+    cols = torch.tensor([0, 1, 0, 1, 7, 7, 3, 3, 2, 1]).repeat(b, 1)
+    levels = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 1, 2]).repeat(b, 1)
+    scores = torch.linspace(0, 1, 10).repeat(b, 1)
+    return TokenSet.from_grid(rows, cols, levels, image_size=(H, W), patch=P, scores=scores,
+                              fixations=torch.tensor([[0.25, 0.5]] * b))
+
+
+@pytest.fixture
+def ax():
+    fig, ax = plt.subplots()
+    yield ax
+    plt.close(fig)
+
+
+def image(b=2):
+    return torch.rand(b, 3, H, W, generator=torch.Generator().manual_seed(0))
+
+
+def test_box_vertices_are_the_box_corners():
+    v = box_vertices(np.array([[1.0, 2.0, 5.0, 7.0]]))
+    assert v.shape == (1, 4, 2)
+    assert {tuple(p) for p in v[0]} == {(1, 2), (5, 2), (5, 7), (1, 7)}
+
+
+def test_overlay_by_level_draws_one_collection_per_level_and_n_boxes(ax):
+    t = tokens()
+    colls = overlay_tokens(ax, image(), t, index=1)
+    assert len(colls) == 3 and all(isinstance(c, PolyCollection) for c in colls)
+    assert [len(c.get_paths()) for c in colls] == [6, 3, 1]
+    assert sum(len(c.get_paths()) for c in colls) == t.budget
+    # Every drawn polygon has the footprint of its level: 16, 32, 64 px sides.
+    for c, side in zip(colls, (16, 32, 64)):
+        ext = np.array([p.vertices.max(0) - p.vertices.min(0) for p in c.get_paths()])
+        np.testing.assert_allclose(ext, side)
+    # Drawn rectangles are exactly TokenSet.boxes() of the chosen image.
+    drawn = np.concatenate([[np.r_[p.vertices.min(0), p.vertices.max(0)] for p in c.get_paths()]
+                            for c in colls])
+    want = t.boxes()[1][torch.argsort(t.levels[1], stable=True)].numpy()
+    np.testing.assert_allclose(drawn, want, atol=1e-4)
+    # Colours differ by level and come from the level colormap; legend has 3 entries.
+    edge = [tuple(c.get_edgecolor()[0]) for c in colls]
+    assert len(set(edge)) == 3
+    np.testing.assert_allclose(edge[2], level_colors(3)[2])
+    assert [t_.get_text() for t_ in ax.get_legend().get_texts()] == [
+        "level 0 (16px): 6", "level 1 (32px): 3", "level 2 (64px): 1"]
+    # One scatter with the N centres; one fixation marker at (0.25 W, 0.5 H).
+    offsets = ax.collections[-1].get_offsets()
+    assert offsets.shape == (10, 2)
+    np.testing.assert_allclose(offsets, t.centers_px()[1].numpy(), atol=1e-4)
+    line = ax.lines[-1]
+    np.testing.assert_allclose([line.get_xdata()[0], line.get_ydata()[0]], [0.25 * W, 0.5 * H])
+    assert ax.images[0].get_array().shape == (H, W, 3)
+
+
+def test_overlay_by_score_uses_a_colorbar(ax):
+    t = tokens()
+    colls = overlay_tokens(ax, image(), t, color_by="score", show_centers=False)
+    assert len(colls) == 1 and len(colls[0].get_paths()) == 10
+    np.testing.assert_allclose(colls[0].get_array(), t.scores[0].numpy())
+    assert len(ax.figure.axes) == 2                      # the image axes + its colorbar
+    assert all(not isinstance(c, matplotlib.collections.PathCollection) for c in ax.collections)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(color_by="size"), "color_by"),
+    (dict(index=5), "index"),
+])
+def test_overlay_bad_arguments(ax, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        overlay_tokens(ax, image(), tokens(), **kwargs)
+
+
+def test_overlay_rejects_mismatched_image(ax):
+    with pytest.raises(ValueError, match="image_size"):
+        overlay_tokens(ax, torch.rand(2, 3, 64, 64), tokens())
+
+
+def test_show_scores_over_image_covers_the_image(ax):
+    s = torch.rand(2, 6, 8)
+    im = show_scores(ax, s, image(), index=1)
+    assert im.get_array().shape == (6, 8)
+    np.testing.assert_allclose(im.get_array(), s[1].numpy())
+    assert tuple(im.get_extent()) == (0, W, H, 0)
+    assert len(ax.images) == 2 and len(ax.figure.axes) == 2
+
+
+def test_show_scores_alone_and_bad_shape(ax):
+    im = show_scores(ax, torch.rand(6, 8), colorbar=False)
+    assert im.get_array().shape == (6, 8) and len(ax.figure.axes) == 1
+    with pytest.raises(ValueError, match="scores"):
+        show_scores(ax, torch.rand(6))
+
+
+def test_show_reconstruction_grey_and_colour(ax):
+    im = show_reconstruction(ax, torch.full((1, 1, H, W), 0.5))
+    assert im.get_array().shape == (H, W)
+    im = show_reconstruction(ax, torch.rand(2, 3, H, W), index=1)
+    assert im.get_array().shape == (H, W, 3)
+
+
+@pytest.mark.parametrize("with_scores, with_recon, n_panels", [
+    (False, False, 1), (True, False, 2), (True, True, 3)])
+def test_token_panel_layout(with_scores, with_recon, n_panels):
+    fig = token_panel(image(), tokens(), recon=torch.rand(2, 3, H, W) if with_recon else None,
+                      scores=torch.rand(2, 6, 8) if with_scores else None)
+    try:
+        main = [a for a in fig.axes if a.get_label() != "<colorbar>"]
+        assert len(main) == n_panels
+        assert sum(len(c.get_paths()) for c in main[0].collections
+                   if isinstance(c, PolyCollection)) == 10
+        fig.canvas.draw()                                # renders without error
+        assert np.asarray(fig.canvas.buffer_rgba()).std() > 0
+    finally:
+        plt.close(fig)
