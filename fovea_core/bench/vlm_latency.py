@@ -1,0 +1,204 @@
+"""LM prefill latency and peak memory vs number of visual tokens (issue 7).
+
+``python -m fovea_core.bench vlm_latency [--quick] [--no-gpu] [--threads N]`` times the *language-model
+prefill* of random-weight Qwen-VL configs (real ``transformers`` classes) for
+``n`` visual tokens plus a fixed text prompt (``TEXT_BEFORE + TEXT_AFTER`` tokens), with
+M-RoPE position ids of ``n`` cells of a 64 x 64 merged grid (a 1792 px image for Qwen2-VL).
+The vision tower is not timed: it runs on the full grid either way in this pipeline.
+
+Per point it records the median / min / max wall time, the FLOPs from the config
+(``lm_prefill_flops``, causal), and the peak memory: on the CPU the peak resident-set
+increase during one prefill (the first, after ``malloc_trim``), sampled from ``/proc``
+every millisecond; on a GPU ``torch.cuda.max_memory_allocated`` minus the memory before
+the call. The headline is the
+measured speedup ``t(4096) / t(273)`` against the FLOP-ratio bound
+``FLOPs(4096 + text) / FLOPs(273 + text)`` of the same model, both from this run.
+
+CPU: ``qwen2-vl-tiny`` and ``qwen2-vl-mid`` in float32. GPU (when ``torch.cuda`` is
+available): ``qwen2-vl-2b`` and ``qwen2.5-vl-7b`` language models in bfloat16.
+
+Run time on an idle 2-core CPU is estimated at about a minute (the mid model's 4096-token
+prefill, ~340 GFLOP, dominates; single-thread throughput measured here ~65 GFLOP/s). On a
+heavily shared machine two OpenMP threads can stall each other: ``--threads 1`` then gives
+steadier numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import threading
+import time
+
+import torch
+
+from fovea_core.bench.common import hardware_info, time_it, write_result
+from fovea_core.tokens import TokenSet
+from fovea_core.vlm.positions import mrope_positions
+from fovea_core.vlm.qwen import build_qwen, lm_parameter_count, lm_prefill_flops, qwen_config
+
+TEXT_BEFORE, TEXT_AFTER = 8, 24
+GRID = (64, 64)
+TOKENS = (64, 128, 273, 512, 1024, 2048, 4096)
+QUICK_TOKENS = (64, 273, 1024, 4096)
+
+
+def _positions(n: int, batch: int, device: str, seed: int = 0) -> torch.Tensor:
+    """M-RoPE ids [3, B, S] for ``n`` random distinct cells of the 64 x 64 merged grid."""
+    g = torch.Generator().manual_seed(seed)
+    cells = torch.stack([torch.randperm(GRID[0] * GRID[1], generator=g)[:n] for _ in range(batch)])
+    toks = TokenSet.from_grid(cells // GRID[1], cells % GRID[1], 0,
+                              image_size=(GRID[0] * 28, GRID[1] * 28), patch=28)
+    return mrope_positions(toks, GRID, text_before=TEXT_BEFORE, text_after=TEXT_AFTER).position_ids
+
+
+def _malloc_trim() -> None:
+    """Return freed heap pages to the OS (glibc) so that an RSS increase shows new memory."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_peak_mb(fn, interval_s: float = 0.001) -> float:
+    """Peak RSS increase (MiB) during one ``fn()``, sampled from ``/proc`` every ``interval_s``.
+
+    A background thread reads the resident set size while ``fn`` runs; the result is the
+    largest sample minus the size before the call (allocations that live shorter than the
+    sampling interval can be missed; freed memory that the allocator keeps is not counted).
+    """
+    base, peak, done = _rss_bytes(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(interval_s)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        th.join()
+    return max(0, max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtype,
+              budget_s: float, batch: int = 1) -> dict:
+    """Time the LM prefill of ``name`` for each visual-token count in ``tokens``."""
+    cfg = qwen_config(name).text_config
+    lm = build_qwen(name, text_only=True, dtype=dtype, device=device)
+    head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    points = []
+    for n in tokens:
+        s = TEXT_BEFORE + n + TEXT_AFTER
+        x = torch.randn(batch, s, cfg.hidden_size, device=device, dtype=dtype)
+        pos = _positions(n, batch, "cpu").to(device)
+
+        @torch.no_grad()
+        def prefill():
+            h = lm(inputs_embeds=x, position_ids=pos, use_cache=True).last_hidden_state
+            return head(h[:, -1:])
+
+        # first call = warm-up, also used for the memory peak (malloc_trim first on the CPU)
+        t0 = time.perf_counter()
+        if device == "cuda":
+            sync()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            prefill()
+            sync()
+            peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+        else:
+            _malloc_trim()
+            peak_mb = _cpu_peak_mb(prefill)
+        once = time.perf_counter() - t0
+        repeats = int(max(3, min(30, budget_s / max(once, 1e-4))))
+        timing = time_it(prefill, repeats=repeats, warmup=0, sync=sync)
+        fl = lm_prefill_flops(cfg, s, batch=batch)
+        points.append({"visual_tokens": n, "seq_len": s, **timing, "peak_mem_mb": peak_mb,
+                       "flops": fl["total"], "flops_dense_attention":
+                       lm_prefill_flops(cfg, s, batch=batch, causal=False)["total"],
+                       "gflops_per_s": fl["total"] / timing["median_ms"] / 1e6})
+        print(f"{name:16s} n={n:5d} S={s:5d} median {timing['median_ms']:9.2f} ms "
+              f"({repeats} reps) peak {peak_mb if peak_mb is None else round(peak_mb, 1)} MiB")
+    del lm, head
+    return {"model": name, "device": device, "dtype": str(dtype).replace("torch.", ""),
+            "batch": batch, "lm_params": lm_parameter_count(cfg),
+            "config": {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size",
+                       "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                       "vocab_size")},
+            "attn_implementation": qwen_config(name).text_config._attn_implementation,
+            "points": points, **summary(points, cfg)}
+
+
+def summary(points: list[dict], cfg, small: int = 273, large: int = 4096) -> dict:
+    """Measured speedup t(large)/t(small) vs the FLOP-ratio bound, where both points exist.
+
+    ``speedup_measured`` uses medians (the headline); ``speedup_measured_min_times`` the
+    fastest repeats (less sensitive to other load on a shared machine); ``speedup_range``
+    the extremes (slowest large / fastest small, fastest large / slowest small).
+    """
+    by = {p["visual_tokens"]: p for p in points}
+    if small not in by or large not in by:
+        return {}
+    s_small, s_large = by[small]["seq_len"], by[large]["seq_len"]
+    bound = lm_prefill_flops(cfg, s_large)["total"] / lm_prefill_flops(cfg, s_small)["total"]
+    dense = (lm_prefill_flops(cfg, s_large, causal=False)["total"]
+             / lm_prefill_flops(cfg, s_small, causal=False)["total"])
+    speed = by[large]["median_ms"] / by[small]["median_ms"]
+    return {"speedup_measured": speed, "flop_ratio_bound": bound,
+            "speedup_measured_min_times": by[large]["min_ms"] / by[small]["min_ms"],
+            "flop_ratio_bound_dense_attention": dense, "speedup_over_bound": speed / bound,
+            "speedup_range": [by[large]["min_ms"] / by[small]["max_ms"],
+                              by[large]["max_ms"] / by[small]["min_ms"]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fovea_core.bench vlm_latency")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 4 points (a few seconds)")
+    ap.add_argument("--no-gpu", action="store_true", help="skip the GPU part even if CUDA exists")
+    ap.add_argument("--name", default="vlm_latency", help="output JSON name")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads on the CPU (default: torch's choice)")
+    args = ap.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    runs = []
+    if args.quick:
+        runs.append(run_model("qwen2-vl-tiny", QUICK_TOKENS, "cpu", torch.float32, budget_s=0.5))
+    else:
+        runs.append(run_model("qwen2-vl-tiny", TOKENS, "cpu", torch.float32, budget_s=1.5))
+        runs.append(run_model("qwen2-vl-mid", TOKENS, "cpu", torch.float32, budget_s=6.0))
+    gpu_note = "no CUDA device on this machine: GPU part skipped"
+    if torch.cuda.is_available() and not args.no_gpu:
+        gpu_note = torch.cuda.get_device_name(0)
+        for name in ("qwen2-vl-2b", "qwen2.5-vl-7b"):
+            runs.append(run_model(name, TOKENS, "cuda", torch.bfloat16, budget_s=2.0))
+            torch.cuda.empty_cache()
+    write_result(args.name, {
+        "description": "LM prefill (random weights, real transformers Qwen-VL classes) vs "
+                       "number of visual tokens; text prompt of "
+                       f"{TEXT_BEFORE}+{TEXT_AFTER} tokens; positions on a 64x64 merged grid",
+        "flops_formula": "lm_prefill_flops (causal attention pairs S(S+1)/2, 2 FLOPs/MAC)",
+        "cpu_memory": "peak RSS increase during one prefill, sampled every 1 ms from /proc/self/statm",
+        "gpu": gpu_note, "text_tokens": TEXT_BEFORE + TEXT_AFTER,
+        "transformers": __import__("transformers").__version__,
+        "wall_s": time.perf_counter() - t0, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
