@@ -1,0 +1,15 @@
+"""Evaluation harness: documents with question/answer boxes, an OCR reader, metrics, sweeps.
+
+The measure (issue 6): at a fixed token budget, how much of the task-relevant text
+survives in what the model would see. A real OCR model reads the answer region of the
+foveated reconstruction; ANLS against the ground truth, divided by the same reader's
+score on the full-resolution image, is the "fraction of ceiling kept".
+
+Submodules (imported lazily, so ``import fovea_core.eval`` stays cheap):
+
+- :mod:`fovea_core.eval.documents`  deterministic synthetic DocVQA-like pages
+- :mod:`fovea_core.eval.sroie`      the SROIE receipts as question/answer documents
+- :mod:`fovea_core.eval.reader`     rapidocr recognition on answer crops, cached by hash
+- :mod:`fovea_core.eval.metrics`    ANLS, exact match, coverage, bootstrap CIs
+- :mod:`fovea_core.eval.sweep`      allocators x budgets x datasets -> tidy table
+"""

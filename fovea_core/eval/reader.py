@@ -1,0 +1,164 @@
+"""The reader: a real OCR model applied to the answer region of a (reconstructed) page.
+
+An external judge of legibility: `rapidocr` [PaddleOCR PP-OCR recognition model, shipped
+as ONNX inside the wheel] reads a crop around each line of the answer; tesseract is used
+only when it is installed and asked for. The reader is told *where* the answer is (the
+answer box, with a margin), so it measures whether the text survived the token budget,
+not whether a model could find it: an oracle-localised legibility proxy, not VLM accuracy.
+
+Results are cached by the SHA-1 of the crop's pixels (plus the reader's id) in a SQLite
+file under ``data/cache/reader/``, so re-running a sweep costs only the allocators.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import shutil
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fovea_core.paths import project_root
+
+Box = tuple[int, int, int, int]
+
+
+def default_cache_dir() -> Path:
+    """``<project>/data/cache/reader`` (git-ignored)."""
+    return project_root() / "data" / "cache" / "reader"
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """``[H, W, 3]`` (or ``[H, W]``) float in [0, 1] or uint8 -> contiguous uint8 RGB."""
+    img = np.asarray(image)
+    if img.dtype != np.uint8:
+        img = (np.clip(img, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    if img.ndim == 2:
+        img = np.repeat(img[:, :, None], 3, axis=2)
+    if img.ndim != 3 or img.shape[2] not in (1, 3):
+        raise ValueError(f"image must be [H, W] or [H, W, 3], got {img.shape}")
+    if img.shape[2] == 1:
+        img = np.repeat(img, 3, axis=2)
+    return np.ascontiguousarray(img)
+
+
+def crop_box(image: np.ndarray, box: Box, margin: float = 0.3, min_margin: int = 3
+             ) -> np.ndarray:
+    """Crop ``box = (x0, y0, x1, y1)`` expanded by ``margin * box height`` (>= ``min_margin``
+    px) on every side, clipped to the image; ``[h, w, C]``."""
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = (int(v) for v in box)
+    if x1 <= x0 or y1 <= y0:
+        raise ValueError(f"box must have x1 > x0 and y1 > y0, got {box}")
+    m = max(min_margin, int(round(margin * (y1 - y0))))
+    return image[max(0, y0 - m):min(h, y1 + m), max(0, x0 - m):min(w, x1 + m)]
+
+
+class _Cache:
+    """A tiny thread-safe key -> text store in SQLite (one file per reader id)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self._lock, self._conn = path, threading.Lock(), None
+        self.hits = self.misses = 0
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("CREATE TABLE IF NOT EXISTS ocr (key TEXT PRIMARY KEY, text TEXT)")
+        return self._conn
+
+    def get(self, key: str) -> str | None:
+        if self.path is None:
+            return None
+        with self._lock:
+            row = self._db().execute("SELECT text FROM ocr WHERE key = ?", (key,)).fetchone()
+        self.hits += row is not None
+        self.misses += row is None
+        return None if row is None else row[0]
+
+    def put(self, key: str, text: str) -> None:
+        if self.path is None:
+            return
+        with self._lock:
+            db = self._db()
+            db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
+            db.commit()
+
+    def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+
+@functools.lru_cache(maxsize=2)
+def _rapidocr_engine(threads: int):
+    from rapidocr import RapidOCR
+
+    return RapidOCR(params={"Global.use_det": False, "Global.use_cls": False,
+                            "Global.log_level": "error",
+                            "EngineConfig.onnxruntime.intra_op_num_threads": threads})
+
+
+class Reader:
+    """OCR of single text lines, cached by crop hash.
+
+    Args:
+        engine: ``"rapidocr"`` (default; recognition model only, ~35-100 ms per line crop
+            on a CPU) or ``"tesseract"`` (only if the ``tesseract`` binary is installed).
+        cache_dir: folder for the SQLite cache; ``None`` disables caching.
+        threads: ONNX Runtime intra-op threads for rapidocr (-1 = library default).
+        margin: crop margin as a fraction of the line height (see :func:`crop_box`).
+    """
+
+    ENGINES = ("rapidocr", "tesseract")
+
+    def __init__(self, engine: str = "rapidocr", *, cache_dir: str | Path | None = "default",
+                 threads: int = 1, margin: float = 0.3):
+        if engine not in self.ENGINES:
+            raise ValueError(f"engine must be one of {self.ENGINES}, got {engine!r}")
+        if engine == "tesseract" and shutil.which("tesseract") is None:
+            raise ValueError("engine='tesseract' needs the tesseract binary (apt tesseract-ocr); "
+                             "use engine='rapidocr'")
+        self.engine, self.threads, self.margin = engine, int(threads), float(margin)
+        if cache_dir == "default":
+            cache_dir = default_cache_dir()
+        self.id = f"{engine}-m{self.margin:g}"
+        self.cache = _Cache(None if cache_dir is None else Path(cache_dir) / f"{self.id}.sqlite")
+
+    def _recognise(self, crop: np.ndarray) -> str:
+        if self.engine == "rapidocr":
+            out = _rapidocr_engine(self.threads)(crop, use_det=False, use_cls=False, use_rec=True)
+            return " ".join(t for t in (out.txts or ()) if t).strip()
+        import cv2
+
+        ok, png = cv2.imencode(".png", cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
+        res = subprocess.run(["tesseract", "stdin", "stdout", "--psm", "7"], input=png.tobytes(),
+                             capture_output=True, check=False)
+        return res.stdout.decode("utf-8", "replace").strip()
+
+    def read_crop(self, crop: np.ndarray) -> str:
+        """Text of one line crop ``[h, w, 3]`` (uint8 or float in [0, 1])."""
+        crop = to_uint8(crop)
+        if crop.shape[0] < 2 or crop.shape[1] < 2:
+            return ""
+        key = hashlib.sha1(np.asarray(crop.shape, np.int64).tobytes() + crop.tobytes()
+                           ).hexdigest()
+        text = self.cache.get(key)
+        if text is None:
+            text = self._recognise(crop)
+            self.cache.put(key, text)
+        return text
+
+    def read(self, image: np.ndarray, boxes: Sequence[Box]) -> str:
+        """Read each line box of an answer from ``image [H, W, 3]``; lines joined by spaces."""
+        img = to_uint8(image)
+        texts = [self.read_crop(crop_box(img, b, self.margin)) for b in boxes]
+        return " ".join(t for t in texts if t)

@@ -1,0 +1,142 @@
+"""The SROIE receipts (ICDAR 2019, task 3) as question/answer documents.
+
+Directory layout (read at run time, never copied into the project)::
+
+    <root>/img/NNN.jpg    receipt scan
+    <root>/box/NNN.csv    x1,y1,x2,y2,x3,y3,x4,y4,TEXT   (split on the first 8 commas only)
+    <root>/key/NNN.json   {"company", "date", "address", "total"}
+
+Each key field becomes a question ("What is the company?", ...). Its answer box is found
+by matching the field to the box lines: a run of 1-6 consecutive lines whose concatenated
+text is closest to the field (normalised: upper case, alphanumerics only) by normalised
+edit distance; the field is kept if that distance is at most ``max_nl``, else the line
+that contains it (a date printed after ``DATE:``), else the field is dropped. A multi-line
+answer (an address) keeps one box per line, read separately. Accepted answers are the key
+value and the matched lines' transcription (the reader can only read what is printed).
+
+Reference: Huang et al., "ICDAR2019 Competition on Scanned Receipt OCR and Information
+Extraction", ICDAR 2019.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fovea_core.eval.documents import Box, Document, Question
+from fovea_core.eval.metrics import levenshtein
+from fovea_core.paths import DatasetNotFound, dataset_path
+
+FIELDS = ("company", "date", "address", "total")
+QUESTIONS = {"company": "What is the company?", "date": "What is the date?",
+             "address": "What is the address?", "total": "What is the total?"}
+
+
+def parse_box_file(path: str | Path) -> list[tuple[Box, str]]:
+    """Rows of a SROIE box file as ``((x0, y0, x1, y1), text)``; the quadrilateral's
+    axis-aligned bounding box (exclusive ends), text split off after the 8th comma."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.strip().split(",", 8)
+        if len(parts) < 9:
+            continue
+        try:
+            q = np.asarray([int(float(v)) for v in parts[:8]]).reshape(4, 2)
+        except ValueError:
+            continue
+        rows.append(((int(q[:, 0].min()), int(q[:, 1].min()), int(q[:, 0].max()) + 1,
+                      int(q[:, 1].max()) + 1), parts[8].strip()))
+    return rows
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[^0-9A-Z]", "", text.upper())
+
+
+def match_field(value: str, lines: list[tuple[Box, str]], *, max_lines: int = 6,
+                max_nl: float = 0.25) -> list[int] | None:
+    """Indices of the run of consecutive box lines that best spells ``value``, or ``None``.
+
+    Among equally good runs the one whose line (or a line on the same row, e.g. a
+    ``TOTAL`` label) mentions ``total`` wins for amounts, else the last one (receipts print
+    the total near the bottom, after subtotals).
+    """
+    target = _key(value)
+    if not target or not lines:
+        return None
+    keys = [_key(t) for _, t in lines]
+    best: tuple[tuple[float, int, int], list[int]] | None = None
+    for i in range(len(lines)):  # O(lines x max_lines) string comparisons per field
+        for k in range(1, min(max_lines, len(lines) - i) + 1):
+            cand = "".join(keys[i:i + k])
+            if len(cand) - len(target) > max_nl * len(cand):
+                break  # longer runs only get worse: NL >= length difference / length
+            if len(target) - len(cand) > max_nl * len(target):
+                continue
+            nl = levenshtein(cand, target) / max(len(cand), len(target))
+            rank = (round(nl, 9), -_row_says_total(i, lines), -i)
+            if best is None or rank < best[0]:
+                best = (rank, list(range(i, i + k)))
+    if best is not None and best[0][0] <= max_nl:
+        return best[1]
+    # a short field printed inside a longer line ("DATE: 25/12/2018 10:30"): that line
+    inside = [(-_row_says_total(i, lines), -i) for i, k in enumerate(keys) if target in k]
+    return [-min(inside)[1]] if inside else None
+
+
+def _row_says_total(i: int, lines: list[tuple[Box, str]]) -> int:
+    """1 if line ``i`` or a line overlapping it vertically contains 'TOTAL' (not SUB-)."""
+    y0, y1 = lines[i][0][1], lines[i][0][3]
+    for box, text in lines:
+        t = text.upper()
+        if min(y1, box[3]) - max(y0, box[1]) > 0.5 * (y1 - y0) and "TOTAL" in t \
+                and "SUB" not in t:
+            return 1
+    return 0
+
+
+def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25) -> Document:
+    """One receipt as a :class:`Document` (fields without a matching box line are skipped)."""
+    import cv2
+
+    root = Path(root)
+    bgr = cv2.imread(str(root / "img" / f"{stem}.jpg"), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"cannot read image {root / 'img' / f'{stem}.jpg'}")
+    image = np.ascontiguousarray(bgr[:, :, ::-1])
+    lines = parse_box_file(root / "box" / f"{stem}.csv")
+    keys = json.loads((root / "key" / f"{stem}.json").read_text(encoding="utf-8"))
+    questions = []
+    for name in FIELDS:
+        value = str(keys.get(name, "")).strip()
+        idx = match_field(value, lines, max_nl=max_nl) if value else None
+        if idx is None:
+            continue
+        printed = " ".join(lines[i][1] for i in idx)
+        answers = (value,) if printed == value else (value, printed)
+        questions.append(Question(name, QUESTIONS[name], answers,
+                                  tuple(lines[i][0] for i in idx), name))
+    return Document(f"sroie{stem}", image, tuple(questions), (), "sroie")
+
+
+def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
+               max_nl: float = 0.25) -> list[Document]:
+    """The receipts under ``root`` (default: ``dataset_path("sroie-dev")``), sorted by id.
+
+    Raises :class:`~fovea_core.paths.DatasetNotFound` with a how-to-fix message when the
+    folder (or its ``img/``, ``box/``, ``key/``) is missing.
+    """
+    root = dataset_path("sroie-dev") if root is None else Path(root).expanduser()
+    for sub in ("img", "box", "key"):
+        if not (root / sub).is_dir():
+            raise DatasetNotFound(f"SROIE folder {root} has no {sub}/; expected img/, box/, "
+                                  "key/ (set FOVEA_DATA or pass data_dir)")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    stems = sorted(p.stem for p in (root / "key").glob("*.json")
+                   if (root / "img" / f"{p.stem}.jpg").exists()
+                   and (root / "box" / f"{p.stem}.csv").exists())
+    return [load_receipt(root, s, max_nl=max_nl) for s in stems[:limit]]

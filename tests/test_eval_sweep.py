@@ -1,0 +1,138 @@
+"""The sweep runner on a tiny sweep: ceiling, negative control, backends, resume, CIs."""
+
+import pandas as pd
+import pytest
+import torch
+
+from fovea_core.eval.documents import synthetic_documents
+from fovea_core.eval.reader import Reader
+from fovea_core.eval.sweep import TIMING_COLUMNS, compare, run_sweep, summarize
+from fovea_core.tokens import TokenSet
+
+DOC = synthetic_documents(1, seed=21)[0]
+CALLS: list[dict] = []
+
+
+def flat_scorer(image, *, query=None, patch=16):
+    CALLS.append(dict(kind="score", shape=tuple(image.shape), query=query))
+    h, w = image.shape[-2:]
+    return torch.ones(1, -(-h // patch), -(-w // patch))
+
+
+def grid_at_level(level):
+    """An allocator spending the budget on the level-``level`` grid, row-major."""
+    def alloc(pyramid, scores, budget, *, seed=0, query=None):
+        CALLS.append(dict(kind="alloc", budget=budget, query=query, nargs=2))
+        gh, gw = pyramid.grid_shape(16, level)
+        idx = torch.arange(budget) % (gh * gw)
+        return TokenSet.from_grid(idx[None] // gw, idx[None] % gw, level,
+                                  image_size=pyramid.image_size)
+    return alloc
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    return Reader(cache_dir=tmp_path_factory.mktemp("ocr"))
+
+
+@pytest.fixture(scope="module")
+def table(reader):
+    allocs = [("level0", grid_at_level(0)), ("level3", grid_at_level(3))]
+    return run_sweep(allocs, [64, 4096], {"syn": [DOC]}, scorer=flat_scorer, reader=reader,
+                     progress=False)
+
+
+def test_rows_and_ceiling(table):
+    nq = len(DOC.questions)
+    assert len(table) == nq * (1 + 2 * 2)
+    full = table[table.allocator == "full"]
+    assert (full.budget == 4096).all() and (full.anls == full.ceiling_anls).all()
+    # every level-0 patch: the reconstruction is the page, so the reader scores the ceiling
+    l0 = table[(table.allocator == "level0") & (table.budget == 4096)].set_index("qid")
+    assert (l0.anls == full.set_index("qid").anls.loc[l0.index]).all()
+    assert (l0.strata_cov == 1.0).all() and (l0.answer_level == 0).all()
+
+
+def test_negative_control_coarse_tokens_lose_small_text(table):
+    # 64 level-3 tokens (128 px each) tile the page at 1/8 resolution: small text is gone
+    coarse = table[(table.allocator == "level3") & (table.budget == 64)]
+    assert (coarse.answer_level == 3).all() and (coarse.strata_cov == 1.0).all()
+    assert coarse.anls.mean() < 0.5 * coarse.ceiling_anls.mean()
+    # 64 level-0 tokens cover only the top rows: answers below are not read
+    top = table[(table.allocator == "level0") & (table.budget == 64)]
+    assert top[top.field == "citation"].anls.iloc[0] == 0.0
+    assert top[top.field == "citation"].answer_level.isna().all()
+
+
+def test_allocators_never_see_answers(reader):
+    CALLS.clear()
+    run_sweep([("level0", grid_at_level(0))], [64], {"syn": [DOC]}, scorer=flat_scorer,
+              query_aware=True, reader=reader, progress=False)
+    queries = [c["query"] for c in CALLS]
+    assert sorted(q for q in queries if q is not None) == sorted(
+        [q.question for q in DOC.questions] * 2)  # each question: one score, one allocation
+    answers = {a for q in DOC.questions for a in q.answers}
+    assert not any(c["query"] in answers for c in CALLS)
+
+
+def test_dask_backend_matches_inprocess(reader, tmp_path):
+    docs = synthetic_documents(2, seed=40)
+    kw = dict(scorer=flat_scorer, progress=False)
+    allocs = [("level0", grid_at_level(0)), ("level2", grid_at_level(2))]
+    a = run_sweep(allocs, [64, 256], {"syn": docs}, reader=reader, **kw)
+    # a fresh cache, so the OCR really runs in dask's worker threads
+    cold = Reader(cache_dir=tmp_path / "cold")
+    b = run_sweep(allocs, [64, 256], {"syn": docs}, backend="dask", scheduler="threads",
+                  reader=cold, **kw)
+    assert cold.cache.misses > 0 and cold.cache.hits < cold.cache.misses
+    cols = [c for c in a.columns if c not in TIMING_COLUMNS]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+def test_resume_reads_finished_documents(reader, tmp_path):
+    kw = dict(scorer=flat_scorer, reader=reader, progress=False, out=tmp_path)
+    first = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
+    assert (tmp_path / "results.csv").exists()
+    assert len(list((tmp_path / "parts" / "syn").glob("*.csv"))) == 1
+    CALLS.clear()
+    again = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
+    assert CALLS == []                                   # nothing recomputed
+    cols = [c for c in first.columns if c not in TIMING_COLUMNS]
+    pd.testing.assert_frame_equal(first[cols], again[cols], check_dtype=False)
+    amount = again[(again.field == "amount") & (again.allocator == "level0")].pred.iloc[0]
+    assert isinstance(amount, str) and amount.count(".") == 1  # "56.18" stays a string
+    run_sweep([("level0", grid_at_level(0))], [100], {"syn": [DOC]}, **kw)
+    assert CALLS                                          # another budget: recomputed
+
+
+def test_summarize(table):
+    s = summarize(table, n_boot=200)
+    assert {"anls", "anls_lo", "anls_hi", "kept", "kept_lo", "kept_hi", "em",
+            "anls_per_100_tokens", "n_docs"} <= set(s.columns)
+    assert (s.anls_lo <= s.anls + 1e-12).all() and (s.anls <= s.anls_hi + 1e-12).all()
+    full = s[s.allocator == "full"].iloc[0]
+    assert full.kept == pytest.approx(1.0) and full.n_docs == 1
+    assert full.anls_per_100_tokens == pytest.approx(100 * full.anls / 4096)
+
+
+def test_bad_arguments(reader):
+    with pytest.raises(ValueError, match="backend"):
+        run_sweep(["topk"], [64], {"syn": [DOC]}, backend="spark", reader=reader)
+    with pytest.raises(ValueError, match="budget"):
+        run_sweep([("l0", grid_at_level(0))], [5000], {"syn": [DOC]}, scorer=flat_scorer,
+                  reader=reader, progress=False)
+    with pytest.raises(ValueError, match="allocator"):
+        run_sweep([42], [64], {"syn": [DOC]}, reader=reader)
+
+
+def test_compare_paired_difference(table):
+    d = compare(table, "level0", "level3")
+    assert set(d.budget) == {64, 4096} and (d.n_docs == 1).all()
+    per = table.groupby(["allocator", "budget"]).anls.mean()
+    row = d[d.budget == 4096].iloc[0]
+    assert row["diff"] == pytest.approx(per["level0", 4096] - per["level3", 4096])
+    assert row.diff_lo == row["diff"] == row.diff_hi          # one document: no spread
+    f = compare(table, "level0", "full")                      # full: its single budget
+    assert f[f.budget == 4096]["diff"].iloc[0] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="allocator"):
+        compare(table, "nope", "full")
