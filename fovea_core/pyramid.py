@@ -47,20 +47,32 @@ def as_image_batch(image: np.ndarray | torch.Tensor, *, device: str | torch.devi
     return t.to(device) if device is not None else t
 
 
+def _blur_down(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Binomial-5 blur along ``dim`` (-1 or -2), kept only at even samples, reflect-101 edges."""
+    n_out = -(-x.shape[dim] // 2)
+    pad = (2, 2, 0, 0) if dim == -1 else (0, 0, 2, 2)
+    xp = F.pad(x, pad, mode="reflect")
+    taps = [xp.narrow(dim, k, 2 * n_out - 1) for k in range(5)]
+    step = (slice(None),) * (xp.ndim + dim) + (slice(None, None, 2),)
+    w = _BINOMIAL5.tolist()
+    out = taps[0][step] * w[0]
+    for k in range(1, 5):
+        out = out.add_(taps[k][step], alpha=w[k])
+    return out
+
+
 def pyr_down(x: torch.Tensor) -> torch.Tensor:
     """One pyramid step ``[B, C, H, W] -> [B, C, ceil(H/2), ceil(W/2)]`` (= ``cv2.pyrDown``).
 
-    Separable binomial blur computed only at the kept samples (stride-2 convolutions),
-    reflect-101 borders. Needs ``H, W >= 3``.
+    Separable binomial blur evaluated only at the kept samples (five strided
+    multiply-adds per axis: memory-bound, no convolution), reflect-101 borders.
+    Needs ``H, W >= 3``.
     """
+    if x.ndim != 4:
+        raise ValueError(f"pyr_down expects [B, C, H, W], got {tuple(x.shape)}")
     if x.shape[-1] < 3 or x.shape[-2] < 3:
         raise ValueError(f"pyr_down needs H, W >= 3, got {tuple(x.shape[-2:])}")
-    b, c, h, w = x.shape
-    k = _BINOMIAL5.to(x)
-    y = x.reshape(b * c, 1, h, w)
-    y = F.conv2d(F.pad(y, (2, 2, 0, 0), mode="reflect"), k.view(1, 1, 1, 5), stride=(1, 2))
-    y = F.conv2d(F.pad(y, (0, 0, 2, 2), mode="reflect"), k.view(1, 1, 5, 1), stride=(2, 1))
-    return y.reshape(b, c, y.shape[-2], y.shape[-1])
+    return _blur_down(_blur_down(x, -1), -2).contiguous()
 
 
 def default_num_levels(height: int, width: int, patch: int = 16) -> int:
