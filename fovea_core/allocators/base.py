@@ -1,0 +1,472 @@
+"""Shared machinery of every allocator: input checks, fixation, ranking and selection.
+
+Every allocator reduces to the same two steps, both vectorised over the batch and the
+candidate cells (no Python loop over patches):
+
+1. build a *candidate list* of grid cells (level-0 cells, or cells of several mip levels
+   flattened into one list, :class:`Candidates`), each with a *tier* (an integer: higher
+   tiers are taken first, e.g. "best cell of its log-polar bin" = 1, "anything else" = 0)
+   and a *priority* (a float, usually the importance score);
+2. :func:`select` takes, per image, the ``budget`` candidates that come first in the
+   lexicographic order (tier desc, priority desc, candidate index asc). Ties therefore
+   break deterministically towards the lower candidate index (row-major, finer level
+   first), and the result has exactly ``budget`` distinct cells.
+
+Scores live on the level-0 patch grid ``[B, Gh, Gw]`` with ``Gh = ceil(H / patch)``.
+Coarser levels get their scores by pooling ``2**l x 2**l`` blocks (:func:`pool_scores`,
+``"max"`` or ``"mean"``, each allocator says which).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fovea_core.pyramid import Pyramid
+from fovea_core.tokens import TokenSet
+
+__all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
+           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best", "group_rank", "largest_remainder",
+           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers",
+           "stratum_ids", "top_per_stratum", "box3_mean", "footprint_cover", "importance_captured"]
+
+
+# ----------------------------------------------------------------------------- inputs
+def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: int | None, *,
+                 patch: int = 16, max_budget: int | None = None, name: str = "allocator"
+                 ) -> tuple[torch.Tensor, int]:
+    """Validate the common arguments; return ``(scores [B, Gh, Gw] float32, budget)``.
+
+    Raises ``ValueError`` naming the argument: ``scores`` must be ``[B, Gh, Gw]`` (or
+    ``[Gh, Gw]`` for a batch of one) with ``(Gh, Gw) = pyramid.grid_shape(patch, 0)`` and no
+    NaN / inf; ``budget`` must be an int in ``[1, max_budget]`` (default ``Gh * Gw``).
+    """
+    if not isinstance(pyramid, Pyramid):
+        raise TypeError(f"{name}: pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
+    s = torch.as_tensor(scores).detach().to("cpu", torch.float32)
+    if s.ndim == 2:
+        s = s[None]
+    gh, gw = pyramid.grid_shape(patch, 0)
+    expect = (pyramid.batch_size, gh, gw)
+    if tuple(s.shape) != expect:
+        raise ValueError(f"{name}: scores must have shape [B, Gh, Gw] = {list(expect)} "
+                         f"(image {pyramid.image_size}, patch {patch}), got {list(s.shape)}")
+    if not torch.isfinite(s).all():
+        if torch.isnan(s).any():
+            raise ValueError(f"{name}: scores contain NaN ({int(torch.isnan(s).sum())} cells); "
+                             "importance maps must be finite")
+        raise ValueError(f"{name}: scores contain +-inf; importance maps must be finite")
+    cap = gh * gw if max_budget is None else max_budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise ValueError(f"{name}: budget must be an int in [1, {cap}], got {budget!r}")
+    budget = int(budget)
+    if not 1 <= budget <= cap:
+        raise ValueError(f"{name}: budget must be in [1, {cap}] for a {gh}x{gw} patch grid, "
+                         f"got {budget}")
+    return s.contiguous(), budget
+
+
+def nonneg(scores: torch.Tensor) -> torch.Tensor:
+    """Scores shifted per image so that the minimum is 0 (weights for proportional quotas)."""
+    flat = scores.flatten(1)
+    return scores - flat.min(dim=1).values.view(-1, *([1] * (scores.ndim - 1)))
+
+
+def fixation_from_scores(scores: torch.Tensor) -> torch.Tensor:
+    """Default fixation ``[B, 2]`` (x, y) in ``[0, 1]``: the centre of the cell with the
+    highest 3x3-box-smoothed score (first in row-major order on ties); the image centre
+    when the map is flat."""
+    b, gh, gw = scores.shape
+    idx = box3_mean(scores).flatten(1).argmax(1)          # first maximum in row-major order
+    fx = torch.stack([((idx % gw).float() + 0.5) / gw, ((idx // gw).float() + 0.5) / gh], -1)
+    flat = (scores.flatten(1).amax(1) == scores.flatten(1).amin(1))[:, None]
+    return torch.where(flat, torch.full_like(fx, 0.5), fx)
+
+
+def box3_mean(x: torch.Tensor) -> torch.Tensor:
+    """3x3 box mean of ``[B, H, W]`` over the cells inside the grid (= ``avg_pool2d(x, 3, 1,
+    1, count_include_pad=False)``), as nine shifted adds."""
+    def box(t: torch.Tensor) -> torch.Tensor:
+        p = torch.nn.functional.pad(t, (1, 1, 1, 1))
+        r = p[:, :, :-2] + p[:, :, 1:-1] + p[:, :, 2:]
+        return r[:, :-2] + r[:, 1:-1] + r[:, 2:]
+    return box(x) / box(torch.ones_like(x[:1]))
+
+
+def resolve_fixation(fixation, scores: torch.Tensor) -> torch.Tensor:
+    """Fixation as ``[B, 2]`` float: ``None`` -> :func:`fixation_from_scores`; ``(x, y)`` or
+    ``[2]`` -> the same for every image; ``[B, 2]`` -> per image. Values must be in [0, 1]."""
+    b = scores.shape[0]
+    if fixation is None:
+        return fixation_from_scores(scores)
+    f = torch.as_tensor(fixation, dtype=torch.float32)
+    if f.ndim == 3 and f.shape[1] == 1:
+        f = f[:, 0]
+    if f.shape == (2,):
+        f = f.expand(b, 2)
+    if f.shape != (b, 2):
+        raise ValueError(f"fixation must be (x, y), [2] or [B, 2] with B = {b}, got {tuple(f.shape)}")
+    if not torch.isfinite(f).all() or f.min() < 0 or f.max() > 1:
+        raise ValueError(f"fixation must be finite (x, y) in [0, 1], got {f.tolist()[:2]}")
+    return f.contiguous()
+
+
+def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.Tensor:
+    """Uniform random numbers ``[B, n]`` (default ``n = Gh*Gw``), one stream per image.
+
+    Image ``b`` draws from a generator seeded with ``seed`` mixed with a CRC32 of its score
+    map, so the draw is deterministic for a seed, independent of the batch it sits in
+    (batch == per-image loop) and different for different images. (The loop is over images,
+    not patches.)"""
+    n = scores[0].numel() if n is None else n
+    rows = []
+    for s in scores:
+        crc = zlib.crc32(np.ascontiguousarray(s.numpy()).tobytes())
+        g = torch.Generator().manual_seed((int(seed) * 1_000_003 + crc) % (2**63))
+        rows.append(torch.rand(n, generator=g))
+    return torch.stack(rows)
+
+
+# ----------------------------------------------------------------------------- pooling
+def pool_scores(scores: torch.Tensor, level: int, mode: str = "max") -> torch.Tensor:
+    """Scores of the level-``level`` grid ``[B, ceil(Gh/2**l), ceil(Gw/2**l)]``.
+
+    Each level-``l`` cell covers a ``2**l x 2**l`` block of level-0 cells (cut at the image
+    border); ``mode="max"`` takes the block maximum, ``"mean"`` the mean over the cells that
+    exist.
+    """
+    if level == 0:
+        return scores
+    if mode not in ("max", "mean", "sum"):
+        raise ValueError(f"mode must be 'max', 'mean' or 'sum', got {mode!r}")
+    k = 2**level
+    b, gh, gw = scores.shape
+    ph, pw = -gh % k, -gw % k
+    if mode == "max":
+        x = torch.nn.functional.pad(scores, (0, pw, 0, ph), value=float("-inf"))
+        return x.view(b, (gh + ph) // k, k, (gw + pw) // k, k).amax(dim=(2, 4))
+    x = torch.nn.functional.pad(scores, (0, pw, 0, ph), value=0.0)
+    tot = x.view(b, (gh + ph) // k, k, (gw + pw) // k, k).sum(dim=(2, 4))
+    if mode == "sum":
+        return tot
+    ones = torch.nn.functional.pad(torch.ones(1, gh, gw), (0, pw, 0, ph))
+    cnt = ones.view(1, (gh + ph) // k, k, (gw + pw) // k, k).sum(dim=(2, 4))
+    return tot / cnt
+
+
+# ----------------------------------------------------------------------------- candidates
+@dataclass(frozen=True)
+class Candidates:
+    """Grid cells of one or more levels, flattened: ``rows/cols/levels`` are ``[M]`` long.
+
+    ``offsets[i]`` is where level ``levels_used[i]`` starts; within a level the cells are
+    row-major. ``shapes[i]`` is that level's grid shape.
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    levels: torch.Tensor
+    levels_used: tuple[int, ...]
+    shapes: tuple[tuple[int, int], ...]
+    offsets: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return self.rows.numel()
+
+    def slice(self, i: int) -> slice:
+        """The candidate range of ``levels_used[i]``."""
+        return slice(self.offsets[i], self.offsets[i] + self.shapes[i][0] * self.shapes[i][1])
+
+    def gather_scores(self, scores: torch.Tensor, mode: str = "max") -> torch.Tensor:
+        """Pooled scores of every candidate ``[B, M]`` (see :func:`pool_scores`)."""
+        return torch.cat([pool_scores(scores, lv, mode).flatten(1) for lv in self.levels_used], 1)
+
+
+def candidate_grid(pyramid: Pyramid, levels: Sequence[int], patch: int = 16) -> Candidates:
+    """All cells of the given pyramid levels (each level's grid at ``patch * 2**l`` pixels)."""
+    rows, cols, lvs, shapes, offsets = [], [], [], [], []
+    off = 0
+    for lv in levels:
+        gh, gw = pyramid.grid_shape(patch, lv)
+        r, c = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        rows.append(r.flatten())
+        cols.append(c.flatten())
+        lvs.append(torch.full((gh * gw,), lv, dtype=torch.int64))
+        shapes.append((gh, gw))
+        offsets.append(off)
+        off += gh * gw
+    return Candidates(torch.cat(rows), torch.cat(cols), torch.cat(lvs), tuple(levels),
+                      tuple(shapes), tuple(offsets))
+
+
+def cell_centers(shape: tuple[int, int], level: int, image_size: tuple[int, int],
+                 patch: int = 16, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Normalised centres ``[Gh_l * Gw_l, 2]`` (x, y) of a level's cells, clipped to [0, 1]
+    exactly as :meth:`TokenSet.from_grid` places them."""
+    gh, gw = shape
+    h, w = image_size
+    side = patch * 2.0**level
+    r, c = torch.meshgrid(torch.arange(gh, dtype=dtype), torch.arange(gw, dtype=dtype),
+                          indexing="ij")
+    return torch.stack([((c + 0.5) * side / w).clamp(0, 1), ((r + 0.5) * side / h).clamp(0, 1)],
+                       -1).reshape(-1, 2)
+
+
+@functools.lru_cache(maxsize=64)
+def stratum_ids(shape: tuple[int, int], strata: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+    """Stratum index ``[Gh*Gw]`` of each cell for an ``sy x sx`` partition of the grid into
+    (near-)equal rectangles; returns ``(ids, sy*sx)``. Every stratum is non-empty when
+    ``sy <= Gh`` and ``sx <= Gw``."""
+    gh, gw = shape
+    sy, sx = (strata, strata) if isinstance(strata, int) else strata
+    if not (1 <= sy <= gh and 1 <= sx <= gw):
+        raise ValueError(f"strata must be in [1, {gh}] x [1, {gw}] for a {gh}x{gw} grid, "
+                         f"got {sy}x{sx}")
+    ry = torch.arange(gh) * sy // gh
+    rx = torch.arange(gw) * sx // gw
+    return (ry[:, None] * sx + rx[None, :]).flatten(), sy * sx
+
+
+# ----------------------------------------------------------------------------- ranking
+SECONDARY_BITS = 14  # resolution of the optional secondary key (quantised to 1/16384)
+
+
+def float_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving map of float32 values to int64 in ``[0, 2**32)`` (IEEE bit trick;
+    ``-0.0`` is first mapped to ``+0.0``)."""
+    bits = (x.float() + 0.0).view(torch.int32).long()
+    return torch.where(bits < 0, -bits - 1, bits + 2**31)
+
+
+def _secondary_key(sec: torch.Tensor) -> torch.Tensor:
+    if not sec.dtype.is_floating_point:
+        return sec.long().clamp(0, 2**SECONDARY_BITS - 1)
+    lo = sec.amin(-1, keepdim=True)
+    span = (sec.amax(-1, keepdim=True) - lo).clamp(min=1e-30)
+    return ((sec - lo) / span * (2**SECONDARY_BITS - 1)).round().long()
+
+
+def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
+            secondary: torch.Tensor | None = None) -> torch.Tensor | None:
+    """One int64 key per candidate ``[B, M]`` whose descending order is the lexicographic
+    order (tier desc, priority desc, secondary desc, index asc); keys are unique.
+
+    ``priority`` enters with its exact float32 order (:func:`float_key`); ``secondary``
+    (optional) is quantised to ``SECONDARY_BITS`` bits over its per-image range (integers
+    are used as they are); ``tier`` is a small non-negative int. Returns ``None`` when the
+    bits do not fit in 63 (then callers use the multi-sort path).
+    """
+    b, m = priority.shape[0], priority.shape[-1]
+    ib = max(1, int(m - 1).bit_length())
+    sb = SECONDARY_BITS if secondary is not None else 0
+    tb = 63 - 32 - ib - sb
+    key = (float_key(priority.expand(b, m)) << (sb + ib)) | (m - 1 - torch.arange(m))
+    if secondary is not None:
+        key = key | (_secondary_key(secondary.expand(b, m)) << ib)
+    if tier is not None:
+        t = tier.expand(b, m).long()
+        if tb < 1 or int(t.max()) >= 2**tb or int(t.min()) < 0:
+            return None
+        key = key | (t << (32 + sb + ib))
+    elif tb < 0:
+        return None
+    return key
+
+
+def _order_sorts(keys: Sequence[torch.Tensor]) -> torch.Tensor:
+    b, m = keys[0].shape[0], keys[-1].shape[-1]
+    perm = torch.arange(m).expand(b, m)
+    for key in reversed(list(keys)):
+        k = key.expand(b, m).gather(1, perm)
+        perm = perm.gather(1, torch.sort(k, dim=1, descending=True, stable=True).indices)
+    return perm
+
+
+def order_lex(keys: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Permutation ``[B, M]`` sorting by ``[tier, priority]`` or ``[tier, priority,
+    secondary]`` (all descending, then index ascending); see :func:`lex_key`."""
+    key = lex_key(keys[1], keys[0], keys[2] if len(keys) > 2 else None)
+    if key is None:
+        return _order_sorts(keys)
+    return torch.sort(key, dim=1, descending=True).indices
+
+
+def order(priority: torch.Tensor, tier: torch.Tensor | None = None) -> torch.Tensor:
+    """Permutation ``[B, M]`` sorting candidates by (tier desc, priority desc, index asc).
+
+    Deterministic: ties break towards the lower index (keys are made unique by
+    :func:`lex_key`; a stable multi-sort fallback gives the same order).
+    """
+    key = lex_key(priority, tier)
+    if key is None:
+        return _order_sorts([priority] if tier is None else [tier, priority])
+    return torch.sort(key, dim=1, descending=True).indices
+
+
+def select(priority: torch.Tensor, budget: int, tier: torch.Tensor | None = None,
+           secondary: torch.Tensor | None = None, base_key: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """Indices ``[B, budget]`` of the first ``budget`` candidates in the order of
+    :func:`lex_key` (one ``topk`` on unique int64 keys; the returned order is unspecified).
+    ``base_key`` = ``lex_key(priority)`` already computed by the caller (reused when there is
+    no ``secondary``)."""
+    if budget > priority.shape[-1]:
+        raise ValueError(f"budget {budget} exceeds the {priority.shape[-1]} candidates")
+    if base_key is not None and secondary is None and (tier is None or int(tier.max()) <= 1) \
+            and int(priority.shape[-1] - 1).bit_length() <= 30:
+        ib = max(1, int(priority.shape[-1] - 1).bit_length())
+        key = base_key if tier is None else base_key | (tier.long() << (32 + ib))
+    else:
+        key = lex_key(priority, tier, secondary)
+    if key is None:
+        keys = [tier if tier is not None else torch.zeros_like(priority, dtype=torch.long), priority]
+        return _order_sorts(keys + ([secondary] if secondary is not None else []))[:, :budget]
+    return torch.topk(key, budget, dim=1, sorted=False).indices
+
+
+def rank_of(priority: torch.Tensor, tier: torch.Tensor | None = None) -> torch.Tensor:
+    """Position ``[B, M]`` of each candidate in :func:`order` (0 = first)."""
+    perm = order(priority, tier)
+    rank = torch.empty_like(perm)
+    rank.scatter_(1, perm, torch.arange(perm.shape[1]).expand_as(perm))
+    return rank
+
+
+def group_best(priority: torch.Tensor, group: torch.Tensor, num_groups: int,
+               tier: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, M]`` bool: the candidate is the first of its group in :func:`order` (one
+    ``scatter_reduce(amax)`` of the unique keys, no sort)."""
+    key = lex_key(priority, tier)
+    if key is None:
+        return group_rank(priority, group, num_groups, tier) == 0
+    b, m = key.shape
+    g = group.expand(b, m).long()
+    best = torch.full((b, num_groups), -1, dtype=torch.long).scatter_reduce(1, g, key, "amax")
+    return best.gather(1, g) == key
+
+
+@functools.lru_cache(maxsize=64)
+def _group_layout(shape: tuple[int, int], strata: int) -> torch.Tensor | None:
+    """Cell order ``[M]`` that makes every stratum contiguous (row-major inside), or
+    ``None`` when the strata are not all the same size."""
+    gid, ng = stratum_ids(shape, strata)
+    if gid.numel() % ng or (torch.bincount(gid, minlength=ng) != gid.numel() // ng).any():
+        return None
+    return torch.sort(gid, stable=True).indices
+
+
+def top_per_stratum(priority: torch.Tensor, shape: tuple[int, int], strata: int,
+                    quota: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, M]`` bool: the best ``quota[b, g]`` cells of every stratum ``g`` (order of
+    :func:`order`); the same set as ``group_rank(...) < quota[:, gid]``.
+
+    With equal-size strata the cells are laid out ``[B, G, S]`` and one ``topk`` with
+    ``k = max quota`` gives each stratum's threshold key (faster than a full sort);
+    otherwise :func:`group_rank` is used.
+    """
+    gid, ng = stratum_ids(shape, strata)
+    perm = _group_layout(shape, strata)
+    key = lex_key(priority) if key is None else key
+    if perm is None or key is None:
+        return group_rank(priority, gid, ng) < quota[:, gid]
+    b, m = key.shape
+    q = quota.clamp(0, m // ng)
+    kmax = max(int(q.max()), 1)
+    top = torch.topk(key[:, perm].view(b, ng, m // ng), kmax, dim=-1).values     # [B, G, k]
+    thr = top.gather(-1, (q - 1).clamp(min=0)[..., None])[..., 0]                # [B, G]
+    return (key >= thr[:, gid]) & (q[:, gid] > 0)
+
+
+def group_rank(priority: torch.Tensor, group: torch.Tensor, num_groups: int,
+               tier: torch.Tensor | None = None) -> torch.Tensor:
+    """Rank ``[B, M]`` of each candidate within its group (0 = best), by (tier desc,
+    priority desc, index asc). ``group`` is ``[M]`` or ``[B, M]`` in ``[0, num_groups)``.
+
+    One sort of the int64 key (group asc, :func:`lex_key` desc) when it fits in 63 bits.
+    """
+    b, m = priority.shape
+    g = group.expand(b, m).long()
+    key = lex_key(priority, tier)
+    gbits = max(1, int(num_groups - 1).bit_length())
+    if key is not None and int(key.max()).bit_length() + gbits <= 63:
+        srt = torch.sort((g << int(key.max()).bit_length()) - key, dim=1).indices
+    else:
+        grank = rank_of(priority, tier)
+        srt = torch.sort(g * m + grank, dim=1).indices       # cells sorted by (group, rank)
+    counts = torch.zeros(b, num_groups, dtype=torch.long).scatter_add_(1, g, torch.ones_like(g))
+    start = torch.cumsum(counts, 1) - counts                 # first position of each group
+    pos = torch.empty_like(srt)
+    pos.scatter_(1, srt, torch.arange(m).expand(b, m))       # position of each cell in srt
+    return pos - start.gather(1, g)
+
+
+def largest_remainder(weights: torch.Tensor, total: int | torch.Tensor, minimum: int = 0,
+                      capacity: torch.Tensor | None = None) -> torch.Tensor:
+    """Integer quotas ``[B, G]`` proportional to ``weights`` (>= 0) that sum to ``total``.
+
+    Each group first gets ``minimum``; the remaining ``total - minimum*G`` is split by
+    Hamilton's largest-remainder method (ties to the lower group index). Equal weights when
+    a row of weights sums to zero. With ``capacity``, quotas are clipped to it (the sum can
+    then fall short; callers fill the rest).
+    """
+    b, gcount = weights.shape
+    total = torch.as_tensor(total, dtype=torch.float64).expand(b)
+    rest = (total - minimum * gcount).clamp(min=0)
+    w = weights.double().clamp(min=0)
+    wsum = w.sum(1, keepdim=True)
+    w = torch.where(wsum > 0, w / wsum.clamp(min=1e-300), torch.full_like(w, 1.0 / gcount))
+    x = w * rest[:, None]
+    base = torch.floor(x)
+    left = (rest - base.sum(1)).round().long()               # 0 <= left < G
+    extra = rank_of((x - base).float()) < left[:, None]
+    q = base.long() + extra.long() + minimum
+    return q if capacity is None else torch.minimum(q, capacity.long())
+
+
+# ----------------------------------------------------------------------------- output
+def cells_to_tokens(cand: Candidates, idx: torch.Tensor, priority: torch.Tensor,
+                    image_size: tuple[int, int], fixation: torch.Tensor, patch: int = 16
+                    ) -> TokenSet:
+    """TokenSet of candidates ``idx [B, N]``, sorted per image by candidate index (canonical
+    order: level-major, row-major), scores taken from ``priority [B, M]``."""
+    idx = torch.sort(idx, dim=1).values
+    sc = priority.gather(1, idx)
+    sc = torch.nan_to_num(sc, nan=0.0, posinf=0.0, neginf=0.0)
+    fix = fixation if fixation.ndim == 3 else fixation[:, None, :]
+    return TokenSet.from_grid(cand.rows[idx], cand.cols[idx], cand.levels[idx],
+                              image_size=image_size, patch=patch, scores=sc, fixations=fix)
+
+
+def footprint_cover(tokens: TokenSet, grid_shape: tuple[int, int]) -> torch.Tensor:
+    """How many token footprints cover each level-0 patch cell: ``[B, Gh, Gw]`` long.
+
+    Footprints (``patch * 2**level`` squares, :meth:`TokenSet.boxes`) are rounded to whole
+    cells and clipped to the grid, then rasterised with a 2-D difference array (four
+    scatter-adds and two cumulative sums; no loop over tokens).
+    """
+    gh, gw = grid_shape
+    b = tokens.batch_size
+    box = torch.round(tokens.boxes() / tokens.patch).long()                   # [B, N, 4]
+    x0, y0 = box[..., 0].clamp(0, gw), box[..., 1].clamp(0, gh)
+    x1, y1 = box[..., 2].clamp(0, gw), box[..., 3].clamp(0, gh)
+    diff = torch.zeros(b, (gh + 1) * (gw + 1), dtype=torch.long)
+    one = torch.ones_like(x0)
+    for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):  # 4 corners
+        diff.scatter_add_(1, ys * (gw + 1) + xs, sign * one)
+    cover = diff.view(b, gh + 1, gw + 1).cumsum(1).cumsum(2)
+    return cover[:, :gh, :gw]
+
+
+def importance_captured(tokens: TokenSet, scores: torch.Tensor) -> torch.Tensor:
+    """``[B]``: share of the (min-shifted) importance mass whose cells some footprint covers."""
+    w = nonneg(torch.as_tensor(scores, dtype=torch.float32))
+    cov = footprint_cover(tokens, tuple(w.shape[1:])) > 0
+    tot = w.flatten(1).sum(1)
+    return torch.where(tot > 0, (w * cov).flatten(1).sum(1) / tot.clamp(min=1e-30),
+                       cov.flatten(1).float().mean(1))

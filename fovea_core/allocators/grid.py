@@ -1,0 +1,223 @@
+"""Single-level grid allocators: baselines, v1 top-K and the stratified family.
+
+All select level-0 patch cells (``patch x patch`` base pixels) except ``uniform``, which
+reads a coarser, evenly spaced grid (the whole image resized, as a plain VLM does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
+                                        group_best, group_rank, image_rand, largest_remainder,
+                                        lex_key, nonneg,
+                                        resolve_fixation, select, stratum_ids, top_per_stratum)
+from fovea_core.allocators.registry import register
+from fovea_core.pyramid import Pyramid
+from fovea_core.tokens import TokenSet
+
+
+def _level0(pyramid: Pyramid, patch: int):
+    return candidate_grid(pyramid, [0], patch)
+
+
+# ----------------------------------------------------------------------------- baselines
+@register("uniform", family="grid", version="baseline", coverage="uniform")
+def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
+            patch: int = 16) -> TokenSet:
+    """Baseline: the whole image resized to a ~sqrt(N) x sqrt(N) grid (what a plain VLM does).
+
+    Grid ``r x c`` with ``r = round(sqrt(N H / W))`` and ``c = ceil(N / r)``; when
+    ``r*c > N`` the ``N`` cells at evenly spaced row-major indices ``floor(i r c / N)`` are
+    kept (content-independent). Each token is centred on its grid cell and read at mip
+    level ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the
+    cell; clipped to the pyramid), i.e. the image seen at about ``sqrt(N) * patch`` pixels
+    per side. Scores: the level-0 score under each
+    centre. Content and ``fixation`` are ignored (the fixation recorded is the resolved one).
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="uniform")
+    fix = resolve_fixation(fixation, s)
+    b, gh, gw = s.shape
+    h, w = pyramid.image_size
+    r = max(1, min(n, round(math.sqrt(n * h / w))))
+    c = math.ceil(n / r)
+    keep = torch.div(torch.arange(n) * (r * c), n, rounding_mode="floor")
+    rows, cols = keep // c, keep % c
+    side = max(h / r, w / c)
+    level = int(min(max(math.ceil(math.log2(max(side / patch, 1.0)) - 1e-9), 0),
+                    pyramid.num_levels - 1))
+    cx, cy = (cols.float() + 0.5) / c, (rows.float() + 0.5) / r
+    br = (cy * h / patch).long().clamp(0, gh - 1)
+    bc = (cx * w / patch).long().clamp(0, gw - 1)
+    sc = s[:, br, bc]
+    centers = torch.stack([cx, cy], -1).expand(b, n, 2)
+    return TokenSet(centers, torch.full((b, n), level), sc, fix[:, None], (h, w), patch)
+
+
+@register("random", family="grid", version="baseline")
+def random(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
+           patch: int = 16) -> TokenSet:
+    """Baseline: ``budget`` level-0 patches drawn uniformly without replacement.
+
+    Token-reduction papers report random selection as a surprisingly strong baseline, so
+    it belongs in every comparison. The draw is a per-image permutation from
+    :func:`~fovea_core.allocators.base.image_rand` (seeded by ``seed`` and the image's
+    score map, so deterministic and batch-independent); scores are not used for selection.
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="random")
+    cand = _level0(pyramid, patch)
+    idx = select(image_rand(s, seed), n)
+    return cells_to_tokens(cand, idx, s.flatten(1), pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
+
+
+@register("full", family="grid", version="baseline", coverage="all")
+def full(pyramid: Pyramid, scores, budget: int | None = None, *, fixation=None, query=None,
+         seed: int = 0, patch: int = 16) -> TokenSet:
+    """Upper bound: every level-0 patch. ``budget`` must be ``None`` or exactly ``Gh * Gw``."""
+    gh, gw = pyramid.grid_shape(patch, 0)
+    if budget is not None and budget != gh * gw:
+        raise ValueError(f"full: budget must be None or Gh*Gw = {gh * gw} (all base patches), "
+                         f"got {budget}")
+    s, n = check_inputs(pyramid, scores, gh * gw, patch=patch, name="full")
+    cand = _level0(pyramid, patch)
+    idx = torch.arange(n).expand(s.shape[0], n)
+    return cells_to_tokens(cand, idx, s.flatten(1), pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
+
+
+# ----------------------------------------------------------------------------- v1
+@register("topk", family="grid", version="v1")
+def topk(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
+         patch: int = 16) -> TokenSet:
+    """v1: the ``budget`` level-0 patches with the highest importance (ties: row-major first)."""
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="topk")
+    idx = select(s.flatten(1), n)
+    return cells_to_tokens(_level0(pyramid, patch), idx, s.flatten(1), pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
+
+
+def _check_strata(strata: int, n: int, shape: tuple[int, int], name: str) -> None:
+    if not isinstance(strata, int) or strata < 1:
+        raise ValueError(f"{name}: strata must be a positive int, got {strata!r}")
+    if strata * strata > n:
+        raise ValueError(f"{name}: strata**2 = {strata * strata} must be <= budget = {n} "
+                         "(at least one token per stratum)")
+
+
+@register("topk_coverage", family="grid", version="v1", coverage="stratum", strata=4)
+def topk_coverage(pyramid: Pyramid, scores, budget: int, *, strata: int = 4, fixation=None,
+                  query=None, seed: int = 0, patch: int = 16) -> TokenSet:
+    """Top-K with a coverage floor: the best patch of each of ``strata x strata`` equal
+    rectangles of the grid first, then the global top-K of the rest.
+
+    Guarantees >= 1 token in every stratum (needs ``strata**2 <= budget``).
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="topk_coverage")
+    _check_strata(strata, n, s.shape[1:], "topk_coverage")
+    gid, ng = stratum_ids(tuple(s.shape[1:]), strata)
+    flat = s.flatten(1)
+    tier = group_best(flat, gid, ng).long()
+    idx = select(flat, n, tier)
+    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
+
+
+def stratified_quotas(scores: torch.Tensor, budget: int, strata: int | tuple[int, int]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Importance-proportional quotas per stratum with >= 1 each.
+
+    Weight of stratum ``g``: ``w_g = sum_{i in g} (s_i - min s)`` (per image); quota
+    ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`), clipped to
+    the stratum's cell count. Returns ``(group ids [M], quotas [B, G], counts [G])``.
+    """
+    b = scores.shape[0]
+    gid, ng = stratum_ids(tuple(scores.shape[1:]), strata)
+    w = torch.zeros(b, ng).index_add_(1, gid, nonneg(scores).flatten(1))
+    counts = torch.bincount(gid, minlength=ng)
+    q = largest_remainder(w, budget, minimum=1, capacity=counts.expand(b, ng))
+    return gid, q, counts
+
+
+def stratified_tier(scores: torch.Tensor, budget: int, strata,
+                    key: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, M]`` long: 1 for the cells the stratified quotas pick (best ``q_g`` of each
+    stratum by score), else 0. ``key``: ``lex_key(scores.flatten(1))`` if already computed."""
+    _, q, _ = stratified_quotas(scores, budget, strata)
+    return top_per_stratum(scores.flatten(1), tuple(scores.shape[1:]), strata, q, key).long()
+
+
+@register("stratified", family="grid", version="v1", coverage="stratum", strata=4)
+def stratified(pyramid: Pyramid, scores, budget: int, *, strata: int = 4, fixation=None,
+               query=None, seed: int = 0, patch: int = 16) -> TokenSet:
+    """Importance-proportional allocation per stratum with at least one token each.
+
+    The grid is cut into ``strata x strata`` rectangles; stratum ``g`` receives
+    ``q_g = 1 + LR_g(N - G, w)`` tokens (:func:`stratified_quotas`), its best ``q_g``
+    patches by score. Quotas clipped by a stratum's size leave a shortfall that is filled
+    by the global best remaining patches, so the total is exactly ``budget``.
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="stratified")
+    _check_strata(strata, n, s.shape[1:], "stratified")
+    flat = s.flatten(1)
+    key = lex_key(flat)
+    idx = select(flat, n, stratified_tier(s, n, strata, key), base_key=key)
+    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
+
+
+register("stratified_8x8", family="grid", version="v1", coverage="stratum", strata=8)(stratified)
+
+
+def participation_ratio(scores: torch.Tensor) -> torch.Tensor:
+    """``[B]`` in ``(0, 1]``: ``(sum w)^2 / (M sum w^2)`` with ``w = s - min s``; 1 for a flat
+    map, ``1/M`` when all importance sits in one patch (the inverse Simpson index / M)."""
+    w = nonneg(scores).flatten(1).double()
+    m = w.shape[1]
+    num, den = w.sum(1) ** 2, m * (w**2).sum(1)
+    return torch.where(den > 0, num / den.clamp(min=1e-300), torch.ones_like(num)).float()
+
+
+def adaptive_strata(scores: torch.Tensor, budget: int, choices=(2, 4, 8),
+                    thresholds=(0.15, 0.4)) -> torch.Tensor:
+    """The documented rule of ``adaptive_stratified``: ``[B]`` strata per side.
+
+    Concentrated importance (participation ratio ``< thresholds[0]``) -> coarse strata
+    ``choices[0]`` (let top-K focus); intermediate -> ``choices[1]``; spread-out importance
+    (``>= thresholds[1]``) -> fine strata ``choices[2]`` (coverage matters). Choices that
+    do not fit (``s*s > budget`` or ``s`` > grid side) fall back to the largest that fits.
+    """
+    gh, gw = scores.shape[1:]
+    fits = [c for c in choices if c * c <= budget and c <= min(gh, gw)]
+    if not fits:
+        raise ValueError(f"adaptive_stratified: no strata choice in {choices} fits budget "
+                         f"{budget} and grid {gh}x{gw}")
+    pr = participation_ratio(scores)
+    pick = torch.bucketize(pr, torch.tensor(thresholds, dtype=pr.dtype), right=True)
+    table = torch.tensor([max([f for f in fits if f <= c], default=min(fits)) for c in choices])
+    return table[pick]
+
+
+@register("adaptive_stratified", family="grid", version="v1", coverage="stratum")
+def adaptive_stratified(pyramid: Pyramid, scores, budget: int, *, choices=(2, 4, 8),
+                        thresholds=(0.15, 0.4), fixation=None, query=None, seed: int = 0,
+                        patch: int = 16) -> TokenSet:
+    """Stratified allocation whose grid granularity is chosen per image from the importance
+    map by :func:`adaptive_strata` (participation ratio thresholds; documented there).
+
+    ``query`` is not used by this rule (query-aware importance enters through ``scores``).
+    Each candidate granularity is computed for the whole batch and the chosen one kept per
+    image, so the batch result equals the per-image loop.
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="adaptive_stratified")
+    pick = adaptive_strata(s, n, choices, thresholds)
+    tier = torch.zeros(s.shape[0], s[0].numel(), dtype=torch.long)
+    for c in torch.unique(pick).tolist():                      # <= 3 granularities
+        rows = pick == c
+        tier[rows] = stratified_tier(s[rows], n, int(c))
+    flat = s.flatten(1)
+    idx = select(flat, n, tier)
+    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+                           resolve_fixation(fixation, s), patch)
