@@ -29,6 +29,7 @@ import torch
 
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
+from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
 __all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
            "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best", "group_rank", "largest_remainder",
@@ -75,17 +76,6 @@ def nonneg(scores: torch.Tensor) -> torch.Tensor:
     """Scores shifted per image so that the minimum is 0 (weights for proportional quotas)."""
     flat = scores.flatten(1)
     return scores - flat.min(dim=1).values.view(-1, *([1] * (scores.ndim - 1)))
-
-
-def fixation_from_scores(scores: torch.Tensor) -> torch.Tensor:
-    """Default fixation ``[B, 2]`` (x, y) in ``[0, 1]``: the centre of the cell with the
-    highest 3x3-box-smoothed score (first in row-major order on ties); the image centre
-    when the map is flat."""
-    b, gh, gw = scores.shape
-    idx = box3_mean(scores).flatten(1).argmax(1)          # first maximum in row-major order
-    fx = torch.stack([((idx % gw).float() + 0.5) / gw, ((idx // gw).float() + 0.5) / gh], -1)
-    flat = (scores.flatten(1).amax(1) == scores.flatten(1).amin(1))[:, None]
-    return torch.where(flat, torch.full_like(fx, 0.5), fx)
 
 
 def box3_mean(x: torch.Tensor) -> torch.Tensor:
