@@ -1,0 +1,136 @@
+"""Tests of fovea_core.eval.experiments (shared set-up of the experiment chapters)."""
+
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from fovea_core import build_pyramid
+from fovea_core.allocators.base import cell_centers
+from fovea_core.eval.experiments import (ci_text, footprint_coverage, foveal_ratio_pyramid,
+                                         load_datasets, verdict)
+from fovea_core.tokens import TokenSet
+
+
+def _pyr(b=1, h=256, w=192, seed=0):
+    rng = np.random.default_rng(seed)
+    return build_pyramid(torch.from_numpy(rng.random((b, 3, h, w), dtype=np.float32)))
+
+
+def _scores(pyr, seed=0):
+    gh, gw = pyr.grid_shape(16, 0)
+    return torch.from_numpy(np.random.default_rng(seed).random((pyr.batch_size, gh, gw),
+                                                                dtype=np.float32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ratio=st.floats(0.0, 1.0), budget=st.integers(1, 150), fx=st.floats(0, 1),
+       fy=st.floats(0, 1))
+def test_foveal_ratio_exact_budget_and_share(ratio, budget, fx, fy):
+    pyr = _pyr()
+    tok = foveal_ratio_pyramid(pyr, _scores(pyr), budget, ratio=ratio, fixation=(fx, fy))
+    assert tok.budget == budget
+    assert bool(tok.is_distinct().all())
+    n0 = int(round(ratio * budget))
+    # the fovea is exactly n0 level-0 tokens when the periphery can hold the rest; extra
+    # level-0 tokens only come from the shortfall fill
+    assert int((tok.levels[0] == 0).sum()) >= n0
+
+
+def test_foveal_ratio_fovea_is_nearest_cells():
+    pyr = _pyr(h=320, w=320)
+    fix = torch.tensor([0.3, 0.6])
+    tok = foveal_ratio_pyramid(pyr, _scores(pyr), 100, ratio=0.4, fixation=fix)
+    lv0 = tok.levels[0] == 0
+    assert int(lv0.sum()) == 40
+    # every level-0 cell nearer the fixation than the farthest foveal token is in the fovea
+    ecc_tok = ((tok.centers[0][lv0] - fix) * 320 / 16).norm(dim=-1)
+    all_c = cell_centers(pyr.grid_shape(16, 0), 0, (320, 320))
+    ecc_all = ((all_c - fix) * 320 / 16).norm(dim=-1)
+    assert int((ecc_all < ecc_tok.max() - 1e-6).sum()) <= 40
+    # coarse tokens lie outside the fovea disc
+    ecc_coarse = ((tok.centers[0][~lv0] - fix) * 320 / 16).norm(dim=-1)
+    assert float(ecc_coarse.min()) > float(ecc_tok.max())
+
+
+def test_foveal_ratio_batch_equals_loop():
+    pyr = _pyr(b=3)
+    s = _scores(pyr)
+    tb = foveal_ratio_pyramid(pyr, s, 60, ratio=0.3)
+    for i in range(3):
+        ti = foveal_ratio_pyramid(build_pyramid(pyr.base[i:i + 1]), s[i:i + 1], 60, ratio=0.3)
+        assert torch.equal(tb.keys()[i], ti.keys()[0])
+
+
+@pytest.mark.parametrize("kw", [dict(ratio=1.5), dict(ratio=-0.1), dict(max_level=0)])
+def test_foveal_ratio_rejects_bad_arguments(kw):
+    pyr = _pyr()
+    with pytest.raises(ValueError, match="ratio|max_level"):
+        foveal_ratio_pyramid(pyr, _scores(pyr), 50, **kw)
+
+
+def test_footprint_coverage_known_areas():
+    full = TokenSet.from_grid(torch.arange(4).repeat_interleave(4)[None],
+                              torch.arange(4).repeat(4)[None], 0, image_size=(64, 64))
+    assert float(footprint_coverage(full)[0]) == 1.0
+    one = TokenSet.from_grid(torch.tensor([[0]]), torch.tensor([[0]]), 1, image_size=(64, 64))
+    assert float(footprint_coverage(one)[0]) == pytest.approx(0.25)   # 32x32 of 64x64
+    with pytest.raises(ValueError, match="resolution"):
+        footprint_coverage(one, resolution=0)
+
+
+def test_verdict_and_ci_text():
+    assert verdict(0.01, 0.2) == "better"
+    assert verdict(-0.3, -0.1) == "worse"
+    assert verdict(-0.1, 0.1) == "no detectable difference"
+    assert verdict(float("nan"), 0.1, same="n/a") == "n/a"
+    with pytest.raises(ValueError):
+        verdict(0.2, 0.1)
+    assert ci_text(0.031, 0.005, 0.056) == "+3.1 [0.5, 5.6]"
+
+
+def test_load_datasets_missing_receipts_gives_message(tmp_path):
+    data, msg = load_datasets(1, 3, data_dir=tmp_path)
+    assert list(data) == ["synthetic"] and len(data["synthetic"]) == 1
+    assert "SROIE skipped" in msg and "not found" in msg
+    data, msg = load_datasets(1, 0)
+    assert list(data) == ["synthetic"] and "n_receipts = 0" in msg
+    with pytest.raises(ValueError, match="n_synthetic"):
+        load_datasets(0, 0)
+
+
+def _fake_table(n_docs=6, seed=0):
+    """A run_sweep-shaped table: 'good' reads every answer, 'bad' half of them."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n_docs):
+        for q in range(3):
+            base = dict(dataset="synthetic", doc_id=f"d{d}", qid=f"q{q}", ceiling_anls=1.0,
+                        em=0.0, strata_cov=1.0, empty_disc_frac=0.0, alloc_ms=1.0)
+            rows.append(dict(base, allocator="full", budget=4096, anls=1.0))
+            rows.append(dict(base, allocator="good", budget=100, anls=1.0))
+            rows.append(dict(base, allocator="bad", budget=100, anls=float(rng.random() < 0.5)))
+            rows.append(dict(base, allocator="same", budget=100, anls=1.0))
+    return pd.DataFrame(rows)
+
+
+def test_table_helpers_on_a_known_table():
+    from fovea_core.eval.experiments import ci_table, paired_vs, predicted_vs_measured
+    from fovea_core.eval.sweep import summarize
+
+    table = _fake_table()
+    summary = summarize(table, n_boot=200)
+    view = ci_table(summary, [100])
+    assert list(view.columns) == ["100", "all"]
+    assert view.loc[("synthetic", "good"), "100"] == "1.00 [1.00, 1.00]"
+    assert view.loc[("synthetic", "full"), "all"] == "1.00 [1.00, 1.00]"
+    pv = paired_vs(table, ["bad", "same", "missing"], "good", 100).set_index("method")
+    assert pv.loc["bad", "verdict"] == "worse" and pv.loc["bad", "diff"] < 0
+    assert pv.loc["same", "verdict"] == "no detectable difference"
+    assert "missing" not in pv.index
+    pm = predicted_vs_measured(summary, {"good": 81.3, "bad": None, "nope": 1.0}, 100)
+    assert pm.loc["good"].iloc[0] == "81.3" and pm.loc["bad"].iloc[0] == "none given"
+    assert pm.loc["good"].iloc[1].startswith("100.0") and pm.loc["nope"].iloc[1] == "n/a"
