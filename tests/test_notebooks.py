@@ -1,6 +1,7 @@
 """Notebook conventions: clean sources, a `parameters` cell, the project kernel, a consistent TOC."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,24 @@ def test_every_toc_entry_exists():
     absent = [f for f in toc_files(ROOT)
               if not any((ROOT / f).with_suffix(s).exists() for s in (".ipynb", ".md"))]
     assert not absent, f"_toc.yml entries without a file: {absent}"
+
+
+_GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)(?::[^`]*)?`|```\{glue:\w+\}\s+(\S+)")
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_glue_reference_is_glued(path):
+    """Prose may only show numbers the notebook computes (a missing key fails the -W build).
+
+    Keys may be glued in a loop (``for k, v in dict(a1=...).items(): glue(k, v)``), so a key
+    counts as computed when it appears as a word in the notebook's code and the code glues.
+    """
+    nb = json.loads(path.read_text())
+    text = {kind: "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == kind)
+            for kind in ("markdown", "code")}
+    referenced = {a or b for a, b in _GLUE_REF.findall(text["markdown"])}
+    if referenced:
+        assert "glue(" in text["code"], f"{path.name}: prose uses glue but the code never glues"
+    words = set(re.findall(r"\w+", text["code"]))
+    # keys built at run time: glue(f"first_{rf}", ...) or glue("t_" + key, ...)
+    prefixes = tuple(re.findall(r"""glue\(\s*f?["'](\w+?)(?:\{|["']\s*\+)""", text["code"]))
+    missing = sorted(k for k in referenced if k not in words and not k.startswith(prefixes or ("\0",)))
+    assert not missing, f"{path.name}: glued in prose but never computed: {missing}"
