@@ -427,3 +427,19 @@ def test_pseudo_logpolar_training_reduces_the_loss():
     pyr = image((256, 256), batch=4)
     ts = allocate("pseudo_logpolar", pyr, sc, 50, centres=centres)
     check_contract(ts, pyr, 50)
+
+
+@pytest.mark.parametrize("size", [(1024, 1024), (468, 1024), (1024, 600)])
+@pytest.mark.parametrize("budget", [64, 100, 144, 273, 400])
+def test_uniform_footprints_tile_the_whole_image(size, budget):
+    """The plain-VLM baseline sees every pixel: no holes, whatever N."""
+    h, w = size
+    pyr = build_pyramid(torch.rand(1, 3, h, w))
+    gh, gw = pyr.grid_shape(16)
+    t = allocate("uniform", pyr, torch.rand(1, gh, gw), budget)
+    assert t.budget == budget and bool(t.is_distinct().all())
+    covered = torch.zeros(h, w, dtype=torch.bool)
+    ys, xs = torch.arange(h)[:, None] + 0.5, torch.arange(w)[None, :] + 0.5
+    for x0, y0, x1, y1 in t.boxes()[0].tolist():      # test-side reference loop over boxes
+        covered |= (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
+    assert bool(covered.all()), f"{int((~covered).sum())} pixels unseen"

@@ -29,31 +29,43 @@ def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None,
             patch: int = 16) -> TokenSet:
     """Baseline: the whole image resized to a ~sqrt(N) x sqrt(N) grid (what a plain VLM does).
 
-    Grid ``r x c`` with ``r = round(sqrt(N H / W))`` and ``c = ceil(N / r)``; when
-    ``r*c > N`` the ``N`` cells at evenly spaced row-major indices ``floor(i r c / N)`` are
-    kept (content-independent). Each token is centred on its grid cell and read at mip
-    level ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the
+    Grid ``r x c`` with ``r = floor(sqrt(N H / W))`` and ``c = floor(N / r)``, so ``r*c <= N``
+    and the grid tiles the whole image. Each grid token is centred on its cell and read at
+    mip level ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the
     cell; clipped to the pyramid), i.e. the image seen at about ``sqrt(N) * patch`` pixels
-    per side. Scores: the level-0 score under each
-    centre. Content and ``fixation`` are ignored (the fixation recorded is the resolved one).
+    per side. A plain VLM would stop there; to keep exactly N tokens the ``N - r*c < r``
+    leftovers (1 at N = 273 on a square page, 0 at 64/100/144/400) re-read the cells nearest
+    the image centre one level finer (one level coarser when the grid is already at level
+    0). Scores: the level-0 score under each centre. Content and ``fixation`` are ignored
+    (the fixation recorded is the resolved one).
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="uniform")
     fix = resolve_fixation(fixation, s)
     b, gh, gw = s.shape
     h, w = pyramid.image_size
-    r = max(1, min(n, round(math.sqrt(n * h / w))))
-    c = math.ceil(n / r)
-    keep = torch.div(torch.arange(n) * (r * c), n, rounding_mode="floor")
-    rows, cols = keep // c, keep % c
+    r = max(1, min(n, math.floor(math.sqrt(n * h / w))))
+    c = n // r
     side = max(h / r, w / c)
-    level = int(min(max(math.ceil(math.log2(max(side / patch, 1.0)) - 1e-9), 0),
-                    pyramid.num_levels - 1))
+    top = pyramid.num_levels - 1
+    level = int(min(max(math.ceil(math.log2(max(side / patch, 1.0)) - 1e-9), 0), top))
+    cells = torch.arange(r * c)
+    rows, cols = cells // c, cells % c
     cx, cy = (cols.float() + 0.5) / c, (rows.float() + 0.5) / r
+    extra = n - r * c
+    # leftovers: the cells nearest the image centre (ties: row-major), one level finer
+    dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
+    near = torch.sort(dist, stable=True).indices[:extra]
+    other = level - 1 if level > 0 else min(level + 1, top)
+    if extra and other == level:
+        raise ValueError(f"uniform: a {r}x{c} grid at level {level} leaves {extra} tokens and the "
+                         f"pyramid has no other level to read them at; pass a budget of {r * c}")
+    levels = torch.cat([torch.full((r * c,), level), torch.full((extra,), other)])
+    cx, cy = torch.cat([cx, cx[near]]), torch.cat([cy, cy[near]])
     br = (cy * h / patch).long().clamp(0, gh - 1)
     bc = (cx * w / patch).long().clamp(0, gw - 1)
     sc = s[:, br, bc]
     centers = torch.stack([cx, cy], -1).expand(b, n, 2)
-    return TokenSet(centers, torch.full((b, n), level), sc, fix[:, None], (h, w), patch)
+    return TokenSet(centers, levels.expand(b, n), sc, fix[:, None], (h, w), patch)
 
 
 @register("random", family="grid", version="baseline")
