@@ -13,6 +13,8 @@ that band in both the band budgets and the per-region priorities.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pyrtools as pt
 import torch
@@ -50,7 +52,11 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     wts[HORIZONTAL_BAND] = aniso
     per_scale = [[] for _ in range(height)]
     for g in gray.double().numpy():                                     # over images
-        pyr = pt.pyramids.SteerablePyramidFreq(g, height=height, order=3)
+        with warnings.catch_warnings():
+            # odd-sized images (receipts) do not reconstruct exactly; we never reconstruct,
+            # we only read band energies, so pyrtools' warning does not apply here
+            warnings.filterwarnings("ignore", message="Reconstruction will not be perfect")
+            pyr = pt.pyramids.SteerablePyramidFreq(g, height=height, order=3)
         for s in range(height):
             e = sum(wts[o] * pyr.pyr_coeffs[(s, o)] ** 2 for o in range(4))
             per_scale[s].append(torch.from_numpy(np.ascontiguousarray(e)).float())
