@@ -1,6 +1,7 @@
 // fovea_kernels.cu -- foveated sampling kernels. ONE source, two builds:
-//   nvcc -cubin -arch=sm_90 fovea_kernels.cu      -> __global__ kernels (pycuda loads them)
-//   g++ -O3 -shared -fPIC -x c++ fovea_kernels.cu -> extern "C" CPU loops (ctypes)
+//   nvcc -cubin -arch=sm_90 -fmad=false fovea_kernels.cu -> __global__ kernels (launched on
+//        the current torch stream by fovea_core.kernels, through the CUDA driver API or pycuda)
+//   g++ -O3 -ffp-contract=off -shared -fPIC -x c++ fovea_kernels.cu -> extern "C" CPU loops
 // The math lives in fovea_kernels.cuh; this file only maps threads / loop indices to it.
 #include "fovea_kernels.cuh"
 
@@ -8,38 +9,65 @@
 // =============================================================================== GPU
 extern "C" {
 
-// patches[b, n, ch, i, j]: one thread per output element; consecutive threads write
-// consecutive j (coalesced stores) and read neighbouring pixels of the same level.
-__global__ void gather_patches(const float* __restrict__ pyr,
-                               const long long* __restrict__ offsets,
-                               const int* __restrict__ sizes, int num_levels, int batch,
-                               int num_tokens, int img_h, int img_w, int c, int p,
+// patches[t, ch, i, j] for token t = b * N + n. One block per token (blockIdx.x = t, a
+// grid-stride loop over tokens when there are more than gridDim.x), one thread per sample
+// (i, j) computing ALL channels: the token's constants are read once per thread, 32-bit
+// index arithmetic, consecutive threads write consecutive j (coalesced stores), and a
+// grid-aligned token reads one tap per sample (see lerp_exact).
+__global__ void gather_patches(const LevelTable T, int batch, int num_tokens, int img_h,
+                               int img_w, int p,
                                const float* __restrict__ centers,  // [B, N, 2]
                                const float* __restrict__ lods,     // [B, N]
+                               const float* __restrict__ steps,    // [B, N] = 2^lod
                                float* __restrict__ out) {          // [B, N, C, p, p]
-    const long long total = (long long)batch * num_tokens * c * p * p;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const int j = e % p, i = (e / p) % p, ch = (e / (p * p)) % c;
-        const long long t = e / ((long long)p * p * c);              // token index b * N + n
-        const int b = (int)(t / num_tokens);
-        out[e] = gather_element(pyr, offsets, sizes, num_levels, img_h, img_w, c, p, b,
-                                centers[2 * t], centers[2 * t + 1], lods[t], i, j, ch);
+    const int pp = p * p;
+    const int tokens = batch * num_tokens;
+    for (int t = blockIdx.x; t < tokens; t += gridDim.x) {
+        const int b = t / num_tokens;
+        const TokenConst tc = token_const(centers[2 * t], centers[2 * t + 1], lods[t],
+                                          steps[t], img_h, img_w, T.num_levels);
+        float* o = out + (long long)t * T.channels * pp;
+        for (int s = threadIdx.x; s < pp; s += blockDim.x)
+            gather_sample(T, tc, b, p, s / p, s % p, o + s, pp);
+    }
+}
+
+// One pyramid step: level `src` of table S -> level `dst` of table D (their sizes must be
+// ceil(h / 2), ceil(w / 2)); one thread per output pixel, all channels.
+__global__ void pyr_down(const LevelTable S, int src, const LevelTable D, int dst, int batch) {
+    const int ho = D.h[dst], wo = D.w[dst], hi = S.h[src], wi = S.w[src];
+    const int per_image = ho * wo;
+    const int total = batch * per_image;                 // checked < 2^31 by the caller
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += gridDim.x * blockDim.x) {
+        const int b = e / per_image, pix = e - b * per_image;
+        const int oy = pix / wo, ox = pix - oy * wo;
+        const float* in = level_image(S, src, b);
+        float* o = (float*)level_image(D, dst, b) + oy * D.sy[dst] + ox * D.sx[dst];
+        for (int ch = 0; ch < S.channels; ++ch)
+            o[ch * D.sc[dst]] = pyr_down_element(in + ch * S.sc[src], hi, wi, S.sy[src],
+                                                 S.sx[src], oy, ox);
     }
 }
 
 // out[b, ch, y, x] = bilinear(image[b, ch], lut[b or 0, y, x]); zero outside the image.
-__global__ void remap_lut(const float* __restrict__ image, int batch, int c, int h, int w,
-                          const float* __restrict__ lut, int lut_batch, int ho, int wo,
-                          float* __restrict__ out) {
-    const long long total = (long long)batch * c * ho * wo;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const long long pix = e % ((long long)ho * wo);
-        const long long bc = e / ((long long)ho * wo);
-        const int b = (int)(bc / c);
-        const long long l = ((lut_batch == 1 ? 0 : (long long)b) * ho * wo + pix) * 2;
-        out[e] = remap_element(image + bc * h * w, h, w, lut[l], lut[l + 1]);
+// The image is read in place with element strides (sb, sc, sy, sx) (NCHW or channels
+// last). One thread per output pixel: the LUT entry and the tap weights are computed once
+// and applied to every channel.
+__global__ void remap_lut(const float* __restrict__ image, long long sb, int sc, int sy, int sx,
+                          int batch, int c, int h, int w, const float* __restrict__ lut,
+                          int lut_batch, int ho, int wo, float* __restrict__ out) {
+    const int per_image = ho * wo;
+    const int total = batch * per_image;                 // checked < 2^31 by the caller
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += gridDim.x * blockDim.x) {
+        const int b = e / per_image, pix = e - b * per_image;
+        const float* L = lut + 2 * ((lut_batch == 1 ? 0 : b) * per_image + pix);
+        const RemapTaps r = remap_taps(h, w, sy, sx, L[0], L[1]);
+        const float* img = image + (long long)b * sb;
+        float* o = out + (long long)b * c * per_image + pix;
+        for (int ch = 0; ch < c; ++ch)
+            o[ch * per_image] = remap_apply(img + ch * sc, r);
     }
 }
 
@@ -57,10 +85,10 @@ __global__ void v1_candidates(int img_h, int img_w, int patch, int num_levels, i
                               float* __restrict__ cxy, int* __restrict__ level,
                               int* __restrict__ valid) {
     const V1Params P = {img_h, img_w, patch, num_levels, fs_max, r_max, a_max, ppd, e0};
-    const long long total = (long long)batch * k_slots;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const int b = (int)(e / k_slots), m = (int)(e % k_slots);
+    const int total = batch * k_slots;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += gridDim.x * blockDim.x) {
+        const int b = e / k_slots, m = e - b * k_slots;
         v1_candidate(P, fix_px[2 * b], fix_px[2 * b + 1], fs_b[b], a_b[b], r_b[b], stride[b],
                      rstep[b], m, &cxy[2 * e], &cxy[2 * e + 1], &level[e], &valid[e]);
     }
@@ -70,62 +98,79 @@ __global__ void v1_candidates(int img_h, int img_w, int patch, int num_levels, i
 #else
 // =============================================================================== CPU
 #include <unordered_set>
-#define FOVEA_MAX_PATCH 256  // largest patch side of the CPU loop (checked in Python)
 
 extern "C" {
 
-int fovea_abi_version() { return 1; }
+int fovea_abi_version() { return 2; }
+int fovea_max_levels() { return FOVEA_MAX_LEVELS; }
+int fovea_level_table_bytes() { return (int)sizeof(LevelTable); }
 
-// Same arithmetic as gather_element (bit-identical results), with the per-axis tap
-// computations hoisted out of the p x p x C loop. Images of a batch run in parallel
-// (OpenMP) when there are enough tokens to pay for the threads.
-void gather_patches_cpu(const float* pyr, const long long* offsets, const int* sizes,
-                        int num_levels, int batch, int num_tokens, int img_h, int img_w, int c,
-                        int p, const float* centers, const float* lods, float* out) {
-    const long long tokens = (long long)batch * num_tokens;
-#pragma omp parallel for schedule(static) if (tokens >= 2048)
-    for (long long t = 0; t < tokens; ++t) {
-        const int b = (int)(t / num_tokens);
-        const float cx = centers[2 * t], cy = centers[2 * t + 1], lod = lods[t];
-        const float step = exp2f(lod);
-        int lo = (int)floorf(lod);
-        if (lo > num_levels - 1) lo = num_levels - 1;
-        const float frac = lod - (float)lo;
-        float* o = out + t * c * p * p;
+// The same arithmetic as the GPU kernel (bit-identical results): per token and level the p
+// x-taps and p y-taps are computed once (sample_base_pos, index_coord, axis_tap), then every
+// sample and channel is one bilerp. Tokens of a batch run in parallel (OpenMP) when there
+// are enough of them to pay for the threads.
+#define FOVEA_MAX_PATCH 256  // largest patch side of the CPU loop (checked in Python)
+void gather_patches_cpu(const LevelTable* T, int batch, int num_tokens, int img_h, int img_w,
+                        int p, const float* centers, const float* lods, const float* steps,
+                        float* out, int min_parallel) {
+    const int tokens = batch * num_tokens;
+    const int pp = p * p, c = T->channels;
+#pragma omp parallel for schedule(static) if (tokens >= min_parallel)
+    for (int t = 0; t < tokens; ++t) {
+        const int b = t / num_tokens;
+        const TokenConst tc = token_const(centers[2 * t], centers[2 * t + 1], lods[t], steps[t],
+                                          img_h, img_w, T->num_levels);
+        float* o = out + (long long)t * c * pp;
         Tap tx[FOVEA_MAX_PATCH], ty[FOVEA_MAX_PATCH];
-        for (int q = 0; q < 2; ++q) {
-            const int m = lo + q;
-            if (q == 1 && !(frac > 0.0f && m < num_levels)) break;
-            const float wq = q == 0 ? 1.0f - frac : frac;
-            const float s = exp2f((float)m);
-            const int h = sizes[2 * m], w = sizes[2 * m + 1];
-            const float* img = level_image(pyr, offsets, sizes, m, c, b);
+        for (int q = 0; q < tc.nq; ++q) {
+            const int m = tc.lo + q;
+            const float inv_s = 1.0f / (float)(1 << m);
             for (int k = 0; k < p; ++k) {
-                tx[k] = axis_tap(sample_index_coord(cx, img_w, k, p, step, s), w);
-                ty[k] = axis_tap(sample_index_coord(cy, img_h, k, p, step, s), h);
+                tx[k] = axis_tap(index_coord(sample_base_pos(tc.cx_px, k, p, tc.step), inv_s),
+                                 T->w[m]);
+                ty[k] = axis_tap(index_coord(sample_base_pos(tc.cy_px, k, p, tc.step), inv_s),
+                                 T->h[m]);
             }
-            for (int ch = 0; ch < c; ++ch)
-                for (int i = 0; i < p; ++i) {
-                    float* row = o + ((long long)ch * p + i) * p;
-                    for (int j = 0; j < p; ++j) {
-                        const float v = bilerp(img, w, c, ty[i], tx[j], ch);
-                        row[j] = q == 0 ? v * wq : row[j] + v * wq;
+            const float* img = level_image(*T, m, b);
+            const int sc = T->sc[m], sy = T->sy[m], sx = T->sx[m];
+            const float wq = q == 0 ? 1.0f - tc.frac : tc.frac;
+            for (int i = 0; i < p; ++i)
+                for (int j = 0; j < p; ++j)
+                    for (int ch = 0; ch < c; ++ch) {
+                        float* dst = o + ch * pp + i * p + j;
+                        const float v = bilerp(img, sc, sy, sx, ty[i], tx[j], ch) * wq;
+                        *dst = q == 0 ? v : *dst + v;
                     }
-                }
         }
     }
 }
 
-void remap_lut_cpu(const float* image, int batch, int c, int h, int w, const float* lut,
-                   int lut_batch, int ho, int wo, float* out) {
-    const long long planes = (long long)batch * c;
-#pragma omp parallel for schedule(static) if (planes * ho * wo >= (1LL << 20))
-    for (long long bc = 0; bc < planes; ++bc) {
-        const long long b = bc / c;
-        const float* L = lut + (lut_batch == 1 ? 0 : b) * (long long)ho * wo * 2;
-        float* o = out + bc * ho * wo;
-        for (long long pix = 0; pix < (long long)ho * wo; ++pix)
-            o[pix] = remap_element(image + bc * h * w, h, w, L[2 * pix], L[2 * pix + 1]);
+void pyr_down_cpu(const LevelTable* S, int src, const LevelTable* D, int dst, int batch) {
+    const int ho = D->h[dst], wo = D->w[dst];
+#pragma omp parallel for schedule(static) if ((long long)batch * ho * wo >= (1 << 18))
+    for (int row = 0; row < batch * ho; ++row) {
+        const int b = row / ho, oy = row - b * ho;
+        const float* in = level_image(*S, src, b);
+        float* o = (float*)level_image(*D, dst, b) + oy * D->sy[dst];
+        for (int ox = 0; ox < wo; ++ox)
+            for (int ch = 0; ch < S->channels; ++ch)
+                o[ox * D->sx[dst] + ch * D->sc[dst]] = pyr_down_element(
+                    in + ch * S->sc[src], S->h[src], S->w[src], S->sy[src], S->sx[src], oy, ox);
+    }
+}
+
+void remap_lut_cpu(const float* image, long long sb, int sc, int sy, int sx, int batch, int c,
+                   int h, int w, const float* lut, int lut_batch, int ho, int wo, float* out) {
+    const int per_image = ho * wo;
+#pragma omp parallel for schedule(static) if ((long long)batch * per_image >= (1 << 18))
+    for (int e = 0; e < batch * per_image; ++e) {
+        const int b = e / per_image, pix = e - b * per_image;
+        const float* L = lut + 2 * ((long long)(lut_batch == 1 ? 0 : b) * per_image + pix);
+        const RemapTaps r = remap_taps(h, w, sy, sx, L[0], L[1]);
+        const float* img = image + (long long)b * sb;
+        float* o = out + (long long)b * c * per_image + pix;
+        for (int ch = 0; ch < c; ++ch)
+            o[(long long)ch * per_image] = remap_apply(img + ch * sc, r);
     }
 }
 

@@ -1,11 +1,19 @@
 // fovea_kernels.cuh -- the per-element math of every foveated kernel, written once.
 //
 // Every function here is HD: `__host__ __device__` under nvcc, a plain `static inline`
-// C++ function under g++. fovea_kernels.cu wraps them (a) in `__global__` CUDA kernels,
-// one thread per output element, and (b) in `extern "C"` CPU loops for the g++ build that
-// fovea_core.kernels calls through ctypes. The torch references in fovea_core/sample.py and
-// fovea_core/allocators/cortical.py implement the same formulas; tests/test_kernels.py
-// checks the two builds against them.
+// C++ function under g++. fovea_kernels.cu wraps them (a) in `__global__` CUDA kernels and
+// (b) in `extern "C"` CPU loops for the g++ build that fovea_core.kernels calls through
+// ctypes. The torch references in fovea_core/sample.py, fovea_core/pyramid.py and
+// fovea_core/allocators/cortical.py implement the same formulas with the same operations in
+// the same order; tests/test_kernels.py checks the builds against them.
+//
+// Floating point: both builds round every + - * / separately, as torch's elementwise ops
+// do (g++ -ffp-contract=off, nvcc -fmad=false); nothing is fused into an FMA, so the
+// bilinear gather equals the torch reference bit for bit.
+//
+// Indexing: 32-bit inside one image of one level (a level image has < 2^31 elements);
+// 64-bit only for the start of an image (b * batch stride) and of a token's output block,
+// computed once per token.
 //
 // Coordinates (see fovea_core/sample.py): base pixel i spans [i, i+1); a continuous base
 // coordinate X sits at index coordinate X / 2^m - 0.5 of mip level m (pixel centres at
@@ -19,10 +27,29 @@
 #define HD static inline
 #endif
 
+#define FOVEA_MAX_LEVELS 16
+
 // ---------------------------------------------------------------------------------------
-// Packed pyramid: level m is a contiguous [B, H_m, W_m, C] float block (channels last) that
-// starts at element offset[m] of one flat buffer. Channels-last keeps the C values of one
-// bilinear tap in one cache line / memory transaction.
+// Where the levels of a pyramid live. Level m is a [B, C, H_m, W_m] array of floats at
+// address ptr[m] with element strides (sb, sc, sy, sx): the same table describes a torch
+// Pyramid whose levels are views of one packed NCHW buffer (fovea_core.pyramid), a
+// channels-last (HWC) buffer written by cv2.pyrDown, or level 0 taken straight from the
+// caller's image. Passed BY VALUE to every kernel (no device-side table, no copy).
+// ---------------------------------------------------------------------------------------
+struct LevelTable {
+    long long ptr[FOVEA_MAX_LEVELS];  // address of element (0, 0, 0, 0) of level m
+    long long sb[FOVEA_MAX_LEVELS];   // batch stride (elements)
+    int h[FOVEA_MAX_LEVELS], w[FOVEA_MAX_LEVELS];
+    int sc[FOVEA_MAX_LEVELS], sy[FOVEA_MAX_LEVELS], sx[FOVEA_MAX_LEVELS];
+    int num_levels, channels;
+};
+
+HD const float* level_image(const LevelTable& T, int m, int b) {
+    return (const float*)T.ptr[m] + (long long)b * T.sb[m];
+}
+
+// ---------------------------------------------------------------------------------------
+// Patch gather
 // ---------------------------------------------------------------------------------------
 // One axis of a clamp-to-edge bilinear read: index coordinate -> two taps and a weight.
 struct Tap { int i0, i1; float f; };
@@ -32,79 +59,131 @@ HD Tap axis_tap(float pos, int n) {
     Tap t;
     t.i0 = (int)f0;
     t.i1 = t.i0 + 1 < n ? t.i0 + 1 : n - 1;
-    t.f = pos - f0;
+    t.f = pos - f0;                                          // exact: the fractional part
     return t;
 }
 
-// Base-pixel position of sample k (0 <= k < p) of a token centred at normalised c, spacing
-// `step` = 2^lod base pixels, expressed as an index coordinate of a level with scale s = 2^m.
-HD float sample_index_coord(float c, int n_img, int k, int p, float step, float s) {
-    const float pos = c * (float)n_img + ((float)k - 0.5f * (float)(p - 1)) * step;
-    return pos / s - 0.5f;
+// Base-pixel position of sample k (0 <= k < p) of a token whose centre is at base
+// coordinate c_px (= normalised centre * image side), sample spacing `step` = 2^lod base
+// pixels: c_px + (k - (p - 1) / 2) * step.
+HD float sample_base_pos(float c_px, int k, int p, float step) {
+    return c_px + ((float)k - 0.5f * (float)(p - 1)) * step;
 }
 
-// Bilinear blend of the four taps of channel ch in one [H, W, C] image of a level.
-HD float bilerp(const float* img, int w, int c, Tap ty, Tap tx, int ch) {
-    const float top = img[((long long)ty.i0 * w + tx.i0) * c + ch] * (1.0f - tx.f)
-                    + img[((long long)ty.i0 * w + tx.i1) * c + ch] * tx.f;
-    const float bot = img[((long long)ty.i1 * w + tx.i0) * c + ch] * (1.0f - tx.f)
-                    + img[((long long)ty.i1 * w + tx.i1) * c + ch] * tx.f;
-    return top * (1.0f - ty.f) + bot * ty.f;
-}
+// ... as an index coordinate of mip level m (inv_s = 2^-m, exact): X / 2^m - 0.5.
+HD float index_coord(float base_pos, float inv_s) { return base_pos * inv_s - 0.5f; }
 
-// Start of image b of level m in the packed buffer.
-HD const float* level_image(const float* pyr, const long long* offsets, const int* sizes, int m,
-                            int c, int b) {
-    return pyr + offsets[m] + (long long)b * sizes[2 * m] * sizes[2 * m + 1] * c;
-}
-
-// One output element of the foveated patch gather.
-//   token (b, n): centre (cx, cy) in [0, 1], level of detail lod >= 0 (integer -> bilinear,
-//   fractional -> trilinear between floor(lod) and floor(lod) + 1).
-//   sample (i, j) of the p x p grid, channel ch. Base position of sample k along an axis:
-//   X_k = cx * W + (k - (p - 1) / 2) * 2^lod.
-HD float gather_element(const float* pyr, const long long* offsets, const int* sizes,
-                        int num_levels, int img_h, int img_w, int c, int p, int b, float cx,
-                        float cy, float lod, int i, int j, int ch) {
-    const float step = exp2f(lod);
+// Constants of one token, computed once per token (not per sample or channel).
+struct TokenConst {
+    float cx_px, cy_px;   // centre in base pixels
+    float step;           // 2^lod (computed by the caller, torch.exp2: both builds agree)
+    int lo;               // first level read, floor(lod) clipped to the pyramid
+    float frac;           // weight of level lo + 1 (0: plain bilinear)
+    int nq;               // levels read: 1, or 2 when frac > 0 (trilinear)
+};
+HD TokenConst token_const(float cx, float cy, float lod, float step, int img_h, int img_w,
+                          int num_levels) {
+    TokenConst t;
+    t.cx_px = cx * (float)img_w;
+    t.cy_px = cy * (float)img_h;
+    t.step = step;
     int lo = (int)floorf(lod);
     if (lo > num_levels - 1) lo = num_levels - 1;
-    const float frac = lod - (float)lo;
-    const int levels[2] = {lo, lo + 1};
-    const float weights[2] = {1.0f - frac, frac};
-    float val = 0.0f;
-    for (int q = 0; q < 2; ++q) {
-        const int m = levels[q];
-        if (q == 1 && !(frac > 0.0f && m < num_levels)) break;
-        const float s = exp2f((float)m);
-        const int h = sizes[2 * m], w = sizes[2 * m + 1];
-        const Tap tx = axis_tap(sample_index_coord(cx, img_w, j, p, step, s), w);
-        const Tap ty = axis_tap(sample_index_coord(cy, img_h, i, p, step, s), h);
-        const float v = bilerp(level_image(pyr, offsets, sizes, m, c, b), w, c, ty, tx, ch);
-        val = q == 0 ? v * weights[0] : val + v * weights[1];
+    t.lo = lo;
+    t.frac = lod - (float)lo;
+    t.nq = (t.frac > 0.0f && lo + 1 < num_levels) ? 2 : 1;
+    return t;
+}
+
+// Interpolate two values with weight f of the second: a (1 - f) + b f. When f == 0 the
+// result is exactly a (a * 1 + b * 0 = a), so the second tap is not read at all: a token on
+// its level's pixel grid costs one read per sample and channel, not four.
+HD float lerp_exact(float a, float b, float f) { return a * (1.0f - f) + b * f; }
+
+// Bilinear value of channel ch at taps (ty, tx) of one level image.
+HD float bilerp(const float* img, int sc, int sy, int sx, Tap ty, Tap tx, int ch) {
+    const float* r0 = img + ch * sc + ty.i0 * sy;
+    const float a = r0[tx.i0 * sx];
+    const float top = tx.f == 0.0f ? a : lerp_exact(a, r0[tx.i1 * sx], tx.f);
+    if (ty.f == 0.0f) return top;
+    const float* r1 = img + ch * sc + ty.i1 * sy;
+    const float c = r1[tx.i0 * sx];
+    const float bot = tx.f == 0.0f ? c : lerp_exact(c, r1[tx.i1 * sx], tx.f);
+    return lerp_exact(top, bot, ty.f);
+}
+
+// All channels of sample (i, j) of one token: out[ch * p * p] for ch < C.
+HD void gather_sample(const LevelTable& T, const TokenConst& t, int b, int p, int i, int j,
+                      float* out, int out_stride) {
+    const int c = T.channels;
+    for (int q = 0; q < t.nq; ++q) {
+        const int m = t.lo + q;
+        const float inv_s = 1.0f / (float)(1 << m);          // exact power of two
+        const Tap tx = axis_tap(index_coord(sample_base_pos(t.cx_px, j, p, t.step), inv_s),
+                                T.w[m]);
+        const Tap ty = axis_tap(index_coord(sample_base_pos(t.cy_px, i, p, t.step), inv_s),
+                                T.h[m]);
+        const float* img = level_image(T, m, b);
+        const float wq = q == 0 ? 1.0f - t.frac : t.frac;
+        for (int ch = 0; ch < c; ++ch) {
+            const float v = bilerp(img, T.sc[m], T.sy[m], T.sx[m], ty, tx, ch) * wq;
+            out[ch * out_stride] = q == 0 ? v : out[ch * out_stride] + v;
+        }
     }
-    return val;
 }
 
 // ---------------------------------------------------------------------------------------
-// LUT remap (cv2.remap, INTER_LINEAR, BORDER_CONSTANT 0) of an NCHW image plane.
+// Pyramid step (cv2.pyrDown): separable binomial [1 4 6 4 1] / 16, reflect-101 borders,
+// evaluated at the kept samples only. Row blur first, then column blur, each summed in tap
+// order (the order of fovea_core.pyramid.pyr_down).
 // ---------------------------------------------------------------------------------------
-HD float remap_element(const float* plane, int h, int w, float x, float y) {
+HD int reflect101(int i, int n) {
+    if (n == 1) return 0;
+    while (i < 0 || i >= n) i = i < 0 ? -i : 2 * (n - 1) - i;
+    return i;
+}
+
+HD float pyr_down_element(const float* src, int h, int w, int sy, int sx, int oy, int ox) {
+    const float wt[5] = {0.0625f, 0.25f, 0.375f, 0.25f, 0.0625f};
+    int xs[5];
+    for (int k = 0; k < 5; ++k) xs[k] = reflect101(2 * ox - 2 + k, w) * sx;
+    float acc = 0.0f;
+    for (int r = 0; r < 5; ++r) {
+        const float* row = src + reflect101(2 * oy - 2 + r, h) * sy;
+        float hsum = row[xs[0]] * wt[0];
+        for (int k = 1; k < 5; ++k) hsum = hsum + row[xs[k]] * wt[k];
+        acc = r == 0 ? hsum * wt[0] : acc + hsum * wt[r];
+    }
+    return acc;
+}
+
+// ---------------------------------------------------------------------------------------
+// LUT remap (cv2.remap, INTER_LINEAR, BORDER_CONSTANT 0) of one plane. Same operation order
+// as fovea_core.sample.remap: the four taps weighted by (wx * wy), a tap outside the image
+// weighted 0, summed top-left, top-right, bottom-left, bottom-right.
+// ---------------------------------------------------------------------------------------
+struct RemapTaps { int idx[4]; float wgt[4]; };
+HD RemapTaps remap_taps(int h, int w, int sy, int sx, float x, float y) {
     const float x0f = floorf(x), y0f = floorf(y);
     const float fx = x - x0f, fy = y - y0f;
     const int x0 = (int)x0f, y0 = (int)y0f;
-    float acc = 0.0f;
-    for (int dy = 0; dy < 2; ++dy) {
-        const int yi = y0 + dy;
-        const float wy = dy ? fy : 1.0f - fy;
-        if (yi < 0 || yi >= h) continue;
+    RemapTaps r;
+    for (int dy = 0; dy < 2; ++dy)
         for (int dx = 0; dx < 2; ++dx) {
-            const int xi = x0 + dx;
-            const float wx = dx ? fx : 1.0f - fx;
-            if (xi < 0 || xi >= w) continue;
-            acc += plane[(long long)yi * w + xi] * (wx * wy);
+            const int yi = y0 + dy, xi = x0 + dx, k = 2 * dy + dx;
+            const bool ok = xi >= 0 && xi < w && yi >= 0 && yi < h;
+            const float wx = dx ? fx : 1.0f - fx, wy = dy ? fy : 1.0f - fy;
+            r.wgt[k] = ok ? wx * wy : 0.0f;
+            const int yc = yi < 0 ? 0 : (yi > h - 1 ? h - 1 : yi);
+            const int xc = xi < 0 ? 0 : (xi > w - 1 ? w - 1 : xi);
+            r.idx[k] = yc * sy + xc * sx;
         }
-    }
+    return r;
+}
+
+HD float remap_apply(const float* plane, const RemapTaps& r) {
+    float acc = plane[r.idx[0]] * r.wgt[0];
+    for (int k = 1; k < 4; ++k) acc = acc + plane[r.idx[k]] * r.wgt[k];
     return acc;
 }
 

@@ -47,32 +47,36 @@ def as_image_batch(image: np.ndarray | torch.Tensor, *, device: str | torch.devi
     return t.to(device) if device is not None else t
 
 
-def _blur_down(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Binomial-5 blur along ``dim`` (-1 or -2), kept only at even samples, reflect-101 edges."""
+def _blur_down(x: torch.Tensor, dim: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Binomial-5 blur along ``dim`` (-1 or -2), kept only at even samples, reflect-101 edges.
+    Written into ``out`` when given (e.g. a view of a packed pyramid buffer)."""
     n_out = -(-x.shape[dim] // 2)
     pad = (2, 2, 0, 0) if dim == -1 else (0, 0, 2, 2)
     xp = F.pad(x, pad, mode="reflect")
     taps = [xp.narrow(dim, k, 2 * n_out - 1) for k in range(5)]
     step = (slice(None),) * (xp.ndim + dim) + (slice(None, None, 2),)
     w = _BINOMIAL5.tolist()
-    out = taps[0][step] * w[0]
+    out = torch.mul(taps[0][step], w[0], out=out) if out is not None else taps[0][step] * w[0]
     for k in range(1, 5):
         out = out.add_(taps[k][step], alpha=w[k])
     return out
 
 
-def pyr_down(x: torch.Tensor) -> torch.Tensor:
+def pyr_down(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """One pyramid step ``[B, C, H, W] -> [B, C, ceil(H/2), ceil(W/2)]`` (= ``cv2.pyrDown``).
 
     Separable binomial blur evaluated only at the kept samples (five strided
     multiply-adds per axis: memory-bound, no convolution), reflect-101 borders.
-    Needs ``H, W >= 3``.
+    Needs ``H, W >= 3``. ``out``: where to write the result (e.g. the next level's view
+    of a packed buffer); default a new contiguous tensor.
     """
     if x.ndim != 4:
         raise ValueError(f"pyr_down expects [B, C, H, W], got {tuple(x.shape)}")
     if x.shape[-1] < 3 or x.shape[-2] < 3:
         raise ValueError(f"pyr_down needs H, W >= 3, got {tuple(x.shape[-2:])}")
-    return _blur_down(_blur_down(x, -1), -2).contiguous()
+    if out is None:
+        return _blur_down(_blur_down(x, -1), -2).contiguous()
+    return _blur_down(_blur_down(x, -1), -2, out=out)
 
 
 def default_num_levels(height: int, width: int, patch: int = 16) -> int:
@@ -128,13 +132,141 @@ class Pyramid:
         side = patch * 2**level
         return math.ceil(h / side), math.ceil(w / side)
 
+    def atlas(self) -> tuple[torch.Tensor, list[tuple[int, int]]] | None:
+        """``(atlas [B, C, Ha, Wa], origins [(y, x)] per level)`` when every level is a
+        rectangle of one 2-D image whose stored extent allows reading it as ``Ha x Wa`` with
+        both sides powers of two (:func:`build_pyramid`'s mip atlas; see
+        :func:`atlas_layout`), else ``None``."""
+        lv0 = self.levels[0]
+        b, c = lv0.shape[:2]
+        sb, sc, sy, sx = lv0.stride()
+        st = lv0.untyped_storage()
+        if min(sb, sc, sy, sx) < 0 or any(lv.untyped_storage().data_ptr() != st.data_ptr()
+                                          or lv.stride() != (sb, sc, sy, sx)
+                                          for lv in self.levels):
+            return None
+        if not ((sx == 1 and c > 1 and sc >= sy) or (sc == 1 and sx == c)):
+            return None                                   # neither NCHW nor channels last
+        base = lv0.storage_offset()
+        origins = []
+        for lv in self.levels:
+            y, rem = divmod(lv.storage_offset() - base, sy)
+            x, r2 = divmod(rem, sx) if sx else (0, rem)
+            if r2 or y < 0 or x < 0:
+                return None
+            origins.append((y, x))
+        ha = _pow2(max(y + lv.shape[-2] for (y, _), lv in zip(origins, self.levels)))
+        wa = _pow2(max(x + lv.shape[-1] for (_, x), lv in zip(origins, self.levels)) + 1)
+        if wa * sx > sy and sx != 0 and c > 1 and sx == 1:
+            return None                                   # NCHW rows cannot overlap channels
+        last = base + (b - 1) * sb + (c - 1) * sc + (ha - 1) * sy + (wa - 1) * sx
+        if last >= st.nbytes() // lv0.element_size():
+            return None
+        return lv0.as_strided((b, c, ha, wa), (sb, sc, sy, sx), base), origins
+
     def to(self, device: str | torch.device) -> "Pyramid":
+        """The pyramid on ``device``; a packed pyramid (levels sharing one buffer) is moved
+        as one buffer and stays packed."""
+        dev = torch.device(device)
+        if all(lv.device == dev for lv in self.levels):
+            return self
+        store = self.levels[0].untyped_storage()
+        if all(lv.untyped_storage().data_ptr() == store.data_ptr() for lv in self.levels):
+            flat = torch.empty(0, dtype=self.levels[0].dtype, device=self.levels[0].device)
+            flat = flat.set_(store).to(dev)
+            return Pyramid(tuple(flat.as_strided(lv.shape, lv.stride(), lv.storage_offset())
+                                 for lv in self.levels))
         return Pyramid(tuple(lvl.to(device) for lvl in self.levels))
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def atlas_layout(height: int, width: int, num_levels: int
+                 ) -> tuple[tuple[int, int], list[tuple[int, int]], list[tuple[int, int]]]:
+    """Where the levels of a packed pyramid sit in its **mip atlas** (one 2-D image).
+
+    Level 0 (``H x W``) at the top left; levels ``1..`` stacked in a column to its right,
+    each ``ceil(H / 2**l) x ceil(W / 2**l)``; a line of zeros right of and below every level
+    (:func:`_zero_borders`). The atlas is *read* as an image of ``Ha x Wa`` pixels, both
+    powers of two: then a pixel-centre coordinate ``u`` survives ``grid_sample``'s
+    normalisation round trip ``(u + 0.5) * 2 / Wa - 1 -> u`` exactly (every intermediate
+    value is representable), so samples on a level's pixel grid, and samples clamped to its
+    edge, read their pixel bit for bit; other positions differ from the exact arithmetic by
+    float rounding. Only the used part is stored (rows ``used_w = W + W_1 + 1`` pixels
+    apart; the never-read remainder of the logical atlas overlaps the next row).
+
+    Returns ``((Ha, Wa), origins [(y, x)] per level, sizes [(H_l, W_l)] per level)``.
+    """
+    sizes, origins = [], []
+    h, w = height, width
+    for _ in range(num_levels):
+        sizes.append((h, w))
+        h, w = -(-h // 2), -(-w // 2)
+    origins.append((0, 0))
+    y = 0
+    for hl, _ in sizes[1:]:
+        origins.append((y, width))
+        y += hl
+    return (_pow2(max(height, y + 1)), _pow2(_used_width(sizes))), origins, sizes
+
+
+def _used_width(sizes: list[tuple[int, int]]) -> int:
+    return sizes[0][1] + (sizes[1][1] if len(sizes) > 1 else 0) + 1
+
+
+def _zero_borders(atlas: torch.Tensor, origins: list[tuple[int, int]],
+                  sizes: list[tuple[int, int]]) -> None:
+    """Zero the one-pixel lines right of and below every level that no other level covers
+    (``atlas`` is the stored channels-last ``[B, rows, used_w, C]`` tensor). A bilinear read
+    clamped to a level's last row / column touches them with weight 0 (or, off the pixel
+    grid, with a weight of the order of float rounding): they must hold no NaN. Nothing
+    else outside the levels is ever read."""
+    rows = atlas.shape[1]
+    h0, w0 = sizes[0]
+    if h0 < rows:
+        atlas[:, h0, :w0 + 1] = 0                              # below level 0
+    if len(sizes) == 1:
+        atlas[:, :h0, w0] = 0                                  # right of the only level
+        return
+    w1 = sizes[1][1]
+    for (y, x), (h, w) in zip(origins[1:], sizes[1:]):
+        atlas[:, y:y + h, x + w:x + w1 + 1] = 0                # right of each level
+    y_end = origins[-1][0] + sizes[-1][0]
+    if y_end < rows:
+        atlas[:, y_end:min(h0 + 1, rows), w0:w0 + w1 + 1] = 0  # below the column
+
+
+def _pyr_down_cv2(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """``cv2.pyrDown`` of every image of ``src`` straight into ``dst`` (CPU float32 views,
+    1-4 channels, channels-last memory); ``False`` when cv2 cannot take them."""
+    if src.device.type != "cpu" or not 1 <= src.shape[1] <= 4 or src.stride(1) != 1 \
+            or dst.stride(1) != 1:
+        return False
+    import cv2
+
+    s, d = src.permute(0, 2, 3, 1).numpy(), dst.permute(0, 2, 3, 1).numpy()
+    for i in range(s.shape[0]):                              # a loop over images only
+        si, di = (s[i], d[i]) if s.shape[-1] > 1 else (s[i, ..., 0], d[i, ..., 0])
+        out = cv2.pyrDown(si, dst=di)
+        if out is not di and not np.shares_memory(out, di):
+            di[...] = out
+    return True
 
 
 def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = None, *,
                   patch: int = 16) -> Pyramid:
-    """Build the mip pyramid of an image batch.
+    """Build the mip pyramid of an image batch, **packed in one mip atlas**.
+
+    All levels live in one ``[B, C, Ha, Wa]`` float32 image (:func:`atlas_layout`, memory
+    channels last), each written in place (no repacking): by ``cv2.pyrDown`` on the CPU
+    (1-4 channels; SIMD), by the ``pyr_down`` CUDA kernel on a GPU when the kernels are
+    available (:mod:`fovea_core.kernels`), else by :func:`pyr_down`; all three compute the
+    same filter (equal up to float rounding). ``levels[l]`` is the ``[B, C, H_l, W_l]`` view
+    of its rectangle. Samplers read every level of every token through the one atlas: one
+    ``grid_sample`` call in :func:`fovea_core.sample.sample`, one level table in
+    :mod:`fovea_core.kernels` (:meth:`Pyramid.atlas` gives the whole image).
 
     Args:
         image: anything :func:`as_image_batch` accepts; ``[B, C, H, W]`` after conversion.
@@ -143,15 +275,32 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
         patch: the token patch size in pixels (only used for the default level count).
 
     Returns:
-        :class:`Pyramid` with ``num_levels`` levels, level ``l`` of size ``ceil(H/2**l)``.
+        :class:`Pyramid` with ``num_levels`` levels, level ``l`` of size ``ceil(H/2**l)``,
+        on the image's device.
     """
     x = as_image_batch(image)
-    h, w = x.shape[-2:]
+    b, c, h, w = x.shape
     if num_levels is None:
         num_levels = default_num_levels(h, w, patch)
     if num_levels < 1:
         raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-    levels = [x]
-    for _ in range(num_levels - 1):
-        levels.append(pyr_down(levels[-1]))
+    (ha, wa), origins, sizes = atlas_layout(h, w, num_levels)
+    # channels last: the C values of a pixel are adjacent, what a bilinear tap reads at once
+    nhwc = torch.empty(b, ha, wa, c, dtype=torch.float32, device=x.device)
+    _zero_borders(nhwc, origins, sizes)
+    atlas = nhwc.permute(0, 3, 1, 2)
+    levels = [atlas[..., y:y + hh, xx:xx + ww] for (y, xx), (hh, ww) in zip(origins, sizes)]
+    nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))          # rows of W*C floats: fast copies
+    kernel = None
+    if x.is_cuda and num_levels > 1 and min(h, w) >= 3:
+        try:
+            from fovea_core import kernels
+            kernel = kernels if kernels.backend_status()["cuda"] is None else None
+        except (ImportError, RuntimeError):
+            kernel = None
+    for m in range(1, num_levels):
+        if kernel is not None:
+            kernel.pyr_down_into(levels[m - 1], levels[m])
+        elif not _pyr_down_cv2(levels[m - 1], levels[m]):
+            pyr_down(levels[m - 1], out=levels[m])
     return Pyramid(tuple(levels))

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from fovea_core import kernels as K
 from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical
 from fovea_core.pyramid import build_pyramid
-from fovea_core.sample import remap, sample
+from fovea_core.pyramid import Pyramid
+from fovea_core.sample import remap, remap_reference, sample, sample_reference
 from fovea_core.tokens import TokenSet
 
 HAS_NVCC = shutil.which("nvcc") is not None
@@ -35,7 +36,7 @@ def _random_case(g: torch.Generator, b: int, c: int, h: int, w: int, n: int, pat
     k = min(n, 6)   # edge and corner tokens in every case
     centers[:, :k] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0],
                                    [0.5, 1.0], [1.0, 0.5]])[:k]
-    lv = torch.randint(0, levels, (b, n), generator=g)
+    lv = torch.randint(0, levels, (b, n), generator=g).float()
     ts = TokenSet(centers, lv, torch.zeros(b, n), torch.full((b, 1, 2), 0.5), (h, w), patch)
     return pyr, ts
 
@@ -116,10 +117,17 @@ def test_cpu_gather_equals_torch_reference(seed, b, c, h, w, n, patch, levels, t
     pyr, ts = _random_case(g, b, c, h, w, n, patch, levels)
     if trilinear:                                         # any scale: fractional levels
         ts = replace(ts, levels=torch.rand(b, n, generator=g) * (levels - 1))
-    ref = sample(pyr, ts)
+    ref = sample_reference(pyr, ts)
     got = K.gather_patches(pyr, ts, backend="cpu")
     assert got.shape == (b, n, c, patch, patch)
-    assert (got - ref).abs().max() <= 1e-5
+    assert torch.equal(got, ref)                          # bit for bit (no FMA in either)
+    # the same through other layouts of the same levels: separate NCHW tensors, and a
+    # pyramid whose level 0 is the caller's channels-last image (no copy)
+    sep = Pyramid(tuple(lv.contiguous() for lv in pyr.levels))
+    assert torch.equal(K.gather_patches(sep, ts, backend="cpu"), ref)
+    assert torch.equal(sample_reference(sep, ts), ref)
+    # the fast torch path (one grid_sample) equals the reference up to coordinate rounding
+    assert (sample(pyr, ts) - ref).abs().max() <= 1e-4
 
 
 @needs_gxx
@@ -131,7 +139,11 @@ def test_cpu_remap_equals_torch_reference(seed, b, h, w, per_image):
     img = torch.rand(b, 3, h, w, generator=g)
     lut = torch.rand(b if per_image else 1, 23, 19, 2, generator=g)
     lut = lut * torch.tensor([w + 4.0, h + 4.0]) - 2                    # beyond every border
-    assert (K.remap(img, lut, backend="cpu") - remap(img, lut)).abs().max() <= 1e-5
+    ref = remap_reference(img, lut)
+    assert torch.equal(K.remap(img, lut, backend="cpu"), ref)              # bit for bit
+    hwc = img.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)         # channels last
+    assert torch.equal(K.remap(hwc, lut, backend="cpu"), ref)
+    assert (remap(img, lut) - ref).abs().max() <= 1e-5                     # grid_sample path
 
 
 # ------------------------------------------------------------------------------ V1 layout
@@ -183,18 +195,88 @@ def test_v1_layout_is_foveated():
         v1_cortical(pyr, scores, 10, fixation=torch.zeros(3, 2))
 
 
+# ------------------------------------------------------------------------------ fast paths
+@needs_gxx
+def test_cv2_pyramid_reads_the_image_in_place_and_sample_image_is_end_to_end():
+    rng = np.random.default_rng(0)
+    img = rng.random((2, 150, 110, 3), dtype=np.float32)
+    pyr = build_pyramid(img, num_levels=4)
+    fast = K.build_pyramid_cv2(img, 4)
+    assert np.shares_memory(fast.base.numpy(), img)                  # level 0: no copy
+    for a, b in zip(fast.levels, pyr.levels):
+        assert (a - b).abs().max() <= 1e-5                            # cv2.pyrDown == pyr_down
+    g = torch.Generator().manual_seed(1)
+    ts = TokenSet(torch.rand(2, 40, 2, generator=g), torch.rand(2, 40, generator=g) * 2.5,
+                  torch.zeros(2, 40), torch.full((2, 1, 2), 0.5), (150, 110), 16)
+    assert K.levels_needed(ts) == 4 - int(float(ts.levels.max()) <= 2)
+    got = K.sample_image(img, ts)
+    assert torch.equal(got, K.gather_patches(K.build_pyramid_cv2(img, K.levels_needed(ts)), ts,
+                                             backend="cpu"))
+    assert (got - sample_reference(pyr, ts)).abs().max() <= 1e-5
+
+
+@needs_gxx
+def test_kernel_pyramid_equals_the_torch_pyramid():
+    x = torch.rand(2, 3, 77, 64)
+    ref = build_pyramid(x, num_levels=4)
+    dev = K.device_pyramid(x, 4, backend="cpu")
+    assert dev.base is x                                              # level 0: the input
+    store = dev.levels[1].untyped_storage().data_ptr()
+    assert all(lv.untyped_storage().data_ptr() == store for lv in dev.levels[1:])  # packed
+    for a, b in zip(dev.levels, ref.levels):
+        assert a.shape == b.shape and (a - b).abs().max() <= 1e-6
+
+
+def test_level_table_rejects_what_the_kernels_cannot_read():
+    with pytest.raises(ValueError, match="float32"):
+        K.level_table([torch.zeros(1, 1, 4, 4, dtype=torch.float64)])
+    with pytest.raises(ValueError, match="1 to 16 levels"):
+        K.level_table([torch.zeros(1, 1, 4, 4)] * 17)
+    with pytest.raises(ValueError, match="level 1"):
+        K.level_table([torch.zeros(1, 3, 4, 4), torch.zeros(1, 1, 2, 2)])
+
+
 # ------------------------------------------------------------------------------ GPU
 @gpu
 @needs_gpu
-def test_gpu_gather_equals_torch_reference():
+@pytest.mark.parametrize("binding", ["driver", "pycuda"])
+def test_gpu_gather_equals_torch_reference(binding):
+    if binding == "pycuda" and K.backend_status()["pycuda"] is not None:
+        pytest.skip(K.backend_status()["pycuda"])
     g = torch.Generator().manual_seed(0)
     pyr, ts = _random_case(g, 3, 3, 200, 150, 273, 16, 4)
-    got = K.gather_patches(pyr, ts, backend="cuda").cpu()
-    # nvcc contracts a*b+c into FMA: agreement to float rounding of the sample positions
-    assert (got - sample(pyr, ts)).abs().max() <= 1e-4
-    lod = torch.rand(3, 273, generator=g) * 3
-    got = K.gather_patches(pyr, ts, backend="cuda", lod=lod).cpu()
-    assert (got - sample(pyr, ts, lod=lod)).abs().max() <= 1e-4
+    gp, gt = pyr.to("cuda"), ts.to("cuda")
+    ref = sample_reference(gp, gt)                          # torch on the GPU: same rounding
+    got = K.gather_patches(gp, gt, binding=binding)
+    assert got.is_cuda and torch.equal(got, ref)
+    tri = replace(gt, levels=torch.rand(3, 273, generator=g).cuda() * 3)
+    assert torch.equal(K.gather_patches(gp, tri, binding=binding), sample_reference(gp, tri))
+    assert (got.cpu() - sample_reference(pyr, ts)).abs().max() <= 1e-5
+    assert (sample(gp, gt) - ref).abs().max() <= 1e-4      # grid_sample path on the GPU
+
+
+@gpu
+@needs_gpu
+def test_gpu_path_stays_on_the_device_and_the_current_stream():
+    x = torch.rand(2, 3, 256, 192, device="cuda")
+    g = torch.Generator().manual_seed(3)
+    ts = TokenSet(torch.rand(2, 50, 2, generator=g), torch.rand(2, 50, generator=g) * 3,
+                  torch.zeros(2, 50), torch.full((2, 1, 2), 0.5), (256, 192), 16).to("cuda")
+    ref = K.sample_image(x, ts)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())           # x and ts were made on the default
+    with torch.cuda.stream(side):                           # a non-default stream
+        pyr = K.device_pyramid(x)
+        got = K.gather_patches(pyr, ts)
+    side.synchronize()
+    assert torch.equal(got, ref)
+    cpu = build_pyramid(x.cpu())
+    for a, b in zip(pyr.levels, cpu.levels):
+        assert a.is_cuda and (a.cpu() - b).abs().max() <= 1e-5
+    atlas = build_pyramid(x)                                 # torch pyramid: kernel-built atlas
+    assert atlas.atlas() is not None and atlas.base.is_cuda
+    for a, b in zip(atlas.levels, cpu.levels):
+        assert (a.cpu() - b).abs().max() <= 1e-5
 
 
 @gpu
@@ -202,7 +284,9 @@ def test_gpu_gather_equals_torch_reference():
 def test_gpu_remap_and_v1_equal_references():
     img = torch.rand(2, 3, 64, 80)
     lut = torch.rand(1, 50, 40, 2) * torch.tensor([84.0, 68.0]) - 2
-    assert (K.remap(img, lut, backend="cuda").cpu() - remap(img, lut)).abs().max() <= 1e-4
+    ref = remap_reference(img.cuda(), lut.cuda())
+    assert torch.equal(K.remap(img.cuda(), lut.cuda()), ref)
+    assert (ref.cpu() - remap_reference(img, lut)).abs().max() <= 1e-5
     fix = torch.tensor([[0.5, 0.5], [0.0, 1.0]], dtype=torch.float64)
     plan = plan_v1(fix, (1024, 1024), 273, num_levels=7)
     ref_c, ref_l, ref_v = v1_candidates(plan)

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fovea_core.pyramid import build_pyramid
-from fovea_core.sample import remap, render, sample, sample_positions
+from fovea_core.pyramid import Pyramid, build_pyramid
+from fovea_core.sample import (remap, remap_reference, render, sample, sample_positions,
+                               sample_reference)
 from fovea_core.tokens import TokenSet
 
 
@@ -276,3 +277,54 @@ def test_render_rejects_bad_input(bad, match):
     patches = torch.rand(1, 1, 3, p, p)
     with pytest.raises(ValueError, match=match):
         render(ts, patches, bad.get("size"), background=pyr)
+
+
+# ------------------------------------------------------------------------------ fast paths
+def test_packed_atlas_levels_and_borders():
+    """build_pyramid packs every level into one atlas (views of one storage, sides powers of
+    two); the lines right of and below each level are 0, so no read can meet a NaN."""
+    from fovea_core.pyramid import atlas_layout
+
+    pyr = build_pyramid(torch.rand(2, 3, 70, 45), num_levels=4)
+    at = pyr.atlas()
+    assert at is not None
+    atlas, origins = at
+    (ha, wa), org, sizes = atlas_layout(70, 45, 4)
+    assert tuple(atlas.shape) == (2, 3, ha, wa) and origins == org
+    assert ha & (ha - 1) == 0 and wa & (wa - 1) == 0
+    for (y, x), (h, w), lv in zip(origins, sizes, pyr.levels):
+        assert torch.equal(atlas[..., y:y + h, x:x + w], lv)
+        right = atlas[..., y:y + h, x + w]
+        below = atlas[..., y + h, x:x + w]
+        assert torch.isfinite(right).all() and torch.isfinite(below).all()
+    moved = pyr.to("meta")
+    assert moved.atlas() is not None                         # moved as one buffer
+    assert Pyramid(tuple(lv.contiguous() for lv in pyr.levels)).atlas() is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), h=st.integers(16, 90), w=st.integers(16, 90),
+       frac=st.booleans(), atlas=st.booleans())
+def test_fast_sample_equals_the_reference(seed, h, w, frac, atlas):
+    """sample (one grid_sample on the atlas, or one per level) == sample_reference (the
+    kernels' exact arithmetic) up to rounding of the normalised coordinates."""
+    g = torch.Generator().manual_seed(seed)
+    pyr = build_pyramid(torch.rand(2, 3, h, w, generator=g), num_levels=3)
+    if not atlas:
+        pyr = Pyramid(tuple(lv.contiguous() for lv in pyr.levels))
+    cen = torch.rand(2, 30, 2, generator=g)
+    cen[:, :4] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    lv = torch.rand(2, 30, generator=g) * 2 if frac else torch.randint(0, 3, (2, 30), generator=g)
+    ts = _tokens(cen, lv, (h, w))
+    ref = sample_reference(pyr, ts)
+    assert (sample(pyr, ts) - ref).abs().max() <= 1e-4
+
+
+def test_fast_remap_equals_the_reference():
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(2, 3, 31, 47, generator=g)
+    lut = torch.rand(2, 20, 25, 2, generator=g) * torch.tensor([51.0, 35.0]) - 2
+    ref = remap_reference(img, lut)
+    assert (remap(img, lut) - ref).abs().max() <= 1e-5
+    assert (remap(img.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), lut)
+            - ref).abs().max() <= 1e-5
