@@ -41,7 +41,7 @@ PYCUDA_PID=$!
 
 log "VLM prefill (bf16, Qwen2-VL-2B LM, random weights)"
 $PY -m fovea_core.bench vlm_latency --no-cpu --gpu-models qwen2-vl-2b \
-    --gpu-tokens 64 273 1024 4096 --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
+    --gpu-tokens 64 273 1024 4096 --cuda-graph --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
 tail -3 "$OUT/vlm.log"
 cp data/benchmarks/vlm_latency_gpu.json "$OUT/" 2>/dev/null
 

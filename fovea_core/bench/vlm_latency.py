@@ -109,8 +109,14 @@ def matmul_peak_tflops(device: str, dtype: torch.dtype, n: int = 8192, iters: in
 
 
 def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtype,
-              budget_s: float, batch: int = 1, peak_tflops: float | None = None) -> dict:
-    """Time the LM prefill of ``name`` for each visual-token count in ``tokens``."""
+              budget_s: float, batch: int = 1, peak_tflops: float | None = None,
+              cuda_graph: bool = False) -> dict:
+    """Time the LM prefill of ``name`` for each visual-token count in ``tokens``.
+
+    ``cuda_graph`` (GPU): the prefill (without KV-cache bookkeeping) is captured once per
+    token count in a CUDA graph and its replays are timed: the device time with the
+    per-kernel launch overhead of eager PyTorch removed (what a serving stack's graphs get).
+    """
     cfg = qwen_config(name).text_config
     lm = build_qwen(name, text_only=True, dtype=dtype, device=device)
     head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device, dtype=dtype)
@@ -123,8 +129,21 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
 
         @torch.no_grad()
         def prefill():
-            h = lm(inputs_embeds=x, position_ids=pos, use_cache=True).last_hidden_state
+            h = lm(inputs_embeds=x, position_ids=pos, use_cache=not cuda_graph).last_hidden_state
             return head(h[:, -1:])
+
+        if cuda_graph:
+            eager = prefill
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    eager()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                eager()
+            prefill = graph.replay                                     # noqa: F811
 
         # first call = warm-up, also used for the memory peak (malloc_trim first on the CPU)
         t0 = time.perf_counter()
@@ -167,6 +186,7 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
                        "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                        "vocab_size")},
             "attn_implementation": qwen_config(name).text_config._attn_implementation,
+            "cuda_graph": cuda_graph,
             "matmul_peak_tflops": peak_tflops, "points": points, **summary(points, cfg)}
 
 
@@ -217,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU models")
     ap.add_argument("--gpu-models", nargs="*", default=["qwen2-vl-2b", "qwen2.5-vl-7b"])
     ap.add_argument("--gpu-tokens", type=int, nargs="*", default=list(TOKENS))
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="on the GPU also time CUDA-graph replays of each prefill")
     args = ap.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
@@ -238,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_model(name, tuple(args.gpu_tokens), "cuda", torch.bfloat16,
                                   budget_s=2.0, peak_tflops=peak))
             torch.cuda.empty_cache()
+            if args.cuda_graph:
+                try:
+                    runs.append(run_model(name, tuple(args.gpu_tokens), "cuda", torch.bfloat16,
+                                          budget_s=2.0, peak_tflops=peak, cuda_graph=True))
+                except Exception as exc:  # noqa: BLE001  (capture can fail: recorded)
+                    runs.append({"model": name, "cuda_graph": True,
+                                 "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                torch.cuda.empty_cache()
     write_result(args.name, {
         "description": "LM prefill (random weights, real transformers Qwen-VL classes) vs "
                        "number of visual tokens; text prompt of "
