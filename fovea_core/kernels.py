@@ -83,6 +83,20 @@ class LevelTable(ctypes.Structure):
                 ("channels", ctypes.c_int)]
 
 
+def _table_of(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]"
+              ) -> tuple[list[torch.Tensor], LevelTable]:
+    """The levels and their :class:`LevelTable`, cached on a :class:`Pyramid` (immutable)."""
+    if isinstance(pyramid, Pyramid):
+        hit = pyramid.__dict__.get("_kernel_table")
+        if hit is None:
+            levels = list(pyramid.levels)
+            hit = (levels, level_table(levels))
+            pyramid.__dict__["_kernel_table"] = hit
+        return hit
+    levels = _levels_of(pyramid)
+    return levels, level_table(levels)
+
+
 def _levels_of(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]") -> list[torch.Tensor]:
     if isinstance(pyramid, PackedPyramid):
         return [pyramid.level(m) for m in range(pyramid.num_levels)]
@@ -485,8 +499,9 @@ def kernel_resources(arch: str = "sm_90") -> dict[str, dict[str, int]]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def _cuda_missing() -> str | None:
-    """Why the CUDA backend cannot run here (None if it can)."""
+    """Why the CUDA backend cannot run here (None if it can); decided once per process."""
     if not torch.cuda.is_available():
         return "torch sees no CUDA GPU (this torch build or machine has none)"
     if _nvcc() is None:
@@ -677,13 +692,17 @@ def _choose(backend: str | None, on_cuda: bool) -> str:
                 return "cuda"
             raise RuntimeError(f"data on a CUDA device but the 'cuda' kernel backend is "
                                f"unavailable: {_cuda_missing()}")
-        if backend_status()["cpu"] is None:
-            return "cpu"
-        raise RuntimeError("no kernel backend is available: " + "; ".join(
-            f"{k}: {v}" for k, v in backend_status().items()))
+        backend = "cpu"
     if backend not in ("cuda", "cpu"):
         raise ValueError(f"backend must be 'cuda', 'cpu' or None, got {backend!r}")
-    why = _cuda_missing() if backend == "cuda" else backend_status()["cpu"]
+    if backend == "cuda":
+        why = _cuda_missing()
+    else:
+        try:
+            _cpu_lib()                                   # built (or loaded) once per process
+            why = None
+        except (RuntimeError, OSError) as exc:
+            why = str(exc)
     if why is not None:
         raise RuntimeError(f"the {backend!r} kernel backend is unavailable: {why}")
     return backend
@@ -737,10 +756,11 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
         _cpu_lib().gather_patches_cpu(ctypes.byref(table), b, n, h, w, p, _ptr(cen), _ptr(lods),
                                       _ptr(steps), _ptr(res), CPU_PARALLEL_TOKENS)
         return res
-    table = level_table(levels)
+    levels, table = _table_of(pyramid)
     cen = tokens.centers.detach().to(dev, torch.float32).contiguous()
-    lods = tokens.levels.detach().to(dev, torch.float32).contiguous().clamp(max=nl - 1)
-    steps = torch.exp2(tokens.levels.detach().to(dev, torch.float32)).contiguous()
+    lv = tokens.levels.detach().to(dev, torch.float32).contiguous()
+    lods = lv.clamp(max=nl - 1)
+    steps = torch.exp2(lv)
     res = out if out is not None else torch.empty(b, n, c, p, p, dtype=torch.float32, device=dev)
     _check_out(res, (b, n, c, p, p), dev)
     if b * n:
@@ -760,7 +780,8 @@ def _check_out(out: torch.Tensor, shape: tuple, device: torch.device) -> None:
 def device_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch: int = 16,
                    backend: str | None = None, binding: str | None = None) -> Pyramid:
     """A pyramid built by the ``pyr_down`` kernel, packed: level 0 is ``image`` itself (no
-    copy), levels ``1..`` are views of one NCHW buffer on the image's device, each written
+    copy), levels ``1..`` are views of one buffer on the image's device (channels last when
+    ``image`` is, e.g. ``x.contiguous(memory_format=torch.channels_last)``), each written
     by one kernel launch (on the current torch stream for ``"cuda"``). Equal to
     :func:`fovea_core.pyramid.build_pyramid` up to float rounding (``cv2.pyrDown``).
 
@@ -779,10 +800,13 @@ def device_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch:
     offsets, sizes, total = _layout(b, c, h, w, num_levels, first=1)
     buf = torch.empty(total, dtype=torch.float32, device=dev if be == "cuda" else "cpu")
     levels = [image if be == "cuda" else image.cpu()]
+    nhwc = image.stride(1) == 1 and c > 1                 # channels last in: channels last out
     for m in range(1, num_levels):
         hm, wm = int(sizes[m - 1, 0]), int(sizes[m - 1, 1])
         off = int(offsets[m - 1])
-        levels.append(buf[off:off + b * c * hm * wm].view(b, c, hm, wm))
+        blk = buf[off:off + b * c * hm * wm]
+        levels.append(blk.view(b, hm, wm, c).permute(0, 3, 1, 2) if nhwc
+                      else blk.view(b, c, hm, wm))
     table = level_table(levels)
     for m in range(1, num_levels):
         hm, wm = levels[m].shape[-2:]

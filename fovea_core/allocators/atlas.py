@@ -49,7 +49,7 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
     xs = ((torch.arange(gw) + 0.5) * patch * lw / w).long().clamp(0, lw - 1)
     out = []
     for x in img:                                                      # over images
-        arr = x.permute(1, 2, 0).numpy().astype(np.float64)
+        arr = x.permute(1, 2, 0).cpu().numpy().astype(np.float64)
         multich = arr.shape[-1] > 1
         lab = slic(arr if multich else arr[..., 0], n_segments=n_segments, slic_zero=True,
                    start_label=0, channel_axis=-1 if multich else None)

@@ -57,13 +57,14 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     """
     a = band_level(pyramid, max_side)
     img = pyramid.levels[a]
-    gray = img.mean(1) if img.shape[1] != 3 else torch.einsum("bchw,c->bhw", img, _GRAY)
+    gray = img.mean(1) if img.shape[1] != 3 else torch.einsum("bchw,c->bhw", img,
+                                                              _GRAY.to(img.device))
     h0, w0 = pyramid.image_size
     height = max(1, min(height, pyramid.num_levels - a, int(np.log2(min(gray.shape[-2:]))) - 2))
     wts = np.ones(4)
     wts[HORIZONTAL_BAND] = aniso
     per_scale = [[] for _ in range(height)]
-    for g in gray.double().numpy():                                     # over images
+    for g in gray.double().cpu().numpy():                                   # over images
         with warnings.catch_warnings():
             # odd-sized images (receipts) do not reconstruct exactly; we never reconstruct,
             # we only read band energies, so pyrtools' warning does not apply here

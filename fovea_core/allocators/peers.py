@@ -34,7 +34,8 @@ def patch_gradients(pyramid: Pyramid, patch: int = 16) -> tuple[torch.Tensor, in
     """
     lv = 1 if pyramid.num_levels > 1 else 0
     img = pyramid.levels[lv]
-    gray = (torch.einsum("bchw,c->bhw", img, _GRAY) if img.shape[1] == 3 else img.mean(1))[:, None]
+    gray = (torch.einsum("bchw,c->bhw", img, _GRAY.to(img.device)) if img.shape[1] == 3
+            else img.mean(1))[:, None]
     cell = patch // 2**lv
     gh, gw = pyramid.grid_shape(patch, 0)
     gray = F.pad(gray, (0, gw * cell - gray.shape[-1], 0, gh * cell - gray.shape[-2]), mode="replicate")
@@ -72,7 +73,7 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
     img = F.pad(img, (0, gw * cell - img.shape[-1], 0, gh * cell - img.shape[-2]), mode="replicate")
     b, ch = img.shape[:2]
     mean = F.avg_pool2d(img, cell).flatten(2).transpose(1, 2)                   # [B, M, C]
-    gray = torch.einsum("bchw,c->bhw", img, _GRAY) if ch == 3 else img.mean(1)
+    gray = torch.einsum("bchw,c->bhw", img, _GRAY.to(img.device)) if ch == 3 else img.mean(1)
     thumb = gray.view(b, gh, cell, gw, cell).permute(0, 1, 3, 2, 4).reshape(b, gh * gw, cell * cell)
     thumb = thumb - thumb.mean(-1, keepdim=True)
     f = torch.cat([mean, thumb], -1)
@@ -97,7 +98,7 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="divprune")
     fix = resolve_fixation(fixation, s)
-    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float())
+    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float()).to(s.device)
     flat = s.flatten(1)
     b, m = flat.shape
     if f.shape[:2] != (b, m):
@@ -143,7 +144,7 @@ def visionzip(pyramid: Pyramid, scores, budget: int, *, dominant_ratio: float = 
         idx = torch.nonzero(dom)[:, 1].view(b, n)
         return cells_to_tokens(candidate_grid(pyramid, [0], patch), idx, flat,
                                pyramid.image_size, fix, patch)
-    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float())
+    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float()).to(s.device)
     rest = torch.sort(dom.long() * m + torch.arange(m), dim=1).indices[:, : m - kd]  # ascending
     pos = torch.div(torch.arange(kc) * (m - kd), kc, rounding_mode="floor")
     tgt = rest[:, pos]                                                 # [B, kc]

@@ -331,7 +331,9 @@ def gpu_section(batch: int) -> dict:
     tokens = v1_tokens(batch).to(dev)
     nl = default_num_levels(SIZE, SIZE, PATCH)
     dpyr = K.device_pyramid(x)
-    apyr = build_pyramid(x)                                    # the torch path's atlas
+    x_cl = x.contiguous(memory_format=torch.channels_last)     # the same images, NHWC memory
+    dpyr_cl = K.device_pyramid(x_cl)
+    apyr = build_pyramid(x)                                    # the torch path's atlas (NHWC)
     grid = one_call_grid(tokens)
     out = torch.empty(batch, BUDGET, 3, PATCH, PATCH, device=dev)
     ref = sample_reference(dpyr, tokens)
@@ -342,6 +344,9 @@ def gpu_section(batch: int) -> dict:
     }}
     fns = {
         "gather_kernel_driver": lambda: K.gather_patches(dpyr, tokens, out=out),
+        "gather_kernel_nhwc": lambda: K.gather_patches(dpyr_cl, tokens, out=out),
+        "gather_kernel_atlas": lambda: K.gather_patches(apyr, tokens, out=out),
+        "e2e_kernel_nhwc": lambda: K.sample_image(x_cl, tokens),
         "pyramid_kernel": lambda: K.device_pyramid(x),
         "e2e_kernel": lambda: K.sample_image(x, tokens),
         "sample_torch": lambda: sample(apyr, tokens),
@@ -379,6 +384,9 @@ def gpu_section(batch: int) -> dict:
         res["roi_align"] = f"not measured: {type(exc).__name__}: {exc}"
     t = {k: _event_ms(f) for k, f in fns.items()}
     t["gather_kernel_graph"] = _graph_ms(fns["gather_kernel_driver"])
+    t["gather_kernel_nhwc_graph"] = _graph_ms(fns["gather_kernel_nhwc"])
+    t["grid_sample_one_call_graph"] = _graph_ms(fns["grid_sample_one_call"])
+    res["parity"]["nhwc_equal"] = bool(torch.equal(K.gather_patches(dpyr_cl, tokens), ref))
     # bandwidth: the fewest bytes the gather must move: every patch written once and every
     # one of its samples read once (p*p*C floats each way per token)
     written = out.numel() * 4
@@ -390,7 +398,8 @@ def gpu_section(batch: int) -> dict:
     sheet = next((v for k, v in DATASHEET_BW.items() if k in name), None)
     bw = {}
     for key in ("gather_kernel_driver", "gather_kernel_graph", "gather_kernel_pycuda",
-                "grid_sample_one_call", "sample_torch"):
+                "gather_kernel_nhwc", "gather_kernel_nhwc_graph", "gather_kernel_atlas",
+                "grid_sample_one_call", "grid_sample_one_call_graph", "sample_torch"):
         if key in t and "median_ms" in t[key]:
             gbs = need / (t[key]["median_ms"] / 1e3)
             bw[key] = {"GBps": gbs / 1e9, "fraction_of_copy": gbs / copy_bw,
