@@ -21,8 +21,9 @@ from pathlib import Path
 
 from fovea_core.paths import project_root
 
-#: sources every benchmark depends on (the plumbing itself and the shared data types)
-COMMON_SOURCES = ("fovea_core/bench/common.py", "fovea_core/tokens.py", "fovea_core/pyramid.py")
+#: sources every benchmark measures besides its own list (the shared data types; the timing
+#: plumbing of this module is not fingerprinted: changing it does not change what was measured)
+COMMON_SOURCES = ("fovea_core/tokens.py", "fovea_core/pyramid.py")
 
 
 def _cpu_model() -> str:
@@ -86,9 +87,10 @@ def hardware_info() -> dict:
         except (OSError, subprocess.CalledProcessError):
             info["driver"] = None
         info["cuda"] = torch.version.cuda
-    commit = _git("rev-parse", "HEAD")
-    if commit is None:          # a copy of the tree without .git (e.g. on the GPU machine)
-        commit = os.environ.get("FOVEA_GIT_COMMIT")
+    commit = os.environ.get("FOVEA_GIT_COMMIT")   # a copy of the tree (e.g. on a GPU machine):
+    if commit:                                     # git there may answer for another checkout
+        info["git_dirty"] = False
+    elif (commit := _git("rev-parse", "HEAD")) is None:
         info["git_dirty"] = False
     else:
         info["git_dirty"] = bool(_git("status", "--porcelain", "--untracked-files=no"))
