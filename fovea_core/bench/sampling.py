@@ -191,6 +191,7 @@ def _logpolar_lut(size: int, out: int = 256) -> torch.Tensor:
 
 def cpu_section(rounds: int) -> dict:
     torch.set_num_threads(1)                 # per-image work; the machine's 2 cores are shared
+    cv2.setNumThreads(1)                     # likewise (a busy machine makes threads wait)
     img = test_image()
     tokens = v1_tokens(1)
     nl_all = default_num_levels(SIZE, SIZE, PATCH)
