@@ -15,6 +15,7 @@ from skimage.segmentation import slic
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
                                         group_rank, largest_remainder, nonneg, resolve_fixation,
                                         select)
+from fovea_core.allocators import content_cache
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -39,7 +40,9 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
 
     SLIC-zero (adaptive compactness) on the coarsest pyramid level whose longer side is
     still >= ``max_side`` pixels (level 0 when the image is smaller), read at each patch's
-    centre. A loop over images (the segmenter is a library call per image).
+    centre. A loop over images (the segmenter is a library call per image); each page's
+    labels are cached (:mod:`~fovea_core.allocators.content_cache`), so a budget sweep over
+    the same pages segments them once.
     """
     img = pyramid.levels[segment_level(pyramid, max_side)]
     gh, gw = pyramid.grid_shape(patch, 0)
@@ -50,11 +53,16 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
     out = []
     for x in img:                                                      # over images
         arr = x.permute(1, 2, 0).cpu().numpy().astype(np.float64)
-        multich = arr.shape[-1] > 1
-        lab = slic(arr if multich else arr[..., 0], n_segments=n_segments, slic_zero=True,
-                   start_label=0, channel_axis=-1 if multich else None)
-        lab = torch.from_numpy(lab.astype(np.int64))[ys][:, xs]
-        out.append(torch.unique(lab, return_inverse=True)[1].view(gh, gw))  # compact ids
+
+        def compute(arr: np.ndarray = arr) -> torch.Tensor:
+            multich = arr.shape[-1] > 1
+            lab = slic(arr if multich else arr[..., 0], n_segments=n_segments, slic_zero=True,
+                       start_label=0, channel_axis=-1 if multich else None)
+            lab = torch.from_numpy(lab.astype(np.int64))[ys][:, xs]
+            return torch.unique(lab, return_inverse=True)[1].view(gh, gw)  # compact ids
+        # the content cost (SLIC) is paid once per page, whatever the budget
+        out.append(content_cache.cached(
+            content_cache.page_key(arr, "slic", n_segments, patch, (h, w)), compute))
     return torch.stack(out)
 
 

@@ -22,6 +22,7 @@ import torch
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
                                         group_rank, largest_remainder, nonneg, pool_scores,
                                         resolve_fixation, select)
+from fovea_core.allocators import content_cache
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -65,14 +66,21 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     wts[HORIZONTAL_BAND] = aniso
     per_scale = [[] for _ in range(height)]
     for g in gray.double().cpu().numpy():                                   # over images
-        with warnings.catch_warnings():
-            # odd-sized images (receipts) do not reconstruct exactly; we never reconstruct,
-            # we only read band energies, so pyrtools' warning does not apply here
-            warnings.filterwarnings("ignore", message="Reconstruction will not be perfect")
-            pyr = pt.pyramids.SteerablePyramidFreq(g, height=height, order=3)
+
+        def compute(g: np.ndarray = g) -> list[torch.Tensor]:
+            with warnings.catch_warnings():
+                # odd-sized images (receipts) do not reconstruct exactly; we never
+                # reconstruct, we only read band energies: pyrtools' warning does not apply
+                warnings.filterwarnings("ignore", message="Reconstruction will not be perfect")
+                pyr = pt.pyramids.SteerablePyramidFreq(g, height=height, order=3)
+            return [torch.from_numpy(np.ascontiguousarray(
+                sum(wts[o] * pyr.pyr_coeffs[(s, o)] ** 2 for o in range(4)))).float()
+                for s in range(height)]
+        # the content cost (steerable bands) is paid once per page, whatever the budget
+        bands = content_cache.cached(content_cache.page_key(g, "steerable", height, aniso),
+                                     compute)
         for s in range(height):
-            e = sum(wts[o] * pyr.pyr_coeffs[(s, o)] ** 2 for o in range(4))
-            per_scale[s].append(torch.from_numpy(np.ascontiguousarray(e)).float())
+            per_scale[s].append(bands[s])
     energies, levels = [], []
     for s in range(height):
         e = torch.stack(per_scale[s])                                  # [B, h_s, w_s]

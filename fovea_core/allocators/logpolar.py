@@ -197,6 +197,27 @@ def train_pseudo_logpolar(scores: torch.Tensor, fixations: torch.Tensor,
     return c.detach(), hist
 
 
+def _nearest_centre(shape: tuple[int, int], off: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Index ``[B, M]`` of the nearest centre ``c [K, 2]`` to every cell offset ``off
+    [B, Gh*Gw, 2]`` (row-major grid ``shape``; ties to the lower index).
+
+    The grid is separable: ``|x - c_k|^2 = (x_col - cx_k)^2 + (y_row - cy_k)^2``, so the
+    two terms are ``[B, Gw, K]`` and ``[B, Gh, K]`` tables and one broadcast add plus one
+    ``argmin`` over ``[B, Gh, Gw, K]`` replace a ``[B, M, 2] x [2, K]`` product."""
+    gh, gw = shape
+    b = off.shape[0]
+    grid = off.view(b, gh, gw, 2)
+    dx = (grid[:, 0, :, 0, None] - c[:, 0]) ** 2                        # [B, Gw, K]
+    dy = (grid[:, :, 0, 1, None] - c[:, 1]) ** 2                        # [B, Gh, K]
+    # one image at a time: its [Gh, Gw, K] table stays in cache (the batch's would not)
+    buf = off.new_empty(gh, gw, c.shape[0])
+    out = torch.empty(b, gh, gw, dtype=torch.long, device=off.device)
+    for i in range(b):                                                   # over images only
+        torch.add(dy[i, :, None, :], dx[i, None, :, :], out=buf)
+        torch.argmin(buf, -1, out=out[i])
+    return out.view(b, gh * gw)
+
+
 @register("pseudo_logpolar", family="logpolar", version="v6", coverage="learned_bin",
           learned=True)
 def pseudo_logpolar(pyramid: Pyramid, scores, budget: int, *, centres: torch.Tensor | None = None,
@@ -216,8 +237,7 @@ def pseudo_logpolar(pyramid: Pyramid, scores, budget: int, *, centres: torch.Ten
     cand = candidate_grid(pyramid, [0], patch)
     off = _offsets(cell_centers(cand.shapes[0], 0, pyramid.image_size, patch), fix,
                    pyramid.image_size)
-    # argmin_k |x - c_k|^2 = argmax_k (2 x.c_k - |c_k|^2)            [B, M, K] via a matmul
-    bins = (2 * off @ c.T - (c**2).sum(-1)).argmax(-1)
+    bins = _nearest_centre(cand.shapes[0], off, c)
     ecc = off.norm(dim=-1)
     flat = s.flatten(1)
     winner = group_best(flat, bins, c.shape[0]).long()

@@ -70,7 +70,10 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
     img = pyramid.levels[lv]
     cell = patch // 2**lv
     gh, gw = pyramid.grid_shape(patch, 0)
-    img = F.pad(img, (0, gw * cell - img.shape[-1], 0, gh * cell - img.shape[-2]), mode="replicate")
+    pad = (0, gw * cell - img.shape[-1], 0, gh * cell - img.shape[-2])
+    # one contiguous copy of the (small) level: pooling and padding on a strided view of the
+    # pyramid's atlas take slow generic paths
+    img = F.pad(img, pad, mode="replicate") if any(pad) else img.contiguous()
     b, ch = img.shape[:2]
     mean = F.avg_pool2d(img, cell).flatten(2).transpose(1, 2)                   # [B, M, C]
     gray = torch.einsum("bchw,c->bhw", img, _GRAY.to(img.device)) if ch == 3 else img.mean(1)
@@ -151,9 +154,12 @@ def visionzip(pyramid: Pyramid, scores, budget: int, *, dominant_ratio: float = 
     ar = torch.arange(b)[:, None]
     sim = torch.bmm(f[ar, rest], f[ar, tgt].transpose(1, 2))           # [B, R, kc]
     assign = sim.argmax(-1)
-    is_t = torch.zeros(b, m, dtype=torch.bool)
-    is_t[ar, tgt] = True
-    assign = torch.where(is_t[ar, rest], (rest[:, :, None] == tgt[:, None, :]).long().argmax(-1), assign)
+    # a target patch is merged into itself: its position in tgt (inverse index, no [B, R, kc]
+    # comparison)
+    which = torch.full((b, m), -1, dtype=torch.long)
+    which[ar, tgt] = torch.arange(kc).expand(b, kc)
+    w_rest = which.gather(1, rest)
+    assign = torch.where(w_rest >= 0, w_rest, assign)
     tot = torch.zeros(b, kc).scatter_add_(1, assign, flat[ar, rest])
     cnt = torch.zeros(b, kc).scatter_add_(1, assign, torch.ones_like(assign, dtype=torch.float))
     prio = flat.clone()
