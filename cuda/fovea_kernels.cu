@@ -145,6 +145,59 @@ void gather_patches_cpu(const LevelTable* T, int batch, int num_tokens, int img_
     }
 }
 
+// fovea_core.sample.render's painter, the same float operations in the same order (so the
+// same pixels): every token's footprint [X - f/2, X + f/2) (f = p 2^l base px) covers the
+// output pixels whose centres fall inside it; a pixel shows the covering token with the
+// smallest key (finest level, then lowest index: key = round(256 level) 2^20 + n, the
+// torch code's priority) and, of it, the sample under the pixel centre. Two passes per
+// image: a z-buffer of keys over every (token, covered pixel), then one write per pixel.
+// `out` [B, C, Ho, Wo] holds the background already; `zbuf` is scratch [Ho * Wo].
+void render_cpu(int batch, int n, int c, int p, int img_h, int img_w, int ho, int wo,
+                float sx, float sy, const float* centers, const float* levels,
+                const float* steps, const float* patches, float* out, long long* zbuf) {
+    const long long none = 0x7fffffffffffffffLL;
+    for (int b = 0; b < batch; ++b) {
+        for (long long k = 0; k < (long long)ho * wo; ++k) zbuf[k] = none;
+        for (int t = 0; t < n; ++t) {
+            const long long e = (long long)b * n + t;
+            const float step = steps[e];
+            const float half = ((float)p * step) / 2.0f;
+            const float cx = centers[2 * e] * (float)img_w, cy = centers[2 * e + 1] * (float)img_h;
+            const float x0 = cx - half, y0 = cy - half;
+            float fj0 = ceilf(x0 * sx - 0.5f), fj1 = ceilf((cx + half) * sx - 0.5f);
+            float fi0 = ceilf(y0 * sy - 0.5f), fi1 = ceilf((cy + half) * sy - 0.5f);
+            fj0 = fminf(fmaxf(fj0, 0.0f), (float)wo); fj1 = fminf(fmaxf(fj1, 0.0f), (float)wo);
+            fi0 = fminf(fmaxf(fi0, 0.0f), (float)ho); fi1 = fminf(fmaxf(fi1, 0.0f), (float)ho);
+            const int j0 = (int)fj0, j1 = (int)fj1, i0 = (int)fi0, i1 = (int)fi1;
+            const long long key = (long long)nearbyintf(levels[e] * 256.0f) * (1LL << 20) + t;
+            for (int i = i0; i < i1; ++i) {
+                long long* row = zbuf + (long long)i * wo;
+                for (int j = j0; j < j1; ++j)
+                    if (key < row[j]) row[j] = key;
+            }
+        }
+        for (int i = 0; i < ho; ++i)
+            for (int j = 0; j < wo; ++j) {
+                const long long key = zbuf[(long long)i * wo + j];
+                if (key == none) continue;
+                const int t = (int)(key & ((1LL << 20) - 1));
+                const long long e = (long long)b * n + t;
+                const float step = steps[e];
+                const float half = ((float)p * step) / 2.0f;
+                const float x0 = centers[2 * e] * (float)img_w - half;
+                const float y0 = centers[2 * e + 1] * (float)img_h - half;
+                long long kx = (long long)floorf((((float)j + 0.5f) / sx - x0) / step);
+                long long ky = (long long)floorf((((float)i + 0.5f) / sy - y0) / step);
+                kx = kx < 0 ? 0 : (kx > p - 1 ? p - 1 : kx);
+                ky = ky < 0 ? 0 : (ky > p - 1 ? p - 1 : ky);
+                const float* src = patches + e * c * p * p + ky * p + kx;
+                float* dst = out + (long long)b * c * ho * wo + (long long)i * wo + j;
+                for (int ch = 0; ch < c; ++ch)
+                    dst[(long long)ch * ho * wo] = src[(long long)ch * p * p];
+            }
+    }
+}
+
 void pyr_down_cpu(const LevelTable* S, int src, const LevelTable* D, int dst, int batch) {
     const int ho = D->h[dst], wo = D->w[dst];
 #pragma omp parallel for schedule(static) if ((long long)batch * ho * wo >= (1 << 18))

@@ -424,6 +424,8 @@ def _cpu_lib() -> ctypes.CDLL:
     lib.remap_lut_cpu.restype = None
     lib.v1_candidates_cpu.argtypes = [_I] * 7 + [_D, _D, _I, _I] + [_P] * 9
     lib.v1_candidates_cpu.restype = None
+    lib.render_cpu.argtypes = [_I] * 8 + [ctypes.c_float, ctypes.c_float] + [_P] * 6
+    lib.render_cpu.restype = None
     lib.select_candidates_cpu.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
     lib.select_candidates_cpu.restype = _I
     return lib
@@ -902,6 +904,23 @@ def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
                   ctypes.c_int(w), _u64(lt), ctypes.c_int(lb), ctypes.c_int(ho), ctypes.c_int(wo),
                   _u64(out)], binding)
     return out
+
+
+def render_into(out: torch.Tensor, tokens: TokenSet, patches: torch.Tensor) -> None:
+    """The CPU painter of :func:`fovea_core.sample.render` (same pixels, same priority):
+    paints ``patches [B, N, C, p, p]`` over ``out [B, C, Ho, Wo]`` (contiguous float32,
+    holding the background), in place. Raises ``RuntimeError`` when no CPU build exists."""
+    _choose("cpu", False)
+    b, n, c, p, _ = patches.shape
+    ho, wo = out.shape[-2:]
+    h, w = tokens.image_size
+    cen = tokens.centers.detach().cpu().float().contiguous()
+    lv = tokens.levels.detach().cpu().float().contiguous()
+    steps = torch.exp2(lv)
+    pat = patches.detach().cpu().float().contiguous()
+    zbuf = torch.empty(ho * wo, dtype=torch.int64)
+    _cpu_lib().render_cpu(b, n, c, p, h, w, ho, wo, ctypes.c_float(wo / w), ctypes.c_float(ho / h),
+                          _ptr(cen), _ptr(lv), _ptr(steps), _ptr(pat), _ptr(out), _ptr(zbuf))
 
 
 def v1_candidates_kernel(plan, backend: str | None = None, *, binding: str | None = None

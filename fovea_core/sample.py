@@ -486,11 +486,14 @@ def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None
     covering token of the **finest level** (among equal levels the lowest index), so coarse
     context lies under fine detail. Pixels no token covers show the background.
 
-    Implementation (vectorised, no loop over tokens or levels): every (token, covered output
-    pixel) pair is enumerated once (``repeat_interleave`` over the footprints), a priority
-    key (level, then index) is reduced per pixel with ``scatter_reduce(amin)``, and the
-    winner's sample is gathered. Work and memory ``O(sum of footprint areas)`` in output
-    pixels (a few times ``H W`` for the allocators of this package).
+    Implementation: on the CPU the painter of :mod:`fovea_core.kernels` (C++, a z-buffer of
+    the priority keys over every (token, covered pixel), then one write per pixel; the same
+    float operations as below, so the same pixels: ``tests/test_sample.py`` compares them).
+    Elsewhere (or without a C++ compiler) the vectorised torch painter: every (token,
+    covered output pixel) pair is enumerated once (``repeat_interleave`` over the
+    footprints), a priority key (level, then index) is reduced per pixel with
+    ``scatter_reduce(amin)``, and the winner's sample is gathered. Work ``O(sum of
+    footprint areas)`` in output pixels (a few times ``H W`` for the allocators here).
 
     Args:
         tokens: the :class:`TokenSet` (``B`` images, ``N`` tokens).
@@ -537,6 +540,32 @@ def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None
                             align_corners=False)
     if n >= 2**_KEY_TOKEN_BITS:
         raise ValueError(f"render supports N < {2**_KEY_TOKEN_BITS} tokens, got {n}")
+    if dev.type == "cpu" and _fast_painter:
+        try:
+            from fovea_core import kernels
+
+            out = out.to(torch.float32).contiguous()
+            kernels.render_into(out, tokens, patches)      # the same pixels, in C++
+            return out.to(patches.dtype)
+        except RuntimeError:                               # no C++ compiler: torch below
+            pass
+    return _render_pairs(tokens, patches, out, (h, w), (ho, wo))
+
+
+#: use the C++ painter of :mod:`fovea_core.kernels` for CPU tensors (tests switch it off to
+#: compare it with the torch painter below, which defines the result)
+_fast_painter = True
+
+
+def _render_pairs(tokens: TokenSet, patches: torch.Tensor, out: torch.Tensor,
+                  image_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """The vectorised torch painter of :func:`render` (any device): every (token, covered
+    pixel) pair enumerated, a ``scatter_reduce(amin)`` of the priority keys per pixel, the
+    winners' samples gathered. ``out [B, C, Ho, Wo]`` holds the background."""
+    b, n, c, p, _ = patches.shape
+    h, w = image_size
+    ho, wo = size
+    dev = patches.device
     tok = tokens.to(dev)
     sy, sx = ho / h, wo / w                                       # output px per base px
     step = torch.exp2(tok.levels).flatten()                       # [B*N] base px per sample

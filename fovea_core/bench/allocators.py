@@ -26,8 +26,8 @@ import torch
 
 from fovea_core.bench.common import time_it, write_result
 
-TARGET_MS_PER_IMAGE = 5.0
-EXEMPT = {"atlas", "lod_dag", "frequency"}          # the issue: report these, no target
+TARGET_MS_PER_IMAGE = 1.0                           # issue 13, at batch 32
+EXEMPT = {"atlas", "frequency"}     # content allocators: content cost reported separately
 SPEEDUP_TARGET = 20.0
 
 
@@ -158,16 +158,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         names = [k for k in names if k in args.only]
     results = {}
+    from fovea_core.allocators import content_cache
     for name in names:
         slow = name in EXEMPT or name in ("divprune", "visionzip")
         reps = max(2, args.repeats // 2) if slow else args.repeats
-        t = time_it(lambda: allocate(name, pyr, scores, n), repeats=reps, warmup=0 if slow else 1)
+        content_cache.clear()
+        cold = None
+        if name in EXEMPT:          # first call: content (superpixels / bands) + allocation
+            cold = time_it(lambda: (content_cache.clear(), allocate(name, pyr, scores, n)),
+                           repeats=max(2, reps // 2), warmup=0)
+        t = time_it(lambda: allocate(name, pyr, scores, n), repeats=reps, warmup=1)
         per = t["median_ms"] / b
         results[name] = {**t, "median_ms_per_image": per,
                          "learned": INFO[name]["learned"], "exempt": name in EXEMPT,
-                         "meets_5ms_target": None if (name in EXEMPT or INFO[name]["learned"])
-                         else per <= TARGET_MS_PER_IMAGE}
-        print(f"{name:22s} {per:8.3f} ms/image (median of {reps}, batch {b})")
+                         "meets_target": None if name in EXEMPT else per <= TARGET_MS_PER_IMAGE}
+        if cold is not None:
+            results[name].update(
+                content_ms_per_image=(cold["median_ms"] - t["median_ms"]) / b,
+                cold_ms_per_image=cold["median_ms"] / b,
+                note="median_ms: allocation with the page's content cached (a budget sweep "
+                     "pays content_ms_per_image once per page)")
+        print(f"{name:22s} {per:8.3f} ms/image (median of {reps}, batch {b})"
+              + (f"  content {results[name]['content_ms_per_image']:.1f} ms/image"
+                 if cold else ""))
     # loop references on a few images, same run
     refs = {}
     k = min(args.ref_images, b)
@@ -202,13 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:22s} loop reference {ref_per:8.2f} ms/image -> speed-up {speed:6.1f}x, "
               f"same selection: {same}")
     write_result("allocators", {
+        "target_ms_per_image_issue13": TARGET_MS_PER_IMAGE,
         "config": {"batch": b, "image_size": args.size, "budget": n, "patch": 16,
                    "grid": list(scores.shape[1:]), "repeats": args.repeats,
                    "threads": args.threads,
                    "target_ms_per_image": TARGET_MS_PER_IMAGE, "exempt": sorted(EXEMPT),
                    "speedup_target": SPEEDUP_TARGET,
-                   "note": "timings on a shared machine are noisy; medians over repeats"},
-        "allocators": results, "references": refs})
+                   "note": "timings on a 2-core machine shared with other jobs are noisy; "
+                           "medians over repeats"},
+        "allocators": results, "references": refs},
+        sources=("fovea_core/bench/allocators.py", "fovea_core/allocators"))
     return 0
 
 
