@@ -198,6 +198,46 @@ void render_cpu(int batch, int n, int c, int p, int img_h, int img_w, int ho, in
     }
 }
 
+// DivPrune's greedy max-min selection (fovea_core.allocators.peers.divprune) for a batch:
+// features laid out [B, D, M] (unit vectors, dimension-major so the distance pass runs
+// along M in SIMD lanes), first[b] the seed patch. Step t adds the patch whose minimum
+// cosine distance 1 - <f_i, f_cur> to the chosen set is largest (ties: lower index), with
+// chosen patches held at -inf. Per image the features (D x M floats) stay in cache for
+// all n - 1 steps; images run in parallel (OpenMP) when the batch is large enough.
+void divprune_cpu(int batch, int m, int d, int n, const float* ft, const long long* first,
+                  long long* chosen, float* scratch) {
+#pragma omp parallel for schedule(dynamic, 1) if (batch >= 4)
+    for (int b = 0; b < batch; ++b) {
+        const float* F = ft + (long long)b * d * m;
+        float* mind = scratch + (long long)b * 2 * m;
+        float* dot = mind + m;
+        for (int i = 0; i < m; ++i) mind[i] = INFINITY;
+        long long cur = first[b];
+        chosen[(long long)b * n] = cur;
+        for (int t = 1; t < n; ++t) {
+            const float c0 = F[cur];
+            for (int i = 0; i < m; ++i) dot[i] = F[i] * c0;
+            for (int k = 1; k < d; ++k) {
+                const float ck = F[(long long)k * m + cur];
+                const float* row = F + (long long)k * m;
+                for (int i = 0; i < m; ++i) dot[i] = dot[i] + row[i] * ck;
+            }
+            for (int i = 0; i < m; ++i) {
+                const float dist = 1.0f - dot[i];
+                mind[i] = dist < mind[i] ? dist : mind[i];
+            }
+            mind[cur] = -INFINITY;
+            float best = -INFINITY;                       // the largest value (SIMD), then
+#pragma omp simd reduction(max : best)                    // its first index (no NaN here)
+            for (int i = 0; i < m; ++i) best = mind[i] > best ? mind[i] : best;
+            long long arg = 0;
+            while (mind[arg] != best) ++arg;
+            cur = arg;
+            chosen[(long long)b * n + t] = cur;
+        }
+    }
+}
+
 void pyr_down_cpu(const LevelTable* S, int src, const LevelTable* D, int dst, int batch) {
     const int ho = D->h[dst], wo = D->w[dst];
 #pragma omp parallel for schedule(static) if ((long long)batch * ho * wo >= (1 << 18))

@@ -424,6 +424,8 @@ def _cpu_lib() -> ctypes.CDLL:
     lib.remap_lut_cpu.restype = None
     lib.v1_candidates_cpu.argtypes = [_I] * 7 + [_D, _D, _I, _I] + [_P] * 9
     lib.v1_candidates_cpu.restype = None
+    lib.divprune_cpu.argtypes = [_I, _I, _I, _I, _P, _P, _P, _P]
+    lib.divprune_cpu.restype = None
     lib.render_cpu.argtypes = [_I] * 8 + [ctypes.c_float, ctypes.c_float] + [_P] * 6
     lib.render_cpu.restype = None
     lib.select_candidates_cpu.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
@@ -904,6 +906,20 @@ def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
                   ctypes.c_int(w), _u64(lt), ctypes.c_int(lb), ctypes.c_int(ho), ctypes.c_int(wo),
                   _u64(out)], binding)
     return out
+
+
+def divprune_greedy(features: torch.Tensor, first: torch.Tensor, budget: int) -> torch.Tensor:
+    """DivPrune's greedy max-min selection on the CPU: ``features [B, M, D]`` (unit rows),
+    ``first [B]`` seed indices -> chosen indices ``[B, budget]`` (C++; the torch loop in
+    :func:`fovea_core.allocators.peers.divprune` is the same rule on other devices)."""
+    _choose("cpu", False)
+    b, m, d = features.shape
+    ft = features.detach().float().cpu().transpose(1, 2).contiguous()          # [B, D, M]
+    fst = first.detach().long().cpu().contiguous()
+    chosen = torch.empty(b, budget, dtype=torch.int64)
+    scratch = torch.empty(b * 2 * m, dtype=torch.float32)
+    _cpu_lib().divprune_cpu(b, m, d, budget, _ptr(ft), _ptr(fst), _ptr(chosen), _ptr(scratch))
+    return chosen
 
 
 def render_into(out: torch.Tensor, tokens: TokenSet, patches: torch.Tensor) -> None:

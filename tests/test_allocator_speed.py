@@ -38,3 +38,16 @@ def test_separable_nearest_centre_equals_the_direct_argmin():
     c = torch.rand(20, 2, generator=g) - 0.5
     direct = ((off[:, :, None, :] - c) ** 2).sum(-1).argmin(-1)
     assert torch.equal(_nearest_centre((gh, gw), off, c), direct)
+
+
+def test_divprune_cpp_greedy_equals_the_torch_loop():
+    """The C++ greedy (CPU) selects what the batched torch loop selects: random features
+    (no near ties), a blank region of identical features (exact ties to the lower index)."""
+    from fovea_core import kernels as K
+    from fovea_core.allocators.peers import _divprune_torch, _unit
+
+    g = torch.Generator().manual_seed(2)
+    f = _unit(torch.randn(3, 300, 19, generator=g))
+    f[2, 100:200] = f[2, 100]                                      # a blank region
+    first = torch.tensor([0, 17, 150])
+    assert torch.equal(K.divprune_greedy(f, first, 40), _divprune_torch(f, first, 40))

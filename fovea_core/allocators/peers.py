@@ -96,8 +96,9 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
     patch (our choice; DivPrune itself uses only feature distances), then it adds the
     patch whose minimum distance to the selected set is largest (ties: lower index), until
     ``budget``. The greedy insertion is inherently sequential: a loop of ``budget - 1``
-    steps, each a batched ``[B, M, D]`` matrix-vector product. ``features`` ``[B, M, D]``
-    overrides :func:`patch_features`.
+    steps: on the CPU in C++ (:func:`fovea_core.kernels.divprune_greedy`; per image the
+    features stay in cache for all steps), elsewhere batched ``[B, M, D]`` products in torch.
+    ``features`` ``[B, M, D]`` overrides :func:`patch_features`.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="divprune")
     fix = resolve_fixation(fixation, s)
@@ -106,11 +107,28 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
     b, m = flat.shape
     if f.shape[:2] != (b, m):
         raise ValueError(f"divprune: features must be [B, Gh*Gw, D] = [{b}, {m}, D], got {list(f.shape)}")
-    ar = torch.arange(b)
     cur = order(flat)[:, 0]
-    chosen = torch.empty(b, n, dtype=torch.long)
+    chosen = None
+    if f.device.type == "cpu":
+        try:                                    # the same rule in C++, features in cache
+            from fovea_core import kernels
+            chosen = kernels.divprune_greedy(f, cur, n)
+        except RuntimeError:                    # no C++ compiler: the torch loop below
+            chosen = None
+    if chosen is None:
+        chosen = _divprune_torch(f, cur, n)
+    return cells_to_tokens(candidate_grid(pyramid, [0], patch), chosen, flat,
+                           pyramid.image_size, fix, patch)
+
+
+def _divprune_torch(f: torch.Tensor, cur: torch.Tensor, n: int) -> torch.Tensor:
+    """The greedy max-min loop in torch (any device): ``f [B, M, D]`` unit features, ``cur
+    [B]`` seeds -> ``[B, n]``; ``n - 1`` batched steps, each a ``[B, M, D]`` product."""
+    b, m, _ = f.shape
+    ar = torch.arange(b, device=f.device)
+    chosen = torch.empty(b, n, dtype=torch.long, device=f.device)
     chosen[:, 0] = cur
-    mind = torch.full((b, m), float("inf"))
+    mind = torch.full((b, m), float("inf"), device=f.device)
     ft = f.transpose(1, 2).contiguous()                                # [B, D, M]
     for t in range(1, n):                                              # greedy steps
         d = 1 - torch.bmm(f[ar, cur][:, None, :], ft)[:, 0]            # [B, M]
@@ -118,8 +136,7 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
         mind[ar, cur] = -float("inf")
         cur = mind.argmax(1)
         chosen[:, t] = cur
-    return cells_to_tokens(candidate_grid(pyramid, [0], patch), chosen, flat,
-                           pyramid.image_size, fix, patch)
+    return chosen
 
 
 @register("visionzip", family="peers", version="peer", content=True, reads=_reads)
