@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import os
 import re
@@ -226,11 +227,52 @@ def coarse_view(image: ImageLike, coarse_level: int) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=1)
+def _disk_cache():
+    """The on-disk store of coarse-view OCR results (``data/cache/coarse_ocr``; None when
+    ``FOVEA_NO_DISK_CACHE`` is set), one SQLite file per OCR library version set."""
+    if os.environ.get("FOVEA_NO_DISK_CACHE"):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from fovea_core.eval.reader import _Cache
+    from fovea_core.paths import project_root
+
+    vers = []
+    for lib in ("rapidocr", "onnxruntime", "opencv-python-headless"):
+        try:
+            vers.append(f"{lib}-{version(lib)}")
+        except PackageNotFoundError:
+            vers.append(f"{lib}-absent")
+    tag = hashlib.sha1("|".join(vers).encode()).hexdigest()[:12]
+    return _Cache(project_root() / "data" / "cache" / "coarse_ocr" / f"reads-{tag}.sqlite")
+
+
+def _read_text_cached(img: np.ndarray, key: tuple):
+    """:func:`read_text` of ``img`` through the disk cache (JSON: boxes, texts, conf)."""
+    cache = _disk_cache()
+    k = hashlib.sha1(repr(key).encode()).hexdigest()
+    text = None if cache is None else cache.get(k)
+    if text is not None:
+        d = json.loads(text)
+        from fovea_core.importance.text import TextRead
+
+        return TextRead(np.asarray(d["boxes"], np.float32).reshape(-1, 4), tuple(d["texts"]),
+                        np.asarray(d["conf"], np.float32))
+    r = read_text(img, min_conf=key[2])
+    if cache is not None:
+        cache.put(k, json.dumps(dict(boxes=np.asarray(r.boxes).tolist(), texts=list(r.texts),
+                                     conf=np.asarray(r.conf).tolist())))
+    return r
+
+
 def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> list:
     """OCR of the peripheral view of every image: list of :class:`TextRead` in BASE pixels.
 
     Reads are cached by a SHA-1 of the coarse view's bytes (LRU, ``READ_CACHE_SIZE``
-    entries), so several questions about one page run the OCR once.
+    entries), so several questions about one page run the OCR once, and on disk
+    (:func:`_disk_cache`, keyed also by the OCR libraries' versions), so chapters and
+    worker processes share them.
     """
     x, _ = prepare(image, 1)
     h, w = x.shape[-2:]
@@ -240,7 +282,7 @@ def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.
     for img in to_uint8_bgr(small):                  # one OCR call per image of the batch
         key = (hashlib.sha1(img.tobytes()).hexdigest(), img.shape, float(min_conf))
         if key not in _READ_CACHE:
-            _lru_put(_READ_CACHE, key, read_text(img, min_conf=min_conf), READ_CACHE_SIZE)
+            _lru_put(_READ_CACHE, key, _read_text_cached(img, key), READ_CACHE_SIZE)
         r = _READ_CACHE[key]
         reads.append(type(r)(r.boxes * np.float32([sx, sy, sx, sy]), r.texts, r.conf))
     return reads
