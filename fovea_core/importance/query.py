@@ -289,7 +289,8 @@ def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.
 
 
 def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level: int = 1,
-                 min_conf: float = 0.5, rows: bool = True, return_reads: bool = False):
+                 min_conf: float = 0.5, rows: bool = True, prior: bool = True,
+                 return_reads: bool = False):
     """Query-aware score map ``[B, Gh, Gw]`` (see the module docstring for the formula).
 
     Args:
@@ -300,6 +301,10 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
         min_conf: drop recognised lines below this recognition confidence.
         rows: paint each line's weight also over the rest of its row to the right
             (:func:`extend_along_rows`: the value next to a matching label).
+        prior: multiply by the spatial prior of the question's words
+            (:func:`spatial_prior`); ``False`` is the ablation without it (its word lists
+            were written knowing the evaluation's question templates, so chapter 07 measures
+            what it adds on reworded questions).
         return_reads: also return the per-image OCR reads and their similarities.
 
     Returns:
@@ -319,7 +324,7 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
     all_texts = [t for r in reads for t in r.texts]
     emb = embed([q] + all_texts)
     sims_all = emb[1:] @ emb[0] if all_texts else np.zeros(0, np.float32)
-    prior = spatial_prior(q, (gh, gw), (h, w), patch)
+    mask = spatial_prior(q, (gh, gw), (h, w), patch) if prior else torch.ones(gh, gw)
     maps, sims, start = [], [], 0
     for r in reads:                                     # loop over the batch
         k = len(r.texts)
@@ -335,6 +340,6 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
             sem = (cov * (s.clamp_min(0) ** 2)[:, None, None]).amax(0)
         else:
             sem = presence = torch.zeros(gh, gw)
-        maps.append(prior * (sem + ALPHA_TEXT * presence + BETA_FLOOR))
+        maps.append(mask * (sem + ALPHA_TEXT * presence + BETA_FLOOR))
     out = normalise(torch.stack(maps))
     return (out, reads, sims) if return_reads else out
