@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fovea_core.biology import check_eccentricity
+from fovea_core.rounding import largest_remainder as _hamilton
 
 HORTON_HOYT_K: float = 17.3   # mm (Horton & Hoyt 1991)
 HORTON_HOYT_E0: float = 0.75  # deg (Horton & Hoyt 1991)
@@ -162,6 +163,10 @@ def largest_remainder(weights, total: int) -> np.ndarray:
     """Integer counts proportional to ``weights`` that sum exactly to ``total``
     (Hamilton / largest-remainder rounding; ties go to the lower index).
 
+    Validates its arguments (all-zero weights are an error here) and calls
+    :func:`fovea_core.rounding.largest_remainder`, the one implementation the allocators use
+    too.
+
     Args:
         weights: 1-D, finite, >= 0, not all zero.
         total: non-negative integer.
@@ -173,14 +178,12 @@ def largest_remainder(weights, total: int) -> np.ndarray:
         raise ValueError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ValueError("weights must be finite, >= 0 and not all zero")
-    if int(total) != total or total < 0:
-        raise ValueError(f"total must be a non-negative integer, got {total}")
-    quota = w / w.sum() * int(total)
-    base = np.floor(quota).astype(np.int64)
-    left = int(total) - int(base.sum())
-    order = np.lexsort((np.arange(w.size), -(quota - base)))  # largest remainder first
-    base[order[:left]] += 1
-    return base
+    integral = isinstance(total, (int, np.integer)) or (
+        isinstance(total, (float, np.floating)) and bool(np.isfinite(total))
+        and float(total).is_integer())
+    if isinstance(total, bool) or not integral or total < 0:
+        raise ValueError(f"total must be a non-negative integer, got {total!r}")
+    return _hamilton(w, int(total))
 
 
 def band_weights(edges_deg, model: str = "cortex", k: float = HORTON_HOYT_K,
