@@ -150,9 +150,11 @@ def cortical_grid(max_ecc_deg: float, n_u: int, n_v: int, a: float = HORTON_HOYT
     near the fovea, which is what the ``a`` term does). Cell centres are used, so no point
     falls exactly on the boundary.
     """
+    _check_params(k, a)
     e = float(check_eccentricity(max_ecc_deg, "max_ecc_deg"))
-    if n_u < 1 or n_v < 1:
-        raise ValueError(f"n_u and n_v must be >= 1, got {n_u}, {n_v}")
+    for name, n in (("n_u", n_u), ("n_v", n_v)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {n!r}")
     u = np.log(a) + (np.arange(n_u) + 0.5) / n_u * (np.log(e + a) - np.log(a))
     v = -np.pi / 2 + (np.arange(n_v) + 0.5) / n_v * np.pi
     z = np.exp(u[:, None] + 1j * v[None, :]) - a
@@ -224,6 +226,8 @@ def band_budget(edges_deg, budget: int, k: float = HORTON_HOYT_K, e0: float = HO
     Returns:
         int64 ``[n_bands]``.
     """
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ValueError(f"budget must be an int >= 0 (tokens), got {budget!r}")
     w = band_weights(edges_deg, model, k, e0)
     if coverage is not None:
         c = np.asarray(coverage, dtype=float)
@@ -249,8 +253,13 @@ def annulus_coverage(edges_deg, half_width_deg: float, half_height_deg: float,
     edges = check_eccentricity(edges_deg, "edges_deg")
     if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
         raise ValueError("edges_deg must be 1-D, strictly increasing, with >= 2 entries")
-    if not (half_width_deg > 0 and half_height_deg > 0):
-        raise ValueError("half_width_deg and half_height_deg must be > 0")
+    if not (np.isfinite(half_width_deg) and np.isfinite(half_height_deg)
+            and half_width_deg > 0 and half_height_deg > 0):
+        raise ValueError("half_width_deg and half_height_deg must be finite and > 0, got "
+                         f"{half_width_deg}, {half_height_deg}")
+    fix = np.asarray(fixation_deg, dtype=float)
+    if fix.shape != (2,) or not np.all(np.isfinite(fix)):
+        raise ValueError(f"fixation_deg must be a finite (x, y) in deg, got {fixation_deg!r}")
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}")
     fx, fy = (float(v) for v in fixation_deg)

@@ -41,7 +41,12 @@ RF_MODELS = ("prf_sigma", "acuity", "cortical", "midget_spacing")
 
 
 def prf_sigma(ecc_deg, intercept: float = HARVEY_SIGMA0, slope: float = HARVEY_SLOPE):
-    """V1 pRF Gaussian sigma (deg): ``intercept + slope * E`` (Harvey & Dumoulin 2011)."""
+    """V1 pRF Gaussian sigma (deg): ``intercept + slope * E`` (Harvey & Dumoulin 2011;
+    the default constants are unverified, see the module docstring)."""
+    if not (np.isfinite(intercept) and intercept > 0):
+        raise ValueError(f"intercept must be finite and > 0 deg, got {intercept}")
+    if not (np.isfinite(slope) and slope >= 0):
+        raise ValueError(f"slope must be finite and >= 0 deg/deg, got {slope}")
     e = check_eccentricity(ecc_deg)
     return intercept + slope * e
 
@@ -49,6 +54,8 @@ def prf_sigma(ecc_deg, intercept: float = HARVEY_SIGMA0, slope: float = HARVEY_S
 def pooling_diameter(ecc_deg, scaling: float = FREEMAN_V2_SCALING):
     """Pooling-region diameter (deg) ``s * E`` (Freeman & Simoncelli 2011; V2 s ~ 0.46).
     Zero at the fovea: the law is meant for the periphery."""
+    if not (np.isfinite(scaling) and scaling > 0):
+        raise ValueError(f"scaling must be finite and > 0, got {scaling}")
     e = check_eccentricity(ecc_deg)
     return scaling * e
 

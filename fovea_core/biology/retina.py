@@ -248,6 +248,8 @@ def cone_density_xy_mm(x_mm, y_mm):
     between the four meridians with the same elliptical rule as :func:`density_xy`.
     ``x > 0`` = temporal retina, ``y > 0`` = superior retina. Defined up to 17.91 mm."""
     x, y = np.broadcast_arrays(np.asarray(x_mm, dtype=float), np.asarray(y_mm, dtype=float))
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("x_mm and y_mm must be finite (no NaN/inf)")
     r = np.hypot(x, y)
     dh = np.where(x >= 0, cone_density_mm(r, "temporal"), cone_density_mm(r, "nasal"))
     dv = np.where(y >= 0, cone_density_mm(r, "superior"), cone_density_mm(r, "inferior"))
