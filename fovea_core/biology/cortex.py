@@ -1,14 +1,25 @@
 """V1 cortical magnification, cortical-area integrals, the complex-log map, token budgets.
 
 * Horton & Hoyt (1991), Arch Ophthalmol 109:816-824: linear magnification of human V1
-  ``M(E) = k / (E + e0)`` mm/deg with ``k = 17.3 mm`` and ``e0 = 0.75 deg`` (their eq. for
-  M from the scotoma data). ``k`` is a constant, not the foveal value:
-  ``M(0) = 17.3 / 0.75 = 23.07 mm/deg``.
+  ``M(E) = k / (E + e0)`` mm/deg with ``k = 17.3 mm`` and ``e0 = 0.75 deg`` (the standard
+  form of their fit to the scotoma data; status "unverified" in
+  ``data/biology/published_anchors.csv``: the paper was not re-read here). ``k`` is a
+  constant, not the foveal value: ``M(0) = 17.3 / 0.75 = 23.07 mm/deg``.
 * Areal magnification is ``M^2`` (mm^2/deg^2), assuming local isotropy.
 * Cortical area of the visual disc of radius E: a ring ``[eps, eps + d eps]`` of one
   hemifield has visual area ``pi * eps * d eps`` and maps to ``pi * eps * M(eps)^2 d eps`` mm^2,
   so per hemisphere ``A(E) = pi k^2 [ln((E + e0)/e0) - E/(E + e0)]`` (closed form of that
   integral; ``hemifields=2`` for both hemispheres).
+* **The half-disc assumption.** ``A(E)`` integrates a half-disc of radius ``E`` at every
+  polar angle. The real hemifield is not a half-disc: the nasal field of the eye on the
+  same side ends near 60 deg, the superior field near 60 deg and the inferior near
+  70-75 deg; only the other eye's temporal field reaches 90 deg and beyond (approximate
+  textbook limits). So "the V1 total" ``A(90)`` (3,577 mm^2 per hemisphere with Horton &
+  Hoyt) is a half-disc total, an upper-end value, and every "share of V1" divided by it
+  inherits that assumption (``A(60)`` is 10 % smaller).
+* Independent check: Dougherty et al. (2003, abstract) measured a mean V1 area of 1,470 mm^2
+  between 2 and 12 deg (per hemisphere, fMRI, 14 hemispheres), varying about 2.5-fold
+  across people; Horton & Hoyt's law gives 1,241 mm^2 (``tests/test_biology.py``).
 * Schwartz (1980), Vision Res 20:645-669 (after Schwartz 1977, Biol Cybern 25:181): complex-log map
   ``w = k log(z + a)``; ``a ~ 0.75 deg`` (Horton & Hoyt's e0), Schira et al. (2010) use 1.05.
 
@@ -26,7 +37,8 @@ from fovea_core.rounding import largest_remainder as _hamilton
 HORTON_HOYT_K: float = 17.3   # mm (Horton & Hoyt 1991)
 HORTON_HOYT_E0: float = 0.75  # deg (Horton & Hoyt 1991)
 #: Dougherty et al. (2003) V1 fit of M(E) = A / (E + E2), as commonly quoted:
-#: A = 29.2 mm, E2 = 3.67 deg (fMRI, central 12 deg; not re-checked against the paper here).
+#: A = 29.2 mm, E2 = 3.67 deg (fMRI, central 12 deg). UNVERIFIED: not checked against the
+#: paper here (published_anchors.csv). Only the 2-12 deg V1 area (1,470 mm^2) was.
 DOUGHERTY_K: float = 29.2
 DOUGHERTY_E0: float = 3.67
 #: Schira et al. (2010) foveal parameter of the log map (deg).
@@ -69,6 +81,11 @@ def cortical_area(ecc_deg, k: float = HORTON_HOYT_K, e0: float = HORTON_HOYT_E0,
 
     ``A(E) = h * pi * k^2 [ln((E + e0)/e0) - E/(E + e0)]`` = ``int_0^E h pi eps M(eps)^2 d eps``,
     with ``h`` hemifields (1 = one hemisphere, which represents one hemifield).
+
+    Assumes the hemifield is a half-disc of radius ``E`` at every polar angle. For large
+    ``E`` that overstates the field (the nasal field ends near 60 deg, see the module
+    docstring): ``cortical_area(90)`` is the V1 total *of a 0-90 deg half-disc*, not of the
+    real visual field.
     """
     _check_params(k, e0)
     _check_hemifields(hemifields)
