@@ -409,12 +409,11 @@ def _choose(backend: str | None, on_cuda: bool) -> str:
 
 # ============================================================================ public kernels
 def gather_patches(pyramid: Pyramid | PackedPyramid, tokens: TokenSet, patch: int | None = None,
-                   backend: str | None = None, *, lod: torch.Tensor | None = None
-                   ) -> torch.Tensor:
+                   backend: str | None = None) -> torch.Tensor:
     """Kernel version of :func:`fovea_core.sample.sample`: ``[B, N, C, p, p]`` float32.
 
-    Same convention (bilinear, clamp-to-edge, spacing one level-``l`` pixel); ``lod``
-    ``[B, N]`` fractional levels switch to trilinear. Pass a :class:`PackedPyramid` (e.g.
+    Same convention (bilinear, clamp-to-edge, spacing one level-``l`` pixel); fractional
+    ``tokens.levels`` are read trilinearly. Pass a :class:`PackedPyramid` (e.g.
     from :func:`build_packed_pyramid`) to skip packing. The result lives on the device of the
     backend (CPU tensor for ``"cpu"``, CUDA tensor for ``"cuda"``).
     """
@@ -426,13 +425,11 @@ def gather_patches(pyramid: Pyramid | PackedPyramid, tokens: TokenSet, patch: in
     if packed.batch != b or packed.image_size != tuple(tokens.image_size):
         raise ValueError(f"pyramid (B={packed.batch}, size={packed.image_size}) does not match "
                          f"tokens (B={b}, size={tokens.image_size})")
-    lods = (tokens.levels if lod is None else lod).to(torch.float32)
-    if lods.shape != (b, n):
-        raise ValueError(f"lod must be [B, N] = [{b}, {n}], got {tuple(lods.shape)}")
+    lods = tokens.levels
     nl = packed.num_levels
-    if float(lods.min()) < 0 or float(lods.max()) > nl - 1:
-        raise ValueError(f"token levels must lie in [0, {nl - 1}], got "
-                         f"[{float(lods.min())}, {float(lods.max())}]")
+    if float(lods.max()) > nl - 1:
+        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
+                         f"levels), got a level {float(lods.max()):g}")
     h, w = packed.image_size
     c = packed.channels
     be = _choose(backend, packed.device.type == "cuda")

@@ -84,17 +84,19 @@ def overlay_tokens(ax: Axes, image: np.ndarray | torch.Tensor | Pyramid, tokens:
     verts = box_vertices(boxes)                                                 # [N, 4, 2]
     added = []
     if color_by == "level":
-        colors = level_colors(int(levels.max()) + 1)
+        cmap = mpl.colormaps[LEVEL_CMAP]
+        top = max(float(levels.max()), 1.0)
         handles = []
-        for lv in np.unique(levels):                                             # few levels
+        for lv in np.unique(levels):                                  # few distinct levels
             sel = levels == lv
-            coll = PolyCollection(verts[sel], facecolors="none", edgecolors=colors[lv],
-                                   linewidth=linewidth, label=f"level {lv}")
+            color = cmap(0.9 * float(lv) / top)
+            coll = PolyCollection(verts[sel], facecolors="none", edgecolors=[color],
+                                   linewidth=linewidth, label=f"level {lv:g}")
             ax.add_collection(coll)
             added.append(coll)
-            side = tokens.patch * 2**int(lv)
-            handles.append(Patch(facecolor="none", edgecolor=colors[lv],
-                                 label=f"level {lv} ({side}px): {int(sel.sum())}"))
+            side = tokens.patch * 2.0**float(lv)
+            handles.append(Patch(facecolor="none", edgecolor=color,
+                                 label=f"level {lv:g} ({side:.0f}px): {int(sel.sum())}"))
         ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.8)
     else:
         scores = _pick(tokens.scores, index, "token sets").cpu().numpy()

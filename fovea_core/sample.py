@@ -22,13 +22,15 @@ Coordinate conventions (shared with :mod:`fovea_core.tokens` and ``cuda/fovea_ke
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["remap", "sample", "sample_positions", "render"]
+__all__ = ["check_sample_args", "remap", "sample", "sample_positions", "render"]
 
 
 # --------------------------------------------------------------------------- remap (LUT)
@@ -71,16 +73,14 @@ def remap(image: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- patch gather
-def sample_positions(tokens: TokenSet, patch: int | None = None,
-                     lod: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_positions(tokens: TokenSet, patch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Continuous base-pixel sample positions of every token, ``([B,N,p], [B,N,p])`` (X, Y).
 
-    ``X_k = x W + (k - (p - 1)/2) 2**lod``; ``lod`` defaults to ``tokens.levels``.
+    ``X_k = x W + (k - (p - 1)/2) 2**level`` (``level`` may be fractional).
     """
     p = tokens.patch if patch is None else int(patch)
-    lod = tokens.levels.float() if lod is None else lod.float()
     h, w = tokens.image_size
-    step = torch.pow(2.0, lod)[..., None]                                   # [B, N, 1]
+    step = torch.exp2(tokens.levels)[..., None]                             # [B, N, 1]
     k = torch.arange(p, device=tokens.device, dtype=torch.float32) - (p - 1) / 2
     xs = tokens.centers[..., 0:1] * w + k * step
     ys = tokens.centers[..., 1:2] * h + k * step
@@ -111,45 +111,65 @@ def _bilinear_clamped(level: torch.Tensor, bidx: torch.Tensor, u: torch.Tensor,
     return out.permute(0, 3, 1, 2)
 
 
-def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
-           lod: torch.Tensor | None = None) -> torch.Tensor:
-    """Read every token's ``p x p`` patch from the pyramid: ``[B, N, C, p, p]``.
-
-    Token ``n`` of image ``b`` at level ``l`` and centre ``(x, y)`` samples a ``p x p`` grid
-    with spacing one level-``l`` pixel (``p * 2**l`` base pixels in all) centred on
-    ``(x W, y H)``, bilinear, with **clamp-to-edge** (replicate) borders: a sample outside
-    level ``l`` takes the value of the nearest edge pixel. See the module docstring for the
-    exact coordinate formula. Grid-aligned tokens (``TokenSet.from_grid``) read pixels exactly.
-
-    Args:
-        pyramid: :class:`~fovea_core.pyramid.Pyramid` with levels ``[B, C, H_l, W_l]``.
-        tokens: :class:`~fovea_core.tokens.TokenSet` with the same ``B`` and ``image_size``.
-        patch: samples per side; default ``tokens.patch``.
-        lod: optional fractional level ``[B, N]`` (trilinear between ``floor`` and
-            ``floor + 1``); default ``tokens.levels`` (pure bilinear).
-
-    Vectorised: one batched gather per pyramid level used, never a loop over tokens.
-    """
-    p = tokens.patch if patch is None else int(patch)
-    if p < 1:
-        raise ValueError(f"patch must be >= 1, got {p}")
-    b, n = tokens.levels.shape
+def check_sample_args(pyramid: Pyramid, tokens: TokenSet, patch: int | None) -> int:
+    """Validate :func:`sample`'s arguments (shared with the kernels); return ``p``."""
+    if not isinstance(pyramid, Pyramid):
+        raise TypeError(f"pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
+    if not isinstance(tokens, TokenSet):
+        raise TypeError(f"tokens must be a fovea_core TokenSet, got {type(tokens).__name__}")
+    p = tokens.patch if patch is None else patch
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"patch must be an int >= 1, got {p!r}")
+    b = tokens.batch_size
     if pyramid.batch_size != b:
         raise ValueError(f"pyramid batch {pyramid.batch_size} != tokens batch {b}")
     if tuple(pyramid.image_size) != tuple(tokens.image_size):
         raise ValueError(f"pyramid image_size {pyramid.image_size} != tokens.image_size "
                          f"{tokens.image_size}")
+    top = pyramid.num_levels - 1
+    lmax = float(tokens.levels.max())
+    if lmax > top:
+        raise ValueError(f"tokens.levels must lie in [0, {top}] (the pyramid has "
+                         f"{pyramid.num_levels} levels), got a level {lmax:g}")
+    return p
+
+
+def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torch.Tensor:
+    """Read every token's ``p x p`` patch from the pyramid: ``[B, N, C, p, p]``.
+
+    Token ``n`` of image ``b`` at level ``l`` and centre ``(x, y)`` samples a ``p x p`` grid
+    with spacing ``2**l`` base pixels (one level-``l`` pixel; ``p * 2**l`` base pixels in
+    all) centred on ``(x W, y H)``, with **clamp-to-edge** (replicate) borders: a sample
+    outside the image takes the value of the nearest edge pixel. See the module docstring
+    for the exact coordinate formula.
+
+    * Integer ``l``: bilinear in mip level ``l``. Grid-aligned tokens
+      (``TokenSet.from_grid``) read pixels exactly (no interpolation).
+    * Fractional ``l`` (any scale): **trilinear**, the OpenGL mip-mapping rule
+      [Williams 1983]: the same base positions read bilinearly in levels ``floor(l)`` and
+      ``floor(l) + 1`` and blended with weights ``1 - frac`` and ``frac``. The pyramid's
+      levels are low-pass filtered before decimation, so the blend of two filtered levels
+      approximates an area resample at scale ``2**-l`` (anti-aliased); the test
+      ``test_fractional_level_matches_area_resample`` checks it against ``cv2.resize``
+      with ``INTER_AREA`` and shows that reading level ``floor(l)`` alone aliases.
+
+    Args:
+        pyramid: :class:`~fovea_core.pyramid.Pyramid` with levels ``[B, C, H_l, W_l]``.
+        tokens: :class:`~fovea_core.tokens.TokenSet` with the same ``B`` and ``image_size``,
+            levels in ``[0, pyramid.num_levels - 1]``.
+        patch: samples per side; default ``tokens.patch``.
+
+    Vectorised: one batched gather per pyramid level used, never a loop over tokens.
+    """
+    p = check_sample_args(pyramid, tokens, patch)
+    b, n = tokens.levels.shape
     nl = pyramid.num_levels
-    lod_t = tokens.levels.float() if lod is None else lod.to(torch.float32)
-    if lod_t.shape != (b, n):
-        raise ValueError(f"lod must be [B, N] = [{b}, {n}], got {tuple(lod_t.shape)}")
-    if lod_t.min() < 0 or lod_t.max() > nl - 1:
-        raise ValueError(f"token levels must lie in [0, {nl - 1}] (pyramid has {nl} levels), "
-                         f"got [{float(lod_t.min())}, {float(lod_t.max())}]")
     dev = pyramid.base.device
-    xs, ys = sample_positions(tokens.to(dev), p, lod_t.to(dev))              # [B, N, p]
-    lo = torch.floor(lod_t).long().clamp(max=nl - 1).to(dev)
-    frac = (lod_t.to(dev) - lo.float())
+    tok = tokens.to(dev)
+    xs, ys = sample_positions(tok, p)                                       # [B, N, p]
+    lod = tok.levels
+    lo = torch.floor(lod).long().clamp(max=nl - 1)
+    frac = lod - lo.float()
     out = pyramid.base.new_zeros(b * n, pyramid.channels, p, p)
     xs, ys, lo, frac = xs.reshape(b * n, p), ys.reshape(b * n, p), lo.reshape(-1), frac.reshape(-1)
     bidx = torch.arange(b, device=dev).repeat_interleave(n)
@@ -167,70 +187,126 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
 
 
 # --------------------------------------------------------------------------- render
+#: bits of the render priority key below the level: the token index (lowest wins a tie)
+_KEY_TOKEN_BITS = 20
+
+
+def _check_size(size: tuple[int, int] | None, default: tuple[int, int]) -> tuple[int, int]:
+    """``size`` as two positive ints (``default`` when ``None``); ValueError naming ``size``."""
+    if size is None:
+        return default
+    try:
+        ho, wo = (operator.index(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"size must be (H, W) with two positive ints, got {size!r}") from None
+    if ho < 1 or wo < 1:
+        raise ValueError(f"size must be (H, W) with H, W >= 1, got {size!r}")
+    return ho, wo
+
+
 def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None = None, *,
            background: Pyramid | torch.Tensor | None = None) -> torch.Tensor:
     """Foveated reconstruction: paint every token's patch over its footprint, ``[B, C, H, W]``.
 
-    Each token's ``p x p`` patch is painted over its square footprint (``p * 2**level`` base
-    pixels; each sample becomes a ``2**level`` block, nearest-neighbour), **coarse levels
-    first, finer levels on top**; pixels no token covers show the background.
+    Token ``n`` (centre ``(X, Y)`` in base pixels, level ``l``, footprint ``f = p 2**l``)
+    covers the base-pixel square ``[X - f/2, X + f/2) x [Y - f/2, Y + f/2)``; sample
+    ``(k_y, k_x)`` of its patch fills the sub-square of side ``2**l`` at
+    ``k = floor((coord - (X - f/2)) / 2**l)`` (nearest-neighbour upsampling; any level,
+    integer or not, and off-grid centres are placed exactly). An output pixel shows the
+    covering token of the **finest level** (among equal levels the lowest index), so coarse
+    context lies under fine detail. Pixels no token covers show the background.
 
-    Implementation (vectorised): per level ``l`` the patches are scattered into a canvas at
-    level-``l`` resolution at the token's cell, whose top-left is ``round(X / 2^l - p/2)``
-    (so off-grid centres move by at most half a level-``l`` pixel), then the canvas and its
-    coverage mask are upsampled (nearest) to ``size`` and composited.
+    Implementation (vectorised, no loop over tokens or levels): every (token, covered output
+    pixel) pair is enumerated once (``repeat_interleave`` over the footprints), a priority
+    key (level, then index) is reduced per pixel with ``scatter_reduce(amin)``, and the
+    winner's sample is gathered. Work and memory ``O(sum of footprint areas)`` in output
+    pixels (a few times ``H W`` for the allocators of this package).
 
     Args:
         tokens: the :class:`TokenSet` (``B`` images, ``N`` tokens).
-        patches: ``[B, N, C, p, p]`` from :func:`sample` (or a kernel).
-        size: output ``(H, W)``; default ``tokens.image_size``.
-        background: fills the gaps. A :class:`Pyramid`: its **coarsest level**, bilinearly
-            upsampled (what the issue asks for); a tensor ``[B, C, h, w]``: resized bilinearly;
-            ``None``: each image's mean token colour.
+        patches: ``[B, N, C, p, p]`` from :func:`sample` (or a kernel), ``p = tokens.patch``.
+        size: output ``(H, W)`` (positive ints); default ``tokens.image_size``. Footprints
+            are scaled to it.
+        background: fills the gaps. A :class:`Pyramid` of the same images (its levels must
+            include every token's level): its **coarsest level**, bilinearly upsampled; a
+            tensor ``[B, C, h, w]``: resized bilinearly; ``None``: each image's mean token
+            colour.
     """
-    if patches.ndim != 5 or patches.shape[:2] != tokens.levels.shape:
+    if not isinstance(patches, torch.Tensor) or patches.ndim != 5 \
+            or tuple(patches.shape[:2]) != tuple(tokens.levels.shape):
+        shape = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches)
         raise ValueError(f"patches must be [B, N, C, p, p] with [B, N] = "
-                         f"{tuple(tokens.levels.shape)}, got {tuple(patches.shape)}")
+                         f"{tuple(tokens.levels.shape)}, got {shape}")
     b, n, c, p, p2 = patches.shape
-    if p != p2:
-        raise ValueError(f"patches must be square, got {p}x{p2}")
+    if p != p2 or p != tokens.patch:
+        raise ValueError(f"patches must be p x p with p = tokens.patch = {tokens.patch}, "
+                         f"got {p}x{p2}")
     h, w = tokens.image_size
-    ho, wo = (h, w) if size is None else (int(size[0]), int(size[1]))
+    ho, wo = _check_size(size, (h, w))
     dev = patches.device
     if isinstance(background, Pyramid):
+        if background.batch_size != b or tuple(background.image_size) != (h, w):
+            raise ValueError(f"background pyramid must hold the same {b} image(s) of size "
+                             f"{(h, w)}, got batch {background.batch_size}, size "
+                             f"{background.image_size}")
+        lmax = float(tokens.levels.max())
+        if lmax > background.num_levels - 1:
+            raise ValueError(f"tokens.levels must lie in [0, {background.num_levels - 1}] "
+                             f"(the background pyramid's levels), got a level {lmax:g}")
         background = background.levels[-1]
     if background is None:
         out = patches.mean(dim=(1, 3, 4))[:, :, None, None].expand(b, c, ho, wo).clone()
     else:
-        if background.ndim != 4 or background.shape[:2] != (b, c):
-            raise ValueError(f"background must be [B, C, h, w] = [{b}, {c}, ...], "
-                             f"got {tuple(background.shape)}")
+        if not isinstance(background, torch.Tensor) or background.ndim != 4 \
+                or tuple(background.shape[:2]) != (b, c):
+            shape = tuple(background.shape) if isinstance(background, torch.Tensor) else \
+                type(background)
+            raise ValueError(f"background must be a Pyramid or [B, C, h, w] = [{b}, {c}, ...], "
+                             f"got {shape}")
         out = F.interpolate(background.to(dev, patches.dtype), size=(ho, wo), mode="bilinear",
                             align_corners=False)
-    levels = tokens.levels.to(dev)
-    centers = tokens.centers.to(dev)
-    k = torch.arange(p, device=dev)
-    for lvl in torch.unique(levels).flip(0).tolist():                      # coarse -> fine
-        s = 2 ** int(lvl)
-        hl, wl = -(-h // s), -(-w // s)
-        bi, ni = (levels == lvl).nonzero(as_tuple=True)
-        x0 = torch.round(centers[bi, ni, 0] * w / s - p / 2).long()
-        y0 = torch.round(centers[bi, ni, 1] * h / s - p / 2).long()
-        xx = (x0[:, None] + k)[:, None, :].expand(-1, p, -1)                 # [M, p, p]
-        yy = (y0[:, None] + k)[:, :, None].expand(-1, -1, p)
-        ok = (xx >= 0) & (xx < wl) & (yy >= 0) & (yy < hl)
-        cell = (bi[:, None, None] * hl + yy) * wl + xx                       # flat (b, y, x)
-        canvas = patches.new_zeros(b * hl * wl, c)
-        mask = patches.new_zeros(b * hl * wl)
-        vals = patches[bi, ni].permute(0, 2, 3, 1)                           # [M, p, p, C]
-        canvas[cell[ok]] = vals[ok]
-        mask[cell[ok]] = 1.0
-        canvas = canvas.reshape(b, hl, wl, c).permute(0, 3, 1, 2)
-        mask = mask.reshape(b, 1, hl, wl)
-        # nearest upsampling in the base frame: output pixel centre -> level-l pixel
-        ys_ = ((torch.arange(ho, device=dev) + 0.5) * (h / ho) / s).floor().long().clamp(0, hl - 1)
-        xs_ = ((torch.arange(wo, device=dev) + 0.5) * (w / wo) / s).floor().long().clamp(0, wl - 1)
-        up = canvas[:, :, ys_][:, :, :, xs_]
-        m = mask[:, :, ys_][:, :, :, xs_]
-        out = torch.where(m > 0, up, out)
-    return out
+    if n >= 2**_KEY_TOKEN_BITS:
+        raise ValueError(f"render supports N < {2**_KEY_TOKEN_BITS} tokens, got {n}")
+    tok = tokens.to(dev)
+    sy, sx = ho / h, wo / w                                       # output px per base px
+    step = torch.exp2(tok.levels).flatten()                       # [B*N] base px per sample
+    half = p * step / 2
+    cx, cy = tok.centers[..., 0].flatten() * w, tok.centers[..., 1].flatten() * h
+    x0, y0 = cx - half, cy - half                                 # footprint corner (base px)
+    # covered output pixels: centre (j + .5) / sx in [x0, x0 + f)  <=>  j in [j0, j1)
+    j0 = torch.ceil(x0 * sx - 0.5).clamp(0, wo).long()
+    j1 = torch.ceil((cx + half) * sx - 0.5).clamp(0, wo).long()
+    i0 = torch.ceil(y0 * sy - 0.5).clamp(0, ho).long()
+    i1 = torch.ceil((cy + half) * sy - 0.5).clamp(0, ho).long()
+    nx = j1 - j0
+    cnt = nx * (i1 - i0)                                          # [B*N] covered pixels
+    # per token: first covered pixel (flat), row length, priority key (finest level, then
+    # lowest index); every (token, pixel) pair is then one element of a flat enumeration
+    img = torch.arange(b, device=dev).repeat_interleave(n)
+    start = (img * ho + i0) * wo + j0
+    lq = torch.round(tok.levels.flatten() * LEVEL_QUANTUM).long()
+    tkey = lq * 2**_KEY_TOKEN_BITS + torch.arange(n, device=dev).repeat(b)
+    owner = torch.repeat_interleave(torch.arange(b * n, device=dev), cnt)       # [E]
+    sel = lambda t: t.index_select(0, owner)                                   # noqa: E731
+    off = torch.arange(owner.numel(), device=dev) - sel(torch.cumsum(cnt, 0) - cnt)
+    rowlen = sel(nx.clamp(min=1))
+    r = torch.div(off, rowlen, rounding_mode="floor")
+    pix = sel(start) + r * wo + (off - r * rowlen)
+    best = torch.full((b * ho * wo,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+                      device=dev)
+    best.scatter_reduce_(0, pix, sel(tkey), reduce="amin", include_self=True)
+    hit = (best != torch.iinfo(torch.int64).max).nonzero().squeeze(1)          # covered pixels
+    win = best.index_select(0, hit) % 2**_KEY_TOKEN_BITS                       # token index
+    pb = torch.div(hit, ho * wo, rounding_mode="floor")
+    rem = hit - pb * (ho * wo)
+    prow = torch.div(rem, wo, rounding_mode="floor")
+    pcol = rem - prow * wo
+    flat = pb * n + win
+    stp = step.index_select(0, flat)
+    kx = torch.floor(((pcol.float() + 0.5) / sx - x0.index_select(0, flat)) / stp)
+    ky = torch.floor(((prow.float() + 0.5) / sy - y0.index_select(0, flat)) / stp)
+    src = (flat * p + ky.long().clamp(0, p - 1)) * p + kx.long().clamp(0, p - 1)
+    vals = patches.permute(0, 1, 3, 4, 2).reshape(-1, c).index_select(0, src)  # [P, C]
+    out = out.permute(0, 2, 3, 1).reshape(-1, c).clone()
+    out.index_copy_(0, hit, vals.to(out.dtype))
+    return out.reshape(b, ho, wo, c).permute(0, 3, 1, 2).contiguous()

@@ -52,7 +52,7 @@ def min_budget(name: str, pyr: Pyramid) -> int:
         return 64
     if name == "adaptive_stratified":
         return 4
-    if name == "lod_dag":
+    if name in ("lod_dag", "resize"):
         gh, gw = pyr.grid_shape(PATCH, pyr.num_levels - 1)
         return gh * gw
     if name == "multi_fixation":
@@ -254,7 +254,7 @@ def _base_cover(ts, gh, gw):
     cover = torch.zeros(ts.batch_size, gh, gw, dtype=torch.long)
     for b in range(ts.batch_size):
         for (x, y), lv in zip(ts.centers_px()[b].tolist(), ts.levels[b].tolist()):
-            k = 2**lv
+            k = 2**int(lv)
             r0, c0 = int(y // (PATCH * k)) * k, int(x // (PATCH * k)) * k
             cover[b, r0:r0 + k, c0:c0 + k] += 1
     return cover

@@ -20,7 +20,7 @@ def make(b=2, n=5, **overrides):
 def test_shapes_and_dtypes():
     t = make()
     assert (t.batch_size, t.budget) == (2, 5)
-    assert t.centers.dtype == torch.float32 and t.levels.dtype == torch.int64
+    assert t.centers.dtype == torch.float32 and t.levels.dtype == torch.float32
     assert t.fixations.shape == (2, 1, 2)          # [B, 2] is promoted to [B, 1, 2]
 
 
@@ -30,7 +30,10 @@ def test_shapes_and_dtypes():
     ("centers", torch.rand(10, 2), "ragged"),
     ("levels", -torch.ones(2, 5, dtype=torch.long), "levels must be >= 0"),
     ("levels", torch.zeros(2, 4, dtype=torch.long), "levels must be \\[B, N\\]"),
-    ("scores", torch.full((2, 5), float("nan")), "NaN"),
+    ("scores", torch.full((2, 5), float("nan")), "scores must be finite"),
+    ("scores", torch.full((2, 5), float("inf")), "scores must be finite"),
+    ("levels", torch.full((2, 5), float("inf")), "levels must be finite"),
+    ("levels", torch.full((2, 5), float("nan")), "levels must be finite"),
     ("fixations", torch.full((2, 2), 2.0), "fixations"),
     ("fixations", torch.full((3, 1, 2), 0.5), "fixations must be \\[B, K, 2\\]"),
 ])

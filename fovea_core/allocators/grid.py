@@ -1,7 +1,8 @@
 """Single-level grid allocators: baselines, v1 top-K and the stratified family.
 
-All select level-0 patch cells (``patch x patch`` base pixels) except ``uniform``, which
-reads a coarser, evenly spaced grid (the whole image resized, as a plain VLM does).
+All select level-0 patch cells (``patch x patch`` base pixels) except the two whole-page
+baselines: ``resize`` (the page resized at any scale to fit the budget, what a VLM's image
+processor does) and ``uniform`` (its power-of-two variant on the pyramid's levels).
 """
 
 from __future__ import annotations
@@ -24,12 +25,100 @@ def _level0(pyramid: Pyramid, patch: int):
 
 
 # ----------------------------------------------------------------------------- baselines
+def resize_grid(image_size: tuple[int, int], budget: int, patch: int = 16
+                ) -> tuple[int, int, float]:
+    """``(rows, cols, level)`` of the page resized to the largest scale whose grid fits.
+
+    The page ``H x W`` resized by ``s <= 1`` (aspect kept) is cut into ``patch``-px cells:
+    ``rows = ceil(H s / patch)``, ``cols = ceil(W s / patch)``. The scale is the largest
+    with ``rows * cols <= budget``; the step function ``rows * cols`` only rises where
+    ``H s / patch`` or ``W s / patch`` crosses an integer, so the candidates are
+    ``s = k patch / H`` and ``s = k patch / W`` (all ``k`` at once, vectorised). The cell
+    side in base pixels is ``patch / s = patch * 2**level``, ``level = log2(1 / s) >= 0``.
+
+    This is the rule of VLM image processors, e.g. Qwen2-VL's ``smart_resize``
+    [Wang et al. 2024, Qwen2-VL, arXiv:2409.12191; ``transformers``
+    ``models/qwen2_vl/image_processing_qwen2_vl.py``], which scales the page so that its
+    grid of 28-px merged cells fits ``max_pixels``; unlike ``smart_resize`` the aspect is kept
+    exactly (the last row/column is padded, not stretched).
+
+    Raises ``ValueError`` when ``budget`` is not in ``[1, Gh * Gw]`` (the full level-0 grid).
+    """
+    h, w = (int(v) for v in image_size)
+    if h < 1 or w < 1:
+        raise ValueError(f"image_size must be positive (H, W), got {image_size!r}")
+    if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
+        raise ValueError(f"patch must be an int >= 1, got {patch!r}")
+    gh, gw = -(-h // patch), -(-w // patch)
+    if isinstance(budget, bool) or not 1 <= int(budget) <= gh * gw or int(budget) != budget:
+        raise ValueError(f"budget must be an int in [1, {gh * gw}] for a {gh}x{gw} patch grid, "
+                         f"got {budget!r}")
+    if int(budget) == gh * gw:
+        return gh, gw, 0.0
+    s = torch.cat([torch.arange(1, gh + 1, dtype=torch.float64) * patch / h,
+                   torch.arange(1, gw + 1, dtype=torch.float64) * patch / w]).clamp(max=1.0)
+    # rows/cols at each candidate scale (a hair of slack so k * patch / H * H / patch == k)
+    rows = torch.ceil(h * s / patch - 1e-9).clamp(min=1)
+    cols = torch.ceil(w * s / patch - 1e-9).clamp(min=1)
+    fits = rows * cols <= int(budget)
+    best = torch.where(fits, s, torch.zeros_like(s)).argmax()
+    sc = float(s[best])
+    return int(rows[best]), int(cols[best]), math.log2(1.0 / sc)
+
+
+@register("resize", family="grid", version="baseline", coverage="all")
+def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
+           patch: int = 16) -> TokenSet:
+    """Baseline: the whole page resized at any scale to at most ``budget`` cells (a VLM's view).
+
+    The grid of :func:`resize_grid` (``rows x cols <= budget`` cells of ``patch * 2**level``
+    base pixels, ``level`` continuous) is centred on the page (the half-cell of padding that
+    rounding leaves is split between the two sides; samples beyond the edge replicate it).
+    A VLM would stop there; to keep exactly ``budget`` tokens the ``budget - rows * cols``
+    leftovers (fewer than ``max(rows, cols)``) re-read the grid cells nearest the page
+    centre one octave finer (``level - 1``, not below 0), so the baseline is never weaker
+    than the processor it stands for. Scores: the level-0 score under each centre.
+    Content and ``fixation`` are ignored (the fixation recorded is the resolved one).
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize")
+    fix = resolve_fixation(fixation, s)
+    b, gh, gw = s.shape
+    h, w = pyramid.image_size
+    r, c, level = resize_grid((h, w), n, patch)
+    side = patch * 2.0**level
+    if level > pyramid.num_levels - 1 + 1e-9:
+        th, tw = pyramid.grid_shape(patch, pyramid.num_levels - 1)
+        raise ValueError(f"resize: budget {n} needs level {level:.2f} but the pyramid has "
+                         f"{pyramid.num_levels} levels; use budget >= {th * tw} or a deeper "
+                         "pyramid")
+    cells = torch.arange(r * c)
+    rows, cols = cells // c, cells % c
+    ox, oy = (w - c * side) / 2, (h - r * side) / 2          # centring offset (<= 0)
+    cx = (ox + (cols.double() + 0.5) * side) / w
+    cy = (oy + (rows.double() + 0.5) * side) / h
+    extra = n - r * c
+    dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
+    near = torch.sort(dist, stable=True).indices[:extra]
+    finer = max(level - 1.0, 0.0)
+    if extra and finer == level:
+        raise ValueError(f"resize: a {r}x{c} grid at level 0 leaves {extra} tokens")
+    level = min(level, pyramid.num_levels - 1.0)
+    levels = torch.cat([torch.full((r * c,), level), torch.full((extra,), finer)]).float()
+    cx, cy = torch.cat([cx, cx[near]]).float(), torch.cat([cy, cy[near]]).float()
+    br = (cy * h / patch).long().clamp(0, gh - 1)
+    bc = (cx * w / patch).long().clamp(0, gw - 1)
+    centers = torch.stack([cx, cy], -1).clamp(0, 1).expand(b, n, 2)
+    return TokenSet(centers, levels.expand(b, n), s[:, br, bc], fix[:, None], (h, w), patch)
+
+
 @register("uniform", family="grid", version="baseline", coverage="uniform")
 def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
             patch: int = 16) -> TokenSet:
-    """Baseline: the whole image resized to a ~sqrt(N) x sqrt(N) grid (what a plain VLM does).
+    """Pyramid variant of ``resize``: the page on an ``r x c`` grid read at power-of-two levels.
 
-    Grid ``r x c`` with ``r = floor(sqrt(N H / W))`` and ``c = floor(N / r)``, so ``r*c <= N``
+    Kept as a labelled variant, not as the baseline: it rounds the scale *up* to the next
+    pyramid level, so at N = 273 a 1024 px page is read at 256 px (level 2) where ``resize``
+    reads it at ~272 px, and on tall receipts the gap is larger. Grid ``r x c`` with ``r = floor(sqrt(N H / W))`` and ``c = floor(N / r)``, so ``r*c <= N``
     and the grid tiles the whole image. Each grid token is centred on its cell and read at
     mip level ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the
     cell; clipped to the pyramid), i.e. the image seen at about ``sqrt(N) * patch`` pixels

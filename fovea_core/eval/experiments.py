@@ -8,8 +8,9 @@
   of the budget;
 * :func:`footprint_coverage` -- fraction of the image under at least one token footprint
   (the "context" a token set keeps);
-* :func:`verdict` / :func:`ci_text` -- the wording of a paired difference with its CI, so
-  a chapter's verdict sentence is selected from the measurement, not typed in.
+* :func:`paired_vs` -- a family of paired differences against one baseline with their
+  verdicts (:mod:`fovea_core.eval.stats` holds the one verdict rule and the protocol's
+  statistics; :func:`verdict` and :func:`ci_text` are re-exported from there).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from fovea_core.allocators.base import (candidate_grid, cell_centers, cells_to_tokens,
                                         check_inputs, group_rank, resolve_fixation, select)
 from fovea_core.eval.documents import Document, synthetic_documents
+from fovea_core.eval.stats import ci_text, paired_family, verdict
 from fovea_core.paths import DatasetNotFound, dataset_path
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -143,23 +145,6 @@ def footprint_coverage(tokens: TokenSet, resolution: int = 128) -> torch.Tensor:
     return inside.any(1).float().mean(1)
 
 
-def verdict(lo: float, hi: float, *, better: str = "better", worse: str = "worse",
-            same: str = "no detectable difference") -> str:
-    """Word for a difference ``a - b`` from its CI ``[lo, hi]``: ``better`` when the whole
-    interval is above 0, ``worse`` when below, else ``same`` (the CI contains 0, or is NaN)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return same
-    if lo > hi:
-        raise ValueError(f"lo must be <= hi, got [{lo}, {hi}]")
-    return better if lo > 0 else worse if hi < 0 else same
-
-
-def ci_text(est: float, lo: float, hi: float, *, scale: float = 100.0, digits: int = 1) -> str:
-    """``"+3.1 [0.5, 5.6]"``: a signed estimate and its CI, multiplied by ``scale``."""
-    f = f"{{:.{digits}f}}"
-    return f"{est * scale:+.{digits}f} [{f.format(lo * scale)}, {f.format(hi * scale)}]"
-
-
 def ci_table(summary, budgets, metric: str = "kept"):
     """Pivot of :func:`~fovea_core.eval.sweep.summarize`'s table: rows ``(dataset,
     allocator)``, columns the budgets (as text) plus ``"all"`` for the full-resolution
@@ -173,26 +158,16 @@ def ci_table(summary, budgets, metric: str = "kept"):
 
 
 def paired_vs(table, methods, baseline: str, budget: int, *, metric: str = "anls",
-              seed: int = 0):
-    """Paired differences ``method - baseline`` of ``metric`` at ``budget`` for every
-    dataset, bootstrapped over documents (:func:`~fovea_core.eval.sweep.compare`), with
-    columns ``dataset, method, diff, diff_lo, diff_hi, n_docs, text`` (:func:`ci_text`,
-    points) and ``verdict`` (:func:`verdict`). Methods absent from the table are skipped."""
-    import pandas as pd
-
-    from fovea_core.eval.sweep import compare
-
-    have = set(table["allocator"])
-    parts = [compare(table, m, baseline, metric=metric, seed=seed).assign(method=m)
-             for m in methods if m in have and m != baseline]
-    if not parts:
-        raise ValueError(f"none of {list(methods)} is in the table besides {baseline!r}")
-    out = pd.concat(parts, ignore_index=True)
-    out = out[out.budget == budget].reset_index(drop=True)
-    out["text"] = [ci_text(d, lo, hi) for d, lo, hi in zip(out["diff"], out.diff_lo, out.diff_hi)]
-    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out.diff_lo, out.diff_hi)]
-    return out[["dataset", "method", "budget", "diff", "diff_lo", "diff_hi", "n_docs", "text",
-                "verdict"]]
+              seed: int = 0, docs=None, correct: bool = True):
+    """Paired differences ``method - baseline`` of ``metric`` at ``budget`` for every dataset,
+    as one family: :func:`fovea_core.eval.stats.paired_family` (bootstrap CIs over documents,
+    Holm-corrected sign-flip p-values, verdicts only from >= ``MIN_DOCS`` documents).
+    Columns ``dataset, method, budget, diff, diff_lo, diff_hi, n_docs, p_holm, text,
+    verdict``. Methods absent from the table are skipped."""
+    out = paired_family(table, methods, baseline, budget, metric=metric, seed=seed, docs=docs,
+                        correct=correct)
+    return out[["dataset", "method", "budget", "diff", "diff_lo", "diff_hi", "n_docs", "p_holm",
+                "text", "verdict"]]
 
 
 def predicted_vs_measured(summary, predicted: dict, budget: int):
