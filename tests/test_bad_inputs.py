@@ -6,10 +6,9 @@ fail before its fix (see the issue-11 report for the reproduced ones), and each 
 again if the check it exercises is removed, because the call then either succeeds or dies
 with an unrelated error or message.
 
-Rows for files the lead is rewriting (``fovea_core/tokens.py``, ``fovea_core/sample.py``:
-float levels, new ``render``) expect ``ValueError`` naming the argument; the ones that do
-not pass yet are listed in ``PENDING_LEAD`` and marked ``xfail(strict=True)``, so they turn
-into failures the moment the fix lands and the mark must be removed.
+Rows for files other owners maintain expect ``ValueError`` naming the argument; a row that
+does not pass yet is listed in ``PENDING_LEAD`` and marked ``xfail(strict=True)``, so it turns
+into a failure the moment the fix lands and the mark must be removed (empty today).
 """
 
 from __future__ import annotations
@@ -194,18 +193,21 @@ CASES = [
     ("pixel_eccentricity NaN", lambda: P.pixel_eccentricity([np.nan, 0], [0, 0], fov_deg=10, image_px=100), ValueError, "xy_px"),
 ]
 
-# rows that wait for the lead's rewrite of tokens.py / sample.py (issue 12)
-PENDING_LEAD = {
-    "TokenSet inf score",
-    "render size (0, 0)", "render negative size", "render patch mismatch",
-    "render level beyond pyramid",
-}
+# rows that wait for another owner's fix (marked strict xfail: they fail once fixed);
+# the lead's tokens.py/sample.py rows all pass since the float-levels merge
+PENDING_LEAD: set[str] = set()
 
 
 def _param(row):
     marks = [pytest.mark.xfail(strict=True, reason="lead's tokens.py/sample.py rewrite")] \
         if row[0] in PENDING_LEAD else []
     return pytest.param(*row[1:], id=row[0], marks=marks)
+
+
+def test_fractional_levels_are_kept_not_truncated():
+    # a TokenSet used to cast levels to int64 (0.5 -> 0, silently); levels are float now
+    ts = tokens(levels=torch.full((1, 4), 0.5))
+    assert ts.levels.dtype.is_floating_point and torch.all(ts.levels == 0.5)
 
 
 def test_table_is_large_and_ids_unique():

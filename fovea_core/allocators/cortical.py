@@ -54,7 +54,7 @@ import torch
 from fovea_core.allocators.base import check_inputs, resolve_fixation
 from fovea_core.biology.cortex import HORTON_HOYT_E0, HORTON_HOYT_K
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import TokenSet, token_keys
 
 __all__ = ["V1Plan", "plan_v1", "v1_candidates", "select_candidates", "v1_cortical",
            "FOV_DEG", "FOVEA_DEG"]
@@ -300,16 +300,15 @@ def select_candidates(cxy: torch.Tensor, level: torch.Tensor, valid: torch.Tenso
                       image_size: tuple[int, int]) -> torch.Tensor:
     """Slot indices ``[B, budget]`` of the first ``budget`` valid, distinct candidates.
 
-    Distinct = different :meth:`TokenSet.keys` (the one token-key formula: level and centre
-    to 1/8 px), computed by that method on the candidate slots; the first occurrence of a
+    Distinct = different :func:`fovea_core.tokens.token_keys` (the one token-identity rule,
+    the same as :meth:`TokenSet.keys`: level and centre to 1/8 px); the first occurrence of a
     key wins. Raises ``ValueError`` if an image has too few.
     """
-    b, kslots = level.shape
+    h, w = image_size
+    kslots = level.shape[1]
     # invalid slots may lie outside the image; their keys are replaced below, so clamping
-    # them into [0, 1] (a no-op for every valid slot) only keeps TokenSet's contract
-    slots = TokenSet(cxy.clamp(0, 1), level, torch.zeros(b, kslots),
-                     torch.full((b, 1, 2), 0.5), image_size)
-    keys = slots.keys()
+    # them into [0, 1] (a no-op for every valid slot) only keeps the key's domain
+    keys = token_keys(cxy.clamp(0, 1) * cxy.new_tensor([w, h]), level)
     keys = torch.where(valid, keys, -1 - torch.arange(kslots)[None])       # never collide
     skeys, perm = torch.sort(keys, dim=1, stable=True)
     first_sorted = torch.ones_like(valid)
