@@ -32,6 +32,7 @@ from fovea_core.eval.reader import Reader, crop_box
 from fovea_core.eval.sweep import run_sweep
 from fovea_core.importance import center_bias, fixation_from_scores, score, spectral_residual
 from fovea_core.importance.query import query_scores
+from fovea_core.importance.text import read_text
 from fovea_core.logpolar import logpolar_lut, to_logpolar
 from fovea_core.pyramid import Pyramid, as_image_batch
 from fovea_core.rounding import largest_remainder
@@ -97,6 +98,11 @@ CASES = [
     ("query coarse_level", lambda: query_scores(IMG, "total", coarse_level=-1), ValueError, "coarse_level"),
     ("spectral_residual size", lambda: spectral_residual(IMG, size=4), ValueError, "size"),
     ("center_bias sigma", lambda: center_bias(IMG, sigma=0.0), ValueError, "sigma"),
+    ("center_bias NaN nu", lambda: center_bias(IMG, nu=float("nan")), ValueError, "nu"),
+    ("spectral_residual NaN sigma", lambda: spectral_residual(IMG, sigma=float("nan")), ValueError, "sigma"),
+    ("spectral_residual float size", lambda: spectral_residual(IMG, size=64.5), ValueError, "size"),
+    ("query min_conf", lambda: query_scores(IMG, "total", min_conf=1.5), ValueError, "min_conf"),
+    ("read_text float image", lambda: read_text(np.zeros((8, 8, 3), np.float32)), ValueError, "image_bgr"),
     ("fixation_from_scores NaN", lambda: fixation_from_scores(nan_at(SC)), ValueError, "scores"),
     ("fixation_from_scores 2-D", lambda: fixation_from_scores(SC[0]), ValueError, "scores"),
     # --- allocators (shared checks; every registered name is also swept below)
