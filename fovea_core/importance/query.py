@@ -312,7 +312,9 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
         ``sims[b]`` the ``[K_b]`` cosine similarities of image ``b``'s lines to the query.
     """
     q = check_query(query)
-    if not isinstance(coarse_level, int) or coarse_level < 0:
+    if not (isinstance(min_conf, (int, float)) and 0 <= min_conf <= 1):
+        raise ValueError(f"min_conf must be a number in [0, 1], got {min_conf!r}")
+    if isinstance(coarse_level, bool) or not isinstance(coarse_level, int) or coarse_level < 0:
         raise ValueError(f"coarse_level must be an integer >= 0, got {coarse_level!r}")
     x, (gh, gw) = prepare(image, patch)
     h, w = x.shape[-2:]
