@@ -18,8 +18,21 @@ is exactly what ``cv2.remap`` takes as ``map_x`` / ``map_y``; it is sampled bili
 zeros outside the image.
 
 The mapping is OpenCV's ``cv2.warpPolar(..., WARP_POLAR_LOG)`` [OpenCV imgproc docs],
-reproduced formula for formula (and rounding step for rounding step) so that the forward
-LUT equals OpenCV's internal maps bit for bit. With ``Ho`` angles and ``Wo`` radii,
+reproduced formula for formula (and rounding step for rounding step). What is exact, and
+what is not:
+
+* **forward map: OpenCV-exact.** The forward LUT equals OpenCV's internal map bit for bit,
+  and for float32 images both backends equal ``cv2.warpPolar`` to float32 rounding
+  (``tests/test_logpolar.py``).
+* **inverse map: not OpenCV-exact.** OpenCV computes the inverse angle with
+  ``cv::cartToPolar``, a polynomial approximation of ``atan2`` (documented as accurate to
+  about 0.3 deg); we use ``atan2``. The inverse therefore differs from
+  ``warpPolar(..., WARP_INVERSE_MAP)`` by up to ``e * Ho / (2 pi)`` rows for an angle error
+  ``e``; the tests bound it that way, and notebook 03 measures it.
+* **uint8 images: not OpenCV-exact.** ``cv2.remap`` uses fixed-point weights and rounds to
+  integers for 8-bit images, so results differ by up to about one grey level.
+
+With ``Ho`` angles and ``Wo`` radii,
 ``K_mag = ln(R) / Wo`` and ``K_ang = 2 pi / Ho``::
 
     forward  (row i, col j):  rho_j = exp(j K_mag) - 1          (float32)
@@ -148,7 +161,8 @@ def logpolar_lut(center, out_size: Sequence[int], max_radius, *,
 def inverse_logpolar_lut(center, out_size: Sequence[int], max_radius,
                          logpolar_size: Sequence[int], *,
                          device: str | torch.device | None = None) -> torch.Tensor:
-    """Inverse sampling grid: log-polar -> image (``cv2.warpPolar`` with ``WARP_INVERSE_MAP``).
+    """Inverse sampling grid: log-polar -> image (``cv2.warpPolar`` with ``WARP_INVERSE_MAP``,
+    but with an exact ``atan2`` where OpenCV approximates the angle: not OpenCV-exact).
 
     Args:
         center: ``(x, y)`` or ``[B, 2]`` centres used by the forward transform.
@@ -282,7 +296,9 @@ def to_logpolar(image, center, max_radius, out_size: Sequence[int], *,
 
     Returns:
         ``[B, C, Ho, Wo]`` float tensor, ``= cv2.warpPolar(..., WARP_POLAR_LOG |
-        WARP_FILL_OUTLIERS)`` to float32 rounding (same map, bit for bit).
+        WARP_FILL_OUTLIERS)`` on the float32 image to float32 rounding (same map, bit for
+        bit). This forward direction is the only OpenCV-exact one: see
+        :func:`from_logpolar` and the module docstring for the inverse and uint8 images.
     """
     out_size = _as_size(out_size, "out_size")
     img, c = _prepare(image, center)
@@ -298,6 +314,11 @@ def from_logpolar(logpolar, center, max_radius, out_size: Sequence[int], *,
     ``out_size = (H, W)``; ``center`` and ``max_radius`` are the forward transform's.
     Pixels farther than ``max_radius - 1`` from the centre are zero. Same backends as
     :func:`to_logpolar`.
+
+    Not OpenCV-exact: ``cv2.warpPolar(..., WARP_INVERSE_MAP)`` approximates the angle
+    (``cv::cartToPolar``, about 0.3 deg) where this uses ``atan2``, so the two differ by up to
+    ``e * Ho / (2 pi)`` rows of the log-polar image for an angle error ``e`` (the bound the
+    tests use).
     """
     out_size = _as_size(out_size, "out_size")
     lp, c = _prepare(logpolar, center)

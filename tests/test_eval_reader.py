@@ -65,3 +65,32 @@ def test_crop_box_and_conversion():
     assert to_uint8(f).shape == (2, 2, 3) and to_uint8(f)[1, 0, 0] == 128
     with pytest.raises(ValueError, match="engine"):
         Reader("easyocr")
+
+
+def test_cache_key_includes_library_versions(tmp_path, monkeypatch):
+    """A library or model upgrade never reuses text cached by the old reader (issue 11)."""
+    import importlib.metadata
+
+    from fovea_core.eval import reader as reader_mod
+
+    r = Reader(cache_dir=tmp_path)
+    v = r.versions
+    assert v["rapidocr"] == importlib.metadata.version("rapidocr")
+    assert v["onnxruntime"] == importlib.metadata.version("onnxruntime")
+    assert v["rec_model"].endswith(".onnx:" + v["rec_model"].rsplit(":", 1)[1])
+    assert "rec" in v["rec_model"] and len(v["rec_model"].rsplit(":", 1)[1]) == 40
+    d = synthetic_documents(1, seed=5)[0]
+    q = d.questions[0]
+    first, old_fp = r.read(d.image, q.boxes), r.fingerprint
+    again = Reader(cache_dir=tmp_path)
+    assert again.read(d.image, q.boxes) == first and again.cache.hits == 1  # same versions: hit
+    # the same reader id and cache file after an onnxruntime upgrade: a miss, then a hit
+    upgraded = tuple((k, "99.0" if k == "onnxruntime" else val)
+                     for k, val in reader_mod.reader_versions("rapidocr"))
+    monkeypatch.setattr(reader_mod, "reader_versions", lambda engine: upgraded)
+    r2 = Reader(cache_dir=tmp_path)
+    assert r2.id == r.id and r2.fingerprint != old_fp
+    assert r2.read(d.image, q.boxes) == first
+    assert (r2.cache.hits, r2.cache.misses) == (0, 1)
+    r2.read(d.image, q.boxes)
+    assert (r2.cache.hits, r2.cache.misses) == (1, 1)

@@ -72,5 +72,28 @@ def test_query_scorer_reads_the_half_resolution_page(size, monkeypatch):
 
     monkeypatch.setattr(Q, "read_text", fake_read)
     monkeypatch.setattr(Q, "_READ_CACHE", type(Q._READ_CACHE)())
+    monkeypatch.setattr(Q, "_disk_cache", lambda: None)
     Q.read_coarse(torch.rand(1, 3, *size))
     assert seen == [READS["query"](*size)]
+
+
+def test_coarse_ocr_disk_cache_round_trips(monkeypatch, tmp_path):
+    from fovea_core.eval.reader import _Cache
+
+    store = _Cache(tmp_path / "reads.sqlite")
+    monkeypatch.setattr(Q, "_disk_cache", lambda: store)
+    calls = []
+
+    def fake_read(img, min_conf=0.5):
+        calls.append(1)
+        return T.TextRead(np.array([[1, 2, 30, 12]], np.float32), ("TOTAL 9.00",),
+                          np.array([0.9], np.float32))
+
+    monkeypatch.setattr(Q, "read_text", fake_read)
+    img = np.zeros((40, 60, 3), np.uint8)
+    a = Q._read_text_cached(img, ("k", img.shape, 0.5))
+    b = Q._read_text_cached(img, ("k", img.shape, 0.5))
+    assert calls == [1] and b.texts == a.texts == ("TOTAL 9.00",)
+    np.testing.assert_array_equal(a.boxes, b.boxes)
+    Q._read_text_cached(img, ("other", img.shape, 0.5))
+    assert calls == [1, 1]

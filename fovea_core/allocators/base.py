@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from fovea_core.pyramid import Pyramid
+from fovea_core.rounding import largest_remainder as _hamilton  # the one apportionment rule
 from fovea_core.tokens import TokenSet
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
@@ -88,13 +89,27 @@ def box3_mean(x: torch.Tensor) -> torch.Tensor:
     return box(x) / box(torch.ones_like(x[:1]))
 
 
-def resolve_fixation(fixation, scores: torch.Tensor) -> torch.Tensor:
-    """Fixation as ``[B, 2]`` float: ``None`` -> :func:`fixation_from_scores`; ``(x, y)`` or
-    ``[2]`` -> the same for every image; ``[B, 2]`` -> per image. Values must be in [0, 1]."""
+def resolve_fixation(fixation, scores: torch.Tensor, *, dtype: torch.dtype = torch.float32
+                     ) -> torch.Tensor:
+    """The one fixation rule of every allocator: ``[B, 2]`` ``(x, y)`` in ``[0, 1]``.
+
+    ``None`` -> :func:`fixation_from_scores` of the (checked) ``scores [B, Gh, Gw]`` (the
+    smoothed peak, ties to the grid centre); ``(x, y)`` or ``[2]`` -> the same for every
+    image; ``[B, 2]`` (or ``[B, 1, 2]``) -> per image. Values must be finite and in
+    ``[0, 1]``. ``dtype`` is the returned precision (an explicit fixation is converted
+    directly, so float64 keeps every bit of a float64 input).
+
+    Raises:
+        ValueError: naming ``fixation``, for a wrong shape, NaN/inf or values outside [0, 1].
+    """
     b = scores.shape[0]
     if fixation is None:
-        return fixation_from_scores(scores)
-    f = torch.as_tensor(fixation, dtype=torch.float32)
+        return fixation_from_scores(scores).to(dtype)
+    try:
+        f = torch.as_tensor(fixation, dtype=dtype).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"fixation must be (x, y), [2] or [B, 2] numbers in [0, 1], got "
+                         f"{fixation!r}") from exc
     if f.ndim == 3 and f.shape[1] == 1:
         f = f[:, 0]
     if f.shape == (2,):
@@ -404,19 +419,15 @@ def largest_remainder(weights: torch.Tensor, total: int | torch.Tensor, minimum:
     Hamilton's largest-remainder method (ties to the lower group index). Equal weights when
     a row of weights sums to zero. With ``capacity``, quotas are clipped to it (the sum can
     then fall short; callers fill the rest).
+
+    A torch front end of :func:`fovea_core.rounding.largest_remainder`, the one
+    implementation shared with the biology code (``[B, G]`` is tiny: it runs in numpy on the
+    CPU and comes back on ``weights``' device as int64).
     """
-    b, gcount = weights.shape
-    total = torch.as_tensor(total, dtype=torch.float64).expand(b)
-    rest = (total - minimum * gcount).clamp(min=0)
-    w = weights.double().clamp(min=0)
-    wsum = w.sum(1, keepdim=True)
-    w = torch.where(wsum > 0, w / wsum.clamp(min=1e-300), torch.full_like(w, 1.0 / gcount))
-    x = w * rest[:, None]
-    base = torch.floor(x)
-    left = (rest - base.sum(1)).round().long()               # 0 <= left < G
-    extra = rank_of((x - base).float()) < left[:, None]
-    q = base.long() + extra.long() + minimum
-    return q if capacity is None else torch.minimum(q, capacity.long())
+    tot = total.detach().cpu().numpy() if isinstance(total, torch.Tensor) else total
+    cap = None if capacity is None else capacity.detach().cpu().numpy()
+    q = _hamilton(weights.detach().cpu().double().numpy(), tot, minimum=minimum, capacity=cap)
+    return torch.from_numpy(q).to(weights.device)
 
 
 # ----------------------------------------------------------------------------- output

@@ -51,9 +51,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fovea_core.allocators.base import check_inputs, resolve_fixation
 from fovea_core.biology.cortex import HORTON_HOYT_E0, HORTON_HOYT_K
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import TokenSet, token_keys
 
 __all__ = ["V1Plan", "plan_v1", "v1_candidates", "select_candidates", "v1_cortical",
            "FOV_DEG", "FOVEA_DEG"]
@@ -299,13 +300,15 @@ def select_candidates(cxy: torch.Tensor, level: torch.Tensor, valid: torch.Tenso
                       image_size: tuple[int, int]) -> torch.Tensor:
     """Slot indices ``[B, budget]`` of the first ``budget`` valid, distinct candidates.
 
-    Distinct = different :meth:`TokenSet.keys` (level and centre to 1/8 px); the first
-    occurrence of a key wins. Raises ``ValueError`` if an image has too few.
+    Distinct = different :func:`fovea_core.tokens.token_keys` (the one token-identity rule,
+    the same as :meth:`TokenSet.keys`: level and centre to 1/8 px); the first occurrence of a
+    key wins. Raises ``ValueError`` if an image has too few.
     """
     h, w = image_size
-    xy = torch.round(cxy * cxy.new_tensor([w, h]) * 8).long()
-    keys = (level * 2**20 + xy[..., 1]) * 2**20 + xy[..., 0]
-    kslots = keys.shape[1]
+    kslots = level.shape[1]
+    # invalid slots may lie outside the image; their keys are replaced below, so clamping
+    # them into [0, 1] (a no-op for every valid slot) only keeps the key's domain
+    keys = token_keys(cxy.clamp(0, 1) * cxy.new_tensor([w, h]), level)
     keys = torch.where(valid, keys, -1 - torch.arange(kslots)[None])       # never collide
     skeys, perm = torch.sort(keys, dim=1, stable=True)
     first_sorted = torch.ones_like(valid)
@@ -321,37 +324,29 @@ def select_candidates(cxy: torch.Tensor, level: torch.Tensor, valid: torch.Tenso
     return chosen.nonzero()[:, 1].reshape(-1, budget)
 
 
-def _fixations_from(scores: torch.Tensor, fixation, batch: int) -> torch.Tensor:
-    if fixation is None:
-        gh, gw = scores.shape[-2:]
-        flat = scores.reshape(batch, -1).argmax(dim=1)
-        return torch.stack([((flat % gw).double() + 0.5) / gw,
-                            ((flat // gw).double() + 0.5) / gh], dim=-1)
-    fix = torch.as_tensor(fixation, dtype=torch.float64).cpu()
-    if fix.shape == (2,):
-        fix = fix.expand(batch, 2)
-    if fix.shape != (batch, 2):
-        raise ValueError(f"fixation must be (x, y) or [B, 2] = [{batch}, 2], got "
-                         f"{tuple(fix.shape)}")
-    return fix
-
-
 def v1_cortical(pyramid: Pyramid, scores: torch.Tensor, budget: int, *,
-                fixation=None, query=None, seed: int = 0, patch: int | None = None,
+                fixation=None, query=None, seed: int = 0, patch: int = 16,
                 **params) -> TokenSet:
     """V1 cortical-magnification allocator: exactly ``budget`` distinct tokens per image.
 
+    Inputs go through the shared checks of every allocator
+    (:func:`~fovea_core.allocators.base.check_inputs`: scores ``[B, Gh, Gw]`` on the
+    level-0 grid of ``patch``, finite; ``budget`` an int in ``[1, Gh * Gw]``) and the shared
+    fixation rule (:func:`~fovea_core.allocators.base.resolve_fixation`), so on the same
+    scores it fixates where every other allocator does.
+
     Args:
         pyramid: the image pyramid (gives ``B``, ``(H, W)`` and the number of levels).
-        scores: ``[B, Gh, Gw]`` importance on the base patch grid; only used to pick the
-            fixation (its peak) when ``fixation`` is None, and copied into ``TokenSet.scores``
-            (the score of the cell under each token centre).
+        scores: ``[B, Gh, Gw]`` importance on the base patch grid (``Gh = ceil(H / patch)``;
+            a tensor or array); only used to pick the fixation when ``fixation`` is None,
+            and copied into ``TokenSet.scores`` (the score of the cell under each token
+            centre).
         budget: N tokens per image.
-        fixation: ``(x, y)`` in ``[0, 1]`` for every image, or ``[B, 2]``; default: the peak
-            of ``scores``.
+        fixation: ``(x, y)`` in ``[0, 1]`` for every image, or ``[B, 2]``; default: the
+            shared rule's peak of ``scores``.
         query, seed: unused (the layout is deterministic and query-free); accepted for the
             allocator interface.
-        patch: token side; default: the ``patch`` that fits ``scores``'s grid, else 16.
+        patch: token side in pixels (the scores' grid must match it).
         **params: :func:`plan_v1`'s keywords: ``fov_deg`` (default 20), ``fovea_deg`` (2),
             ``e0`` and ``k`` (Horton & Hoyt), ``margin`` (1.03).
 
@@ -359,24 +354,16 @@ def v1_cortical(pyramid: Pyramid, scores: torch.Tensor, budget: int, *,
         :class:`TokenSet` with ``budget`` tokens per image, the fixation in ``fixations``.
     """
     del query, seed
-    b = pyramid.batch_size
     h, w = pyramid.image_size
-    if scores.ndim != 3 or scores.shape[0] != b:
-        raise ValueError(f"scores must be [B, Gh, Gw] with B = {b}, got {tuple(scores.shape)}")
-    if patch is None:
-        patch = 16
-        for cand in (16, 14, 8, 32):
-            if scores.shape[-2:] == (-(-h // cand), -(-w // cand)):
-                patch = cand
-                break
-    fix = _fixations_from(scores, fixation, b)
-    plan = plan_v1(fix, (h, w), budget, patch=patch, num_levels=pyramid.num_levels, **params)
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="v1_cortical")
+    fix = resolve_fixation(fixation, s, dtype=torch.float64)       # [B, 2], exact if given
+    plan = plan_v1(fix, (h, w), n, patch=patch, num_levels=pyramid.num_levels, **params)
     cxy, level, valid = v1_candidates(plan)
-    idx = select_candidates(cxy, level, valid, budget, (h, w))
+    idx = select_candidates(cxy, level, valid, n, (h, w))
     centers = torch.gather(cxy, 1, idx[..., None].expand(-1, -1, 2))
     levels = torch.gather(level, 1, idx)
-    gh, gw = scores.shape[-2:]
+    b, gh, gw = s.shape
     col = (centers[..., 0] * gw).long().clamp(0, gw - 1)
     row = (centers[..., 1] * gh).long().clamp(0, gh - 1)
-    tok_scores = scores.detach().float().cpu().reshape(b, -1).gather(1, row * gw + col)
+    tok_scores = s.reshape(b, -1).gather(1, row * gw + col)
     return TokenSet(centers, levels, tok_scores, fix.float()[:, None, :], (h, w), patch)

@@ -12,10 +12,16 @@ and ``"buckets"`` (``adaptive_budget`` returns a list of per-bucket results).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 ALLOCATORS: dict[str, Callable] = {}
 INFO: dict[str, dict] = {}
+
+
+def _signature_defaults(fn: Callable) -> dict:
+    return {k: p.default for k, p in inspect.signature(fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
 
 
 def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
@@ -29,14 +35,29 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     (reads image pixels from the pyramid), ``learned`` (has trained parameters),
     ``reads`` (for a ``content`` method: ``reads(pyramid) -> pixels`` it looks at, its cost
     outside the token budget; see :func:`allocator_reads`).
+
+    A keyword bound here with a value that differs from ``fn``'s own default makes ``name``
+    a *variant* (e.g. ``"stratified_8x8"`` = ``stratified`` with ``strata=8``): that value
+    is part of the name, recorded in ``INFO[name]["fixed"]``, and passing a different value
+    through :func:`allocate` raises ``ValueError`` naming the parameter instead of silently
+    running another method under the variant's name. A keyword bound to ``fn``'s own
+    default is documentation only (``INFO[name]["params"]``) and may be overridden.
     """
     if content and reads is None:
         raise ValueError(f"allocator {name!r} reads pixels (content=True): declare reads=")
     def deco(fn: Callable) -> Callable:
         if name in ALLOCATORS:
             raise ValueError(f"allocator {name!r} is already registered")
+        own = _signature_defaults(fn)
+        fixed = {k: v for k, v in defaults.items() if k not in own or own[k] != v}
         if defaults:
             def bound(pyramid, scores, budget=None, **kw):
+                for key, val in fixed.items():
+                    if key in kw and kw[key] != val:
+                        raise ValueError(
+                            f"{name}: parameter {key!r} is fixed to {val!r} by this registered "
+                            f"variant, got {key}={kw[key]!r}; call {fn.__name__!r} (or register "
+                            f"another name) to use a different {key}")
                 return fn(pyramid, scores, budget, **{**defaults, **kw})
             bound.__name__ = name
             bound.__doc__ = f"``{fn.__name__}`` with {defaults}.\n\n" + (fn.__doc__ or "")
@@ -44,7 +65,8 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
         else:
             ALLOCATORS[name] = fn
         INFO[name] = dict(family=family, version=version, kind=kind, coverage=coverage,
-                          content=content, learned=learned, params=defaults, reads=reads)
+                          content=content, learned=learned, params=defaults, fixed=fixed,
+                          reads=reads)
         return fn
     return deco
 

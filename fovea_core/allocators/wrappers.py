@@ -67,7 +67,8 @@ def multi_fixation(pyramid: Pyramid, scores, budget: int, *, k: int = 2, mode: s
         fix = fixations_with_ior(s, k, ior_radius)
     else:
         fix = torch.as_tensor(fixation, dtype=torch.float32)
-        if fix.shape != (s.shape[0], k, 2) or fix.min() < 0 or fix.max() > 1:
+        if fix.shape != (s.shape[0], k, 2) or not bool(torch.isfinite(fix).all()) \
+                or fix.min() < 0 or fix.max() > 1:
             raise ValueError(f"multi_fixation: fixation must be [B, k, 2] = [{s.shape[0]}, {k}, 2] "
                              f"in [0, 1], got {tuple(fix.shape)}")
     total = n if mode == "split" else k * n

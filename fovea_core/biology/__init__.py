@@ -9,13 +9,48 @@ Submodules (import them explicitly; this package import stays light, numpy only)
   eccentricity band.
 - :mod:`fovea_core.biology.psychophysics` -- receptive-field / pRF size scaling,
   acuity and the eccentricity -> mip-level rule.
+
+Provenance: every external number is a row of ``data/biology/published_anchors.csv``
+(:func:`published_anchors`) with its source, the place in the source, the stated spread and a
+status: ``published`` (read here in the source's words), ``unverified`` (attributed but not
+checked against the paper) or ``derived``. Values our own formulas produce are regression
+pins (``data/biology/regression_pins.csv``, :func:`regression_pins`), never "published".
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["check_eccentricity"]
+__all__ = ["check_eccentricity", "published_anchors", "regression_pins", "anchor",
+           "ANCHOR_STATUSES"]
+
+ANCHORS_CSV = "data/biology/published_anchors.csv"
+PINS_CSV = "data/biology/regression_pins.csv"
+ANCHOR_STATUSES = ("published", "unverified", "derived")
+
+
+def _read(rel: str):
+    import pandas as pd
+
+    from fovea_core.paths import project_root
+
+    return pd.read_csv(project_root() / rel, comment="#").set_index("quantity")
+
+
+def published_anchors():
+    """External values with provenance, a DataFrame indexed by ``quantity`` with columns
+    ``value, unit, status, source, location, spread, note`` (see the CSV header)."""
+    return _read(ANCHORS_CSV)
+
+
+def regression_pins():
+    """Values our formulas produce, frozen (``value, unit, formula, note``): not data."""
+    return _read(PINS_CSV)
+
+
+def anchor(quantity: str) -> float:
+    """The value of one row of :func:`published_anchors` (``KeyError`` if absent)."""
+    return float(published_anchors().loc[quantity, "value"])
 
 
 def check_eccentricity(ecc, name: str = "ecc_deg", *, upper: float | None = None,

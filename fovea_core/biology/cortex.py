@@ -1,14 +1,25 @@
 """V1 cortical magnification, cortical-area integrals, the complex-log map, token budgets.
 
 * Horton & Hoyt (1991), Arch Ophthalmol 109:816-824: linear magnification of human V1
-  ``M(E) = k / (E + e0)`` mm/deg with ``k = 17.3 mm`` and ``e0 = 0.75 deg`` (their eq. for
-  M from the scotoma data). ``k`` is a constant, not the foveal value:
-  ``M(0) = 17.3 / 0.75 = 23.07 mm/deg``.
+  ``M(E) = k / (E + e0)`` mm/deg with ``k = 17.3 mm`` and ``e0 = 0.75 deg`` (the standard
+  form of their fit to the scotoma data; status "unverified" in
+  ``data/biology/published_anchors.csv``: the paper was not re-read here). ``k`` is a
+  constant, not the foveal value: ``M(0) = 17.3 / 0.75 = 23.07 mm/deg``.
 * Areal magnification is ``M^2`` (mm^2/deg^2), assuming local isotropy.
 * Cortical area of the visual disc of radius E: a ring ``[eps, eps + d eps]`` of one
   hemifield has visual area ``pi * eps * d eps`` and maps to ``pi * eps * M(eps)^2 d eps`` mm^2,
   so per hemisphere ``A(E) = pi k^2 [ln((E + e0)/e0) - E/(E + e0)]`` (closed form of that
   integral; ``hemifields=2`` for both hemispheres).
+* **The half-disc assumption.** ``A(E)`` integrates a half-disc of radius ``E`` at every
+  polar angle. The real hemifield is not a half-disc: the nasal field of the eye on the
+  same side ends near 60 deg, the superior field near 60 deg and the inferior near
+  70-75 deg; only the other eye's temporal field reaches 90 deg and beyond (approximate
+  textbook limits). So "the V1 total" ``A(90)`` (3,577 mm^2 per hemisphere with Horton &
+  Hoyt) is a half-disc total, an upper-end value, and every "share of V1" divided by it
+  inherits that assumption (``A(60)`` is 10 % smaller).
+* Independent check: Dougherty et al. (2003, abstract) measured a mean V1 area of 1,470 mm^2
+  between 2 and 12 deg (per hemisphere, fMRI, 14 hemispheres), varying about 2.5-fold
+  across people; Horton & Hoyt's law gives 1,241 mm^2 (``tests/test_biology.py``).
 * Schwartz (1980), Vision Res 20:645-669 (after Schwartz 1977, Biol Cybern 25:181): complex-log map
   ``w = k log(z + a)``; ``a ~ 0.75 deg`` (Horton & Hoyt's e0), Schira et al. (2010) use 1.05.
 
@@ -21,11 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 from fovea_core.biology import check_eccentricity
+from fovea_core.rounding import largest_remainder as _hamilton
 
 HORTON_HOYT_K: float = 17.3   # mm (Horton & Hoyt 1991)
 HORTON_HOYT_E0: float = 0.75  # deg (Horton & Hoyt 1991)
 #: Dougherty et al. (2003) V1 fit of M(E) = A / (E + E2), as commonly quoted:
-#: A = 29.2 mm, E2 = 3.67 deg (fMRI, central 12 deg; not re-checked against the paper here).
+#: A = 29.2 mm, E2 = 3.67 deg (fMRI, central 12 deg). UNVERIFIED: not checked against the
+#: paper here (published_anchors.csv). Only the 2-12 deg V1 area (1,470 mm^2) was.
 DOUGHERTY_K: float = 29.2
 DOUGHERTY_E0: float = 3.67
 #: Schira et al. (2010) foveal parameter of the log map (deg).
@@ -68,6 +81,11 @@ def cortical_area(ecc_deg, k: float = HORTON_HOYT_K, e0: float = HORTON_HOYT_E0,
 
     ``A(E) = h * pi * k^2 [ln((E + e0)/e0) - E/(E + e0)]`` = ``int_0^E h pi eps M(eps)^2 d eps``,
     with ``h`` hemifields (1 = one hemisphere, which represents one hemifield).
+
+    Assumes the hemifield is a half-disc of radius ``E`` at every polar angle. For large
+    ``E`` that overstates the field (the nasal field ends near 60 deg, see the module
+    docstring): ``cortical_area(90)`` is the V1 total *of a 0-90 deg half-disc*, not of the
+    real visual field.
     """
     _check_params(k, e0)
     _check_hemifields(hemifields)
@@ -149,9 +167,11 @@ def cortical_grid(max_ecc_deg: float, n_u: int, n_v: int, a: float = HORTON_HOYT
     near the fovea, which is what the ``a`` term does). Cell centres are used, so no point
     falls exactly on the boundary.
     """
+    _check_params(k, a)
     e = float(check_eccentricity(max_ecc_deg, "max_ecc_deg"))
-    if n_u < 1 or n_v < 1:
-        raise ValueError(f"n_u and n_v must be >= 1, got {n_u}, {n_v}")
+    for name, n in (("n_u", n_u), ("n_v", n_v)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {n!r}")
     u = np.log(a) + (np.arange(n_u) + 0.5) / n_u * (np.log(e + a) - np.log(a))
     v = -np.pi / 2 + (np.arange(n_v) + 0.5) / n_v * np.pi
     z = np.exp(u[:, None] + 1j * v[None, :]) - a
@@ -161,6 +181,10 @@ def cortical_grid(max_ecc_deg: float, n_u: int, n_v: int, a: float = HORTON_HOYT
 def largest_remainder(weights, total: int) -> np.ndarray:
     """Integer counts proportional to ``weights`` that sum exactly to ``total``
     (Hamilton / largest-remainder rounding; ties go to the lower index).
+
+    Validates its arguments (all-zero weights are an error here) and calls
+    :func:`fovea_core.rounding.largest_remainder`, the one implementation the allocators use
+    too.
 
     Args:
         weights: 1-D, finite, >= 0, not all zero.
@@ -173,14 +197,12 @@ def largest_remainder(weights, total: int) -> np.ndarray:
         raise ValueError(f"weights must be a non-empty 1-D array, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ValueError("weights must be finite, >= 0 and not all zero")
-    if int(total) != total or total < 0:
-        raise ValueError(f"total must be a non-negative integer, got {total}")
-    quota = w / w.sum() * int(total)
-    base = np.floor(quota).astype(np.int64)
-    left = int(total) - int(base.sum())
-    order = np.lexsort((np.arange(w.size), -(quota - base)))  # largest remainder first
-    base[order[:left]] += 1
-    return base
+    integral = isinstance(total, (int, np.integer)) or (
+        isinstance(total, (float, np.floating)) and bool(np.isfinite(total))
+        and float(total).is_integer())
+    if isinstance(total, bool) or not integral or total < 0:
+        raise ValueError(f"total must be a non-negative integer, got {total!r}")
+    return _hamilton(w, int(total))
 
 
 def band_weights(edges_deg, model: str = "cortex", k: float = HORTON_HOYT_K,
@@ -221,6 +243,8 @@ def band_budget(edges_deg, budget: int, k: float = HORTON_HOYT_K, e0: float = HO
     Returns:
         int64 ``[n_bands]``.
     """
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
+        raise ValueError(f"budget must be an int >= 0 (tokens), got {budget!r}")
     w = band_weights(edges_deg, model, k, e0)
     if coverage is not None:
         c = np.asarray(coverage, dtype=float)
@@ -246,8 +270,13 @@ def annulus_coverage(edges_deg, half_width_deg: float, half_height_deg: float,
     edges = check_eccentricity(edges_deg, "edges_deg")
     if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
         raise ValueError("edges_deg must be 1-D, strictly increasing, with >= 2 entries")
-    if not (half_width_deg > 0 and half_height_deg > 0):
-        raise ValueError("half_width_deg and half_height_deg must be > 0")
+    if not (np.isfinite(half_width_deg) and np.isfinite(half_height_deg)
+            and half_width_deg > 0 and half_height_deg > 0):
+        raise ValueError("half_width_deg and half_height_deg must be finite and > 0, got "
+                         f"{half_width_deg}, {half_height_deg}")
+    fix = np.asarray(fixation_deg, dtype=float)
+    if fix.shape != (2,) or not np.all(np.isfinite(fix)):
+        raise ValueError(f"fixation_deg must be a finite (x, y) in deg, got {fixation_deg!r}")
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}")
     fx, fy = (float(v) for v in fixation_deg)

@@ -1,20 +1,25 @@
 """Receptive-field size, acuity and the eccentricity -> mip-level rule.
 
-Published scalings used here (all linear in eccentricity E, deg), each with the quantity
-it describes:
+Scalings used here (all linear in eccentricity E, deg), each with the quantity it
+describes. The three constants of Harvey & Dumoulin, Freeman & Simoncelli and Song et al.
+are UNVERIFIED: they are the values quoted in the project's issue 3 and were not checked
+against the papers' own numbers (``data/biology/published_anchors.csv``, status
+``unverified``); treat them as plausible defaults, and the mip rule as a parameterised
+rule, not as a fact about vision.
 
 * Harvey & Dumoulin (2011), J Neurosci 31:13604: human V1 population receptive field
-  (pRF) size grows linearly with E; ``sigma ~ 0.5 + 0.10 E`` deg, where sigma is the
-  standard deviation of the 2-D Gaussian pRF (values as quoted in the project issue).
+  (pRF) size grows linearly with E; ``sigma ~ 0.5 + 0.10 E`` deg (unverified), where sigma
+  is the standard deviation of the 2-D Gaussian pRF.
 * Freeman & Simoncelli (2011), Nat Neurosci 14:1195: "metamers of the ventral stream";
-  V2-like pooling regions with scaling ``s ~ 0.46``, where ``s`` is the ratio of pooling-
-  region DIAMETER (radial extent) to eccentricity, ``d = s E``.
+  V2-like pooling regions with scaling ``s ~ 0.46`` (unverified), where ``s`` is the ratio of
+  pooling-region DIAMETER (radial extent) to eccentricity, ``d = s E``.
 * Song, Levi & Pelli (2014), J Vis 14(5):3: acuity threshold size grows as
-  ``a(E) = a0 (1 + E / E2)`` with ``E2 ~ 2.7`` deg (the eccentricity at which the foveal
-  threshold doubles).
+  ``a(E) = a0 (1 + E / E2)`` with ``E2 ~ 2.7`` deg (unverified; the eccentricity at which the
+  foveal threshold doubles).
 * Foveal cone Nyquist frequency: for a hexagonal mosaic with density ``d`` cones/deg^2 the
   Nyquist limit is ``f_N = 0.5 sqrt(2 d / sqrt(3))`` cycles/deg; Curcio et al.'s (1990) mean
-  peak 199,000 cones/mm^2 (x 0.0752 mm^2/deg^2, Watson 2014 eq. A7) gives ~65 c/deg.
+  peak 199,000 cones/mm^2 (x 0.0752 mm^2/deg^2, Watson 2014 eq. A7) gives 65.7 c/deg, and
+  Watson's own d_c(0) = 14,804.6 cones/deg^2 gives the 65.37 c/deg of his Table 3.
 
 The mip-level rule (:func:`mip_level_for_eccentricity`) turns any of these size laws into a
 pyramid level: level ``l`` samples every ``2**l`` base pixels, and the level increases by
@@ -31,6 +36,7 @@ import numpy as np
 from fovea_core.biology import check_eccentricity
 from fovea_core.biology.cortex import HORTON_HOYT_E0, HORTON_HOYT_K, magnification
 
+# UNVERIFIED constants (issue 3's values, not checked against the papers):
 HARVEY_SIGMA0 = 0.5       # deg, V1 pRF sigma intercept (Harvey & Dumoulin 2011)
 HARVEY_SLOPE = 0.10       # deg/deg
 FREEMAN_V2_SCALING = 0.46  # pooling diameter / eccentricity (Freeman & Simoncelli 2011)
@@ -41,7 +47,12 @@ RF_MODELS = ("prf_sigma", "acuity", "cortical", "midget_spacing")
 
 
 def prf_sigma(ecc_deg, intercept: float = HARVEY_SIGMA0, slope: float = HARVEY_SLOPE):
-    """V1 pRF Gaussian sigma (deg): ``intercept + slope * E`` (Harvey & Dumoulin 2011)."""
+    """V1 pRF Gaussian sigma (deg): ``intercept + slope * E`` (Harvey & Dumoulin 2011;
+    the default constants are unverified, see the module docstring)."""
+    if not (np.isfinite(intercept) and intercept > 0):
+        raise ValueError(f"intercept must be finite and > 0 deg, got {intercept}")
+    if not (np.isfinite(slope) and slope >= 0):
+        raise ValueError(f"slope must be finite and >= 0 deg/deg, got {slope}")
     e = check_eccentricity(ecc_deg)
     return intercept + slope * e
 
@@ -49,6 +60,8 @@ def prf_sigma(ecc_deg, intercept: float = HARVEY_SIGMA0, slope: float = HARVEY_S
 def pooling_diameter(ecc_deg, scaling: float = FREEMAN_V2_SCALING):
     """Pooling-region diameter (deg) ``s * E`` (Freeman & Simoncelli 2011; V2 s ~ 0.46).
     Zero at the fovea: the law is meant for the periphery."""
+    if not (np.isfinite(scaling) and scaling > 0):
+        raise ValueError(f"scaling must be finite and > 0, got {scaling}")
     e = check_eccentricity(ecc_deg)
     return scaling * e
 

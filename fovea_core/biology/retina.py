@@ -27,6 +27,8 @@ import numpy as np
 
 from fovea_core.biology import check_eccentricity
 
+# Provenance of every constant below: data/biology/published_anchors.csv (status, place in
+# the source, spread).
 # --- Curcio et al. 1990 (abstract) --------------------------------------------------------
 CURCIO_PEAK_CONES_PER_MM2 = 199_000.0       # mean of individual foveal peaks
 CURCIO_PEAK_RANGE = (100_000.0, 324_000.0)  # across the 8 retinas
@@ -35,11 +37,15 @@ CURCIO_TOTAL_RODS = 92e6                    # per retina (77.9-107.3 million)
 CURCIO_ROD_FREE_ZONE_MM = 0.350             # horizontal diameter (= 1.25 deg)
 RETINAL_MERIDIANS = ("temporal", "superior", "nasal", "inferior")
 
-# --- Jonas et al. 1990 (abstract): optic-nerve fibre count -------------------------------
+# --- Curcio & Allen 1990 (abstract): total ganglion cells, 6 retinas ----------------------
+CURCIO_ALLEN_TOTAL_RGC_RANGE = (0.7e6, 1.5e6)
+
+# --- Jonas et al. 1990 (abstract): optic-nerve fibre count, 22 nerves ---------------------
 JONAS_FIBRES_MEAN = 1_159_000.0
 JONAS_FIBRES_SD = 196_000.0
+JONAS_FIBRES_RANGE = (816_000.0, 1_502_000.0)
 
-# --- Watson 2014 ---------------------------------------------------------------------------
+# --- Watson 2014 (Tables 1 and 3) ---------------------------------------------------------
 WATSON_DC0 = 14_804.6        # peak cone density, cones/deg^2
 WATSON_DGF0 = 33_162.3       # peak RGC receptive-field density, cells/deg^2 (eq. 4)
 WATSON_RM = 41.03            # deg, scale of the midget fraction (eq. 7)
@@ -248,6 +254,8 @@ def cone_density_xy_mm(x_mm, y_mm):
     between the four meridians with the same elliptical rule as :func:`density_xy`.
     ``x > 0`` = temporal retina, ``y > 0`` = superior retina. Defined up to 17.91 mm."""
     x, y = np.broadcast_arrays(np.asarray(x_mm, dtype=float), np.asarray(y_mm, dtype=float))
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("x_mm and y_mm must be finite (no NaN/inf)")
     r = np.hypot(x, y)
     dh = np.where(x >= 0, cone_density_mm(r, "temporal"), cone_density_mm(r, "nasal"))
     dv = np.where(y >= 0, cone_density_mm(r, "superior"), cone_density_mm(r, "inferior"))

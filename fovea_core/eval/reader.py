@@ -6,14 +6,18 @@ only when it is installed and asked for. The reader is told *where* the answer i
 answer box, with a margin), so it measures whether the text survived the token budget,
 not whether a model could find it: an oracle-localised legibility proxy, not VLM accuracy.
 
-Results are cached by the SHA-1 of the crop's pixels (plus the reader's id) in a SQLite
-file under ``data/cache/reader/``, so re-running a sweep costs only the allocators.
+Results are cached in a SQLite file under ``data/cache/reader/`` (one file per reader id),
+keyed by the SHA-1 of the crop's pixels *and* of the reader's fingerprint
+(:func:`reader_versions`: the OCR library versions and the identity of the recognition model),
+so re-running a sweep costs only the allocators, and a library or model upgrade never
+reuses text read by the old one.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import shutil
 import sqlite3
 import subprocess
@@ -107,6 +111,55 @@ def _rapidocr_engine(threads: int):
                             "EngineConfig.onnxruntime.intra_op_num_threads": threads})
 
 
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def _file_sha1(path: Path) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def reader_versions(engine: str) -> tuple[tuple[str, str], ...]:
+    """What the OCR output of ``engine`` depends on besides the pixels, as sorted
+    ``(name, value)`` pairs: library versions and the recognition model's identity.
+
+    * ``"rapidocr"``: the ``rapidocr``, ``onnxruntime`` and ``opencv-python-headless``
+      versions, the recognition model's file name and SHA-1 (the ONNX file the engine
+      loaded from inside the wheel) and its input shape;
+    * ``"tesseract"``: the first line of ``tesseract --version``.
+
+    Computed once per process (loading the engine if needed). Part of every cache key of
+    :class:`Reader`.
+    """
+    if engine == "rapidocr":
+        rec = _rapidocr_engine(1)._load_rec_model()
+        path = getattr(getattr(rec.session, "session", None), "_model_path", None)
+        if path is None:   # fall back to every recognition model shipped with the wheel
+            root = Path(rec.cfg.model_root_dir)
+            files = sorted(root.glob("*rec*.onnx"))
+            model = ",".join(f"{f.name}:{_file_sha1(f)}" for f in files)
+        else:
+            model = f"{Path(path).name}:{_file_sha1(Path(path))}"
+        return tuple(sorted({
+            "rapidocr": _dist_version("rapidocr"),
+            "onnxruntime": _dist_version("onnxruntime"),
+            "opencv": _dist_version("opencv-python-headless"),
+            "rec_model": model,
+            "rec_input": str(list(rec.rec_image_shape)),
+        }.items()))
+    res = subprocess.run(["tesseract", "--version"], capture_output=True, check=False)
+    out = (res.stdout or res.stderr).decode("utf-8", "replace").splitlines()
+    return (("tesseract", out[0].strip() if out else "unknown"),)
+
+
 class Reader:
     """OCR of single text lines, cached by crop hash.
 
@@ -133,6 +186,17 @@ class Reader:
         self.id = f"{engine}-m{self.margin:g}"
         self.cache = _Cache(None if cache_dir is None else Path(cache_dir) / f"{self.id}.sqlite")
 
+    @property
+    def versions(self) -> dict[str, str]:
+        """Library versions and model identity of this reader (:func:`reader_versions`)."""
+        return dict(reader_versions(self.engine))
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-1 of :attr:`versions`: the part of every cache key that is not pixels."""
+        text = "|".join(f"{k}={v}" for k, v in reader_versions(self.engine))
+        return hashlib.sha1(text.encode()).hexdigest()
+
     def _recognise(self, crop: np.ndarray) -> str:
         if self.engine == "rapidocr":
             out = _rapidocr_engine(self.threads)(crop, use_det=False, use_cls=False, use_rec=True)
@@ -149,8 +213,8 @@ class Reader:
         crop = to_uint8(crop)
         if crop.shape[0] < 2 or crop.shape[1] < 2:
             return ""
-        key = hashlib.sha1(np.asarray(crop.shape, np.int64).tobytes() + crop.tobytes()
-                           ).hexdigest()
+        key = hashlib.sha1(self.fingerprint.encode() + np.asarray(crop.shape, np.int64).tobytes()
+                           + crop.tobytes()).hexdigest()
         text = self.cache.get(key)
         if text is None:
             text = self._recognise(crop)
@@ -158,7 +222,10 @@ class Reader:
         return text
 
     def read(self, image: np.ndarray, boxes: Sequence[Box]) -> str:
-        """Read each line box of an answer from ``image [H, W, 3]``; lines joined by spaces."""
-        img = to_uint8(image)
+        """Read each line box of an answer from ``image [H, W, 3]``; lines joined by spaces.
+
+        Only the crops are converted to uint8 (:meth:`read_crop`), never the whole page:
+        a float page of 1024 x 1024 would cost ~25 ms per conversion and question."""
+        img = np.asarray(image)
         texts = [self.read_crop(crop_box(img, b, self.margin)) for b in boxes]
         return " ".join(t for t in texts if t)

@@ -17,6 +17,8 @@ text              RapidOCR DB detector text probability, mean per cell
 text_saliency     0.7 text + 0.3 saliency
 query             query-aware: MiniLM similarity of peripheral OCR lines x spatial words
 query_saliency    0.8 query + 0.2 saliency (needs ``query``)
+query_noprior     ``query`` without the spatial word prior (the ablation of chapter 07)
+query_saliency_noprior  0.8 query_noprior + 0.2 saliency
 none              all zeros: for allocators that look at the pixels themselves (reads nothing)
 ================  ===========================================================================
 
@@ -68,18 +70,32 @@ def _text_saliency(image: ImageLike, *, query: str | None = None, patch: int = 1
     return normalise(0.7 * text_likelihood(x, patch=patch) + 0.3 * _saliency(x, patch=patch))
 
 
-def _query(image: ImageLike, *, query: str | None = None, patch: int = 16) -> torch.Tensor:
+def _query(image: ImageLike, *, query: str | None = None, patch: int = 16,
+           prior: bool = True) -> torch.Tensor:
     """Query-aware map (:func:`~fovea_core.importance.query.query_scores`); needs ``query``."""
     if query is None:
         raise ValueError("the 'query' scorer needs query= (a non-empty question string)")
-    return query_scores(image, query, patch=patch)
+    return query_scores(image, query, patch=patch, prior=prior)
 
 
-def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16
-                    ) -> torch.Tensor:
+def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16,
+                    prior: bool = True) -> torch.Tensor:
     """``0.8 * query + 0.2 * saliency``, peak 1; needs ``query``."""
     x, _ = prepare(image, patch)
-    return normalise(0.8 * _query(x, query=query, patch=patch) + 0.2 * _saliency(x, patch=patch))
+    return normalise(0.8 * _query(x, query=query, patch=patch, prior=prior)
+                     + 0.2 * _saliency(x, patch=patch))
+
+
+def _query_noprior(image: ImageLike, *, query: str | None = None, patch: int = 16
+                   ) -> torch.Tensor:
+    """:func:`_query` without the spatial word prior (ablation)."""
+    return _query(image, query=query, patch=patch, prior=False)
+
+
+def _query_saliency_noprior(image: ImageLike, *, query: str | None = None, patch: int = 16
+                            ) -> torch.Tensor:
+    """:func:`_query_saliency` without the spatial word prior (ablation)."""
+    return _query_saliency(image, query=query, patch=patch, prior=False)
 
 
 def _none(image: ImageLike, *, query: str | None = None, patch: int = 16) -> torch.Tensor:
@@ -97,6 +113,8 @@ SCORERS: dict[str, Scorer] = {
     "text_saliency": _text_saliency,
     "query": _query,
     "query_saliency": _query_saliency,
+    "query_noprior": _query_noprior,
+    "query_saliency_noprior": _query_saliency_noprior,
     "none": _none,
 }
 
@@ -131,6 +149,8 @@ READS: dict[str, Callable[[int, int], int]] = {
     "text_saliency": lambda h, w: _det_px(h, w) + _thumbnail_px(h, w),
     "query": _half_px,
     "query_saliency": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
+    "query_noprior": _half_px,
+    "query_saliency_noprior": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
     "none": lambda h, w: 0,
 }
 

@@ -70,10 +70,10 @@ def spectral_residual(image: ImageLike, *, patch: int = 16, size: int = 64,
     Returns:
         ``[B, Gh, Gw]`` float32, peak 1.
     """
-    if size < 8:
-        raise ValueError(f"size must be >= 8, got {size}")
-    if sigma < 0:
-        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 8:
+        raise ValueError(f"size must be an int >= 8, got {size!r}")
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise ValueError(f"sigma must be finite and >= 0, got {sigma}")
     x, _ = prepare(image, patch)
     h, w = x.shape[-2:]
     scale = size / max(h, w)
@@ -119,8 +119,8 @@ def center_bias(image: ImageLike, *, patch: int = 16, sigma: float = CENTER_SIGM
     content is ignored; only its size matters. Peak 1 at the centre, symmetric about it
     when ``H`` and ``W`` are multiples of ``patch``.
     """
-    if sigma <= 0 or nu <= 0:
-        raise ValueError(f"sigma and nu must be > 0, got sigma={sigma}, nu={nu}")
+    if not (math.isfinite(sigma) and sigma > 0 and math.isfinite(nu) and nu > 0):
+        raise ValueError(f"sigma and nu must be finite and > 0, got sigma={sigma}, nu={nu}")
     x, _ = prepare(image, patch)
     b, _, h, w = x.shape
     ys, xs = cell_centres(h, w, patch)

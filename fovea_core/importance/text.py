@@ -102,7 +102,10 @@ def read_text(image_bgr: np.ndarray, *, min_conf: float = 0.5) -> TextRead:
     coordinates, the recognised strings and their recognition confidences; lines with
     confidence below ``min_conf`` or empty strings are dropped.
     """
-    if image_bgr.ndim != 3 or image_bgr.shape[-1] != 3 or image_bgr.dtype != np.uint8:
+    if not (isinstance(min_conf, (int, float)) and 0 <= min_conf <= 1):
+        raise ValueError(f"min_conf must be a number in [0, 1], got {min_conf!r}")
+    if not isinstance(image_bgr, np.ndarray) or image_bgr.ndim != 3 or \
+            image_bgr.shape[-1] != 3 or image_bgr.dtype != np.uint8:
         raise ValueError(f"image_bgr must be uint8 [H, W, 3], got {image_bgr.dtype} {image_bgr.shape}")
     res = ocr_engine()(image_bgr, use_cls=False)
     if res.boxes is None or res.txts is None or len(res.boxes) == 0:
