@@ -67,4 +67,14 @@ log "sampling benchmark (B = 1, 64)"
 $PY -m fovea_core.bench sampling --gpu-only --gpu-batches 1 64 >"$OUT/sampling.log" 2>&1
 tail -12 "$OUT/sampling.log"
 cp data/benchmarks/sampling_gpu.json "$OUT/" 2>/dev/null
+log "ncu: DRAM traffic of the gather kernel (B = 64)"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+  timeout 240 "$NCU" --target-processes all -k regex:gather_patches --launch-skip 1 --launch-count 2 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+      $PY -m fovea_core.bench gather_probe >"$OUT/ncu_gather.txt" 2>&1
+  grep -E "gather_patches|gpu__time|dram__|warps_active|registers" "$OUT/ncu_gather.txt" | head -30
+else
+  log "ncu not found"
+fi
 log "done"

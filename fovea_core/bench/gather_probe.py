@@ -1,0 +1,25 @@
+"""A minimal GPU workload for a profiler (``ncu``): the gather kernel at batch 64, N = 273,
+on NCHW and channels-last pyramids (``python -m fovea_core.bench gather_probe``)."""
+
+from __future__ import annotations
+
+import torch
+
+from fovea_core import kernels as K
+from fovea_core.bench.sampling import v1_tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    x = torch.rand(64, 3, 1024, 1024, device="cuda")
+    tokens = v1_tokens(64).to("cuda")
+    for pyr in (K.device_pyramid(x), K.device_pyramid(x.contiguous(memory_format=torch.channels_last))):
+        out = K.gather_patches(pyr, tokens)
+        for _ in range(3):
+            K.gather_patches(pyr, tokens, out=out)
+    torch.cuda.synchronize()
+    print("probe done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
