@@ -321,13 +321,18 @@ def test_fast_sample_equals_the_reference(seed, h, w, frac, atlas):
 
 
 def test_fast_remap_equals_the_reference():
+    from fovea_core.sample import remap_fast
+
     g = torch.Generator().manual_seed(0)
     img = torch.rand(2, 3, 31, 47, generator=g)
     lut = torch.rand(2, 20, 25, 2, generator=g) * torch.tensor([51.0, 35.0]) - 2
     ref = remap_reference(img, lut)
-    assert (remap(img, lut) - ref).abs().max() <= 1e-5
-    assert (remap(img.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), lut)
+    assert torch.equal(remap(img, lut), ref)
+    assert (remap_fast(img, lut) - ref).abs().max() <= 1e-5
+    assert (remap_fast(img.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), lut)
             - ref).abs().max() <= 1e-5
+    ys, xs = torch.meshgrid(torch.arange(31.0), torch.arange(47.0), indexing="ij")
+    assert torch.equal(remap_fast(img, torch.stack([xs, ys], -1)[None]), img)  # integer LUT
 
 
 @settings(max_examples=20, deadline=None)

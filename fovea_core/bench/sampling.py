@@ -13,7 +13,8 @@ all paths interleaved round by round, :func:`~fovea_core.bench.common.time_round
   :func:`fovea_core.pyramid.build_pyramid` (one ``grid_sample`` call); ``sample_reference``
   (the exact arithmetic) and ``loop`` (one ``grid_sample`` per token, the seeds' sampler);
 * log-polar LUT remap (256 x 256 from the whole image): ``cv2.remap`` on the HWC image,
-  :func:`fovea_core.sample.remap` on the same memory, the g++ kernel.
+  :func:`fovea_core.sample.remap` (exact float weights) and ``remap_fast`` (one
+  ``grid_sample`` call) on the same memory, the g++ kernel.
 
 **GPU** (when the CUDA backend is available), batch 1 and 64: the gather kernel (driver
 and pycuda bindings), ``K.device_pyramid`` and the end-to-end path, the torch path, one
@@ -41,7 +42,7 @@ from fovea_core import kernels as K
 from fovea_core.allocators.cortical import v1_cortical
 from fovea_core.bench.common import ratio, time_it, time_rounds, write_result
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
-from fovea_core.sample import remap, remap_reference, sample, sample_reference
+from fovea_core.sample import remap, remap_fast, remap_reference, sample, sample_reference
 from fovea_core.tokens import TokenSet
 
 SIZE = 1024
@@ -213,6 +214,8 @@ def cpu_section(rounds: int) -> dict:
         "loop_vs_reference_max_abs": float((loop_sample(pyr, tokens) - exact).abs().max()),
         "remap_torch_vs_reference_max_abs": float((remap(base_hwc, lut)
                                                    - remap_reference(base_hwc, lut)).abs().max()),
+        "remap_fast_vs_reference_max_abs": float((remap_fast(base_hwc, lut)
+                                                  - remap_reference(base_hwc, lut)).abs().max()),
         "remap_kernel_vs_reference_max_abs": float((K.remap(base_hwc, lut, backend="cpu")
                                                     - remap_reference(base_hwc, lut)).abs().max()),
     }
@@ -228,6 +231,7 @@ def cpu_section(rounds: int) -> dict:
         "remap_cv2": lambda: cv2.remap(img, mx, my, cv2.INTER_LINEAR,
                                        borderMode=cv2.BORDER_CONSTANT),
         "remap_torch": lambda: remap(base_hwc, lut),
+        "remap_torch_grid_sample": lambda: remap_fast(base_hwc, lut),
         "remap_kernel": lambda: K.remap(base_hwc, lut, backend="cpu"),
     }
     t = time_rounds(fns, rounds=rounds, warmup=3)
@@ -242,6 +246,7 @@ def cpu_section(rounds: int) -> dict:
         "e2e_kernel/copy_floor": ratio(t, "e2e_kernel", "copy_floor"),
         "sample_torch/grid_sample_one_call": ratio(t, "sample_torch", "grid_sample_one_call"),
         "remap_torch/remap_cv2": ratio(t, "remap_torch", "remap_cv2"),
+        "remap_torch_grid_sample/remap_cv2": ratio(t, "remap_torch_grid_sample", "remap_cv2"),
         "remap_kernel/remap_cv2": ratio(t, "remap_kernel", "remap_cv2"),
         "gather_kernel/grid_sample_one_call": ratio(t, "gather_kernel", "grid_sample_one_call"),
         "loop/e2e_kernel": {"ratio_of_medians": ts["loop"]["median_ms"]
