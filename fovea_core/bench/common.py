@@ -142,7 +142,7 @@ def staleness(record: dict) -> dict:
         return {"commit": short, "stale": True, "measured_sha1": None, "current_sha1": None,
                 "label": f"commit {short or 'unknown'} (stale: no source fingerprint)"}
     now = source_fingerprint(src["files"])["sha1"]
-    stale = now != src.get("sha1") or bool(hw.get("git_dirty"))
+    stale = now != src.get("sha1")          # the measured files themselves, byte for byte
     return {"commit": short, "stale": stale, "measured_sha1": src.get("sha1"),
             "current_sha1": now,
             "label": f"commit {short or 'unknown'}" + (" (stale)" if stale else "")}
