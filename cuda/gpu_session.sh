@@ -77,4 +77,7 @@ if [ -n "$NCU" ]; then
 else
   log "ncu not found"
 fi
+# at most 8 files come back: the long logs travel as one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" pycuda_build.log vlm.log sampling.log 2>/dev/null \
+  && rm -f "$OUT/pycuda_build.log" "$OUT/vlm.log" "$OUT/sampling.log"
 log "done"
