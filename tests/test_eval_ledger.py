@@ -90,3 +90,27 @@ def test_judge_gives_no_verdict_below_the_minimum_documents():
 
     assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=5) == "too few documents (n = 5)"
     assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=40) == "confirmed"
+
+
+def test_benchmark_claims_judge_targets_and_mark_stale_figures(tmp_path):
+    import json
+
+    from fovea_core.bench.common import source_fingerprint
+    from fovea_core.eval.ledger import benchmark_claims
+
+    fresh = source_fingerprint(["fovea_core/sample.py"])
+    rec = {"hardware": {"git_commit": "0123456789abcdef"}, "sources": fresh,
+           "cpu": {"targets": {"e2e_kernel_le_2ms": {"target": 2.0, "measured": 1.5},
+                               "torch_over_grid_sample_le_1.5": {"target": 1.5,
+                                                                 "measured": 3.0}}}}
+    (tmp_path / "sampling.json").write_text(json.dumps(rec))
+    rows = {c.claim: c for c in benchmark_claims(tmp_path)}
+    e2e = rows["CPU pyramid + gather of 273 tokens, 1024^2 (median)"]
+    assert e2e.verdict == "confirmed" and "commit 0123456" in e2e.measured
+    assert "(stale)" not in e2e.measured
+    assert rows["torch sample / one grid_sample call"].verdict == "not confirmed"
+    # the measured source changed since (a different fingerprint): marked stale
+    rec["sources"] = dict(fresh, sha1="0" * 40)
+    (tmp_path / "sampling.json").write_text(json.dumps(rec))
+    assert all("(stale)" in c.measured for c in benchmark_claims(tmp_path))
+    assert benchmark_claims(tmp_path / "nothing") == []

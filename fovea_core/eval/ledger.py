@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 
 from fovea_core.eval.stats import too_few
 
-__all__ = ["Claim", "judge", "ledger_frame", "NOT_MEASURED", "STAND_IN", "MODES"]
+__all__ = ["Claim", "benchmark_claims", "judge", "ledger_frame", "NOT_MEASURED", "STAND_IN",
+           "MODES"]
 
 NOT_MEASURED = "not measured in this build"
 #: a claim about a system this build cannot run (e.g. a 2-7 B model on a GPU) measured on a
@@ -102,3 +103,79 @@ def ledger_frame(claims: list[Claim]):
     if not claims:
         raise ValueError("claims must be a non-empty list of Claim")
     return pd.DataFrame([asdict(c) for c in claims])
+
+
+def _bench(bench_dir, name: str) -> dict | None:
+    import json
+    from pathlib import Path
+
+    p = Path(bench_dir) / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _source_text(record: dict) -> str:
+    """``"commit abcd1234"`` (+ ``" (stale)"`` when the measured sources changed since)."""
+    from fovea_core.bench.common import staleness
+
+    return staleness(record)["label"]
+
+
+def benchmark_claims(bench_dir) -> list[Claim]:
+    """The speed targets of the issues as ledger rows, from the benchmark JSON in
+    ``bench_dir`` (``sampling``, ``allocators``, ``sampling_gpu``, ``vlm_latency_gpu``).
+
+    Each row names the target, the measured value and the commit it came from, marked
+    ``(stale)`` when the measured sources changed since
+    (:func:`fovea_core.bench.common.staleness`); a missing file gives no row. Verdicts come
+    from :func:`judge` (thresholds: ``"below"`` / ``"above"``)."""
+    rows: list[Claim] = []
+    s = _bench(bench_dir, "sampling")
+    names = {"e2e_kernel_le_2ms": ("CPU pyramid + gather of 273 tokens, 1024^2 (median)",
+                                   "ms", "05_cuda_kernels"),
+             "e2e_over_copy_le_1.5_moonshot": ("CPU end to end / copy floor (moonshot)", "x",
+                                               "05_cuda_kernels"),
+             "torch_over_grid_sample_le_1.5": ("torch sample / one grid_sample call", "x",
+                                               "05_cuda_kernels"),
+             "remap_torch_over_cv2_le_2": ("torch log-polar remap / cv2.remap", "x",
+                                           "05_cuda_kernels")}
+    if s and "targets" in s.get("cpu", {}):
+        src = _source_text(s)
+        for key, t in s["cpu"]["targets"].items():
+            claim, unit, where = names.get(key, (key, "", "05_cuda_kernels"))
+            rows.append(Claim(claim, "issue target", f"<= {t['target']:g}",
+                              f"{t['measured']:.3g} ({src})", unit, where,
+                              judge(t["target"], t["measured"], mode="below")))
+    a = _bench(bench_dir, "allocators")
+    if a and "allocators" in a:
+        target = float(a.get("target_ms_per_image_issue13", 1.0))
+        timed = {k: v for k, v in a["allocators"].items() if not v.get("exempt")}
+        worst = max(timed, key=lambda k: timed[k]["median_ms_per_image"])
+        ok = sum(v["median_ms_per_image"] <= target for v in timed.values())
+        rows.append(Claim(f"every allocator that does not read pixels <= {target:g} ms/image "
+                          f"at batch 32 ({ok} of {len(timed)} meet it; slowest: {worst})",
+                          "issue target", f"<= {target:g}",
+                          f"{timed[worst]['median_ms_per_image']:.3g} ({_source_text(a)})",
+                          "ms/image", "06_allocator_gallery",
+                          judge(target, timed[worst]["median_ms_per_image"], mode="below")))
+    g = _bench(bench_dir, "sampling_gpu")
+    if g and "B64" in g.get("gpu", {}):
+        paths = g["gpu"]["B64"]["bandwidth"]["paths"]
+        kern = {k: v for k, v in paths.items() if k.startswith("gather_kernel")}
+        best = max(kern, key=lambda k: kern[k]["fraction_of_datasheet"])
+        frac = kern[best]["fraction_of_datasheet"]
+        rows.append(Claim(f"GPU gather at B = 64: fraction of the memory bandwidth ({best}, "
+                          f"{g['hardware'].get('gpu', 'GPU')})", "issue target", ">= 0.5",
+                          f"{frac:.2f} ({_source_text(g)})", "of datasheet",
+                          "05_cuda_kernels", judge(0.5, frac, mode="above")))
+    v = _bench(bench_dir, "vlm_latency_gpu")
+    runs = [r for r in (v or {}).get("runs", []) if "speedup_over_bound" in r]
+    if runs:
+        r = max(runs, key=lambda r: r["speedup_over_bound"])
+        mode = "CUDA graph" if r.get("cuda_graph") else "eager"
+        rows.append(Claim(f"VLM prefill 273 vs 4096 tokens, {r['model']} {r['dtype']} on "
+                          f"{r['device']} ({mode}): share of the FLOP-ratio bound",
+                          "issue target", ">= 0.8",
+                          f"{r['speedup_over_bound']:.2f} ({_source_text(v)})",
+                          "of bound", "15_vlm_integration",
+                          judge(0.8, r["speedup_over_bound"], mode="above")))
+    return rows
