@@ -206,10 +206,38 @@ def test_the_cache_key_covers_every_input_and_nothing_else(tmp_path, monkeypatch
         path.write_text(old + " ")
         assert (key() != base) == changes, rel
         path.write_text(old)
-        os.utime(path, ns=(0, 0)) if rel.startswith(("data/", "datasets/")) else None
-        if rel.startswith(("data/biology", "datasets/")):
-            base = key()          # the manifest holds mtimes: restoring the text is a change
+        if rel.startswith("datasets/"):
+            base = key()          # datasets are listed with mtimes: a rewrite is a change
         assert key() == base, rel
+    os.utime(root / "data/biology/t.csv", ns=(0, 0))      # project data: content, not mtime
+    assert key() == base
     (root / "datasets" / "osie-dev").mkdir()
     (root / "datasets" / "osie-dev" / "new.jpg").write_text("x")
     assert key() != base
+
+
+def test_kernels_are_not_interrupted_at_shutdown():
+    """jupyter_client interrupts a kernel before shutting it down; the runner's manager does not
+    (the interrupt made ipykernel log "KeyboardInterrupt caught in kernel." on the terminal)."""
+    import asyncio
+    import signal
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from fovea_core.book.runner import kernel_config, kernel_manager_class
+
+    async def signals_sent(cls) -> list:
+        km = cls(kernel_name="fovea", config=kernel_config())
+        sent, original = [], km._async_signal_kernel
+
+        async def record(signum):
+            sent.append(signum)
+            await original(signum)
+
+        km._async_signal_kernel = record
+        await km.start_kernel()
+        await km.shutdown_kernel()
+        return sent
+
+    assert signal.SIGINT in asyncio.run(signals_sent(AsyncKernelManager))   # the cause
+    assert signal.SIGINT not in asyncio.run(signals_sent(kernel_manager_class()))

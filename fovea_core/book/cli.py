@@ -91,7 +91,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def cmd_check_html(args: argparse.Namespace) -> int:
     from pathlib import PurePosixPath
 
-    from fovea_core.book.browser import check_site, find_chromium
+    from fovea_core.book.browser import check_site, find_chromium, glue_expectations
     from fovea_core.book.runner import toc_files
 
     root = _root(args.root)
@@ -109,7 +109,7 @@ def cmd_check_html(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     print(f"Checking {html} in headless Chromium (screenshots: {os.path.relpath(shots)})")
     report = check_site(html, toc=files[1:], root_page=files[0] + ".html", search=args.search,
-                        screenshots=shots)
+                        screenshots=shots, glue=glue_expectations(root / "_build" / "src"))
     if report.offline:
         print(f"  not checked (other hosts, offline here): {sorted(report.offline)}")
     n = len(report.pages)

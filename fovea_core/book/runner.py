@@ -103,6 +103,33 @@ def kernel_config():
     return Config({"KernelManager": km})
 
 
+def kernel_manager_class() -> type:
+    """papermill's kernel manager, minus the interrupt that jupyter_client sends at shutdown.
+
+    jupyter_client >= 8.9 sends SIGINT to a kernel before asking it to shut down. When the
+    signal lands while ipykernel is still inside a message handler (it has just answered
+    the last cell), the kernel logs "KeyboardInterrupt caught in kernel." on the terminal;
+    that happened for about one notebook per build. A papermill run is over when its kernel
+    is shut down, so there is nothing to interrupt: the shutdown request is sent as usual
+    and a kernel that does not exit is still killed after ``shutdown_wait_time``.
+    """
+    global _KM
+    if _KM is None:
+        from jupyter_client.manager import AsyncKernelManager
+
+        class BookKernelManager(AsyncKernelManager):
+            async def _async_interrupt_kernel(self) -> None:
+                if self.shutting_down:
+                    return
+                await super()._async_interrupt_kernel()
+
+        _KM = BookKernelManager
+    return _KM
+
+
+_KM: type | None = None
+
+
 def hide_injected_cell(path: Path) -> None:
     """Tag papermill's injected-parameters cell ``hide-cell`` in an executed copy."""
     nb = json.loads(path.read_text(encoding="utf-8"))
@@ -135,7 +162,8 @@ def execute_notebook(src: Path, dst: Path, profile: str, *, kernel: str = KERNEL
     try:
         pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel,
                             cwd=str(src.parent), progress_bar=False,
-                            execution_timeout=timeout, config=kernel_config())
+                            execution_timeout=timeout, config=kernel_config(),
+                            kernel_manager_class=kernel_manager_class())
     except PapermillExecutionError as exc:
         raise NotebookFailed(f"{label or src}: {_describe_failure(dst, exc)}") from None
     hide_injected_cell(dst)
@@ -267,20 +295,42 @@ def stage(root: Path, out: Path) -> None:
             _copy_if_changed(src, dst)
 
 
+def _html_fingerprint(root: Path) -> str:
+    """What Sphinx does not track itself: the locked packages (theme, extensions) and the
+    book's own Sphinx extensions. When it changes, every page is written again (``--all``)."""
+    from fovea_core.book.cache import LOCK_FILE
+
+    parts = [(p.relative_to(root).as_posix(), sha256_file(p))
+             for p in sorted((root / "book" / "_ext").glob("*.py"))]
+    lock = root / LOCK_FILE
+    parts.append((LOCK_FILE, sha256_file(lock) if lock.exists() else None))
+    return json.dumps(parts)
+
+
 def build_html(root: Path, src: Path | None = None, *, quiet: bool = True) -> Path:
     """``jupyter-book build -W -n --keep-going`` of the staged tree into ``root/_build/html``.
 
     Incremental: Sphinx re-reads only pages whose staged file changed. With ``quiet``,
-    Sphinx's status lines are dropped (``-q``); warnings and errors are still printed.
+    Sphinx's status lines (``-q``) and Jupyter Book's banner are dropped; warnings and
+    errors are still printed (stderr), and the banner too when the build fails.
     """
     src = src or root / "_build" / "src"
     stage(root, src)
+    stamp = root / "_build" / "html" / ".tools.json"
+    fingerprint = _html_fingerprint(root)
+    rebuild = not stamp.exists() or stamp.read_text() != fingerprint
     exe = Path(sys.executable).parent / "jupyter-book"
     cmd = [str(exe if exe.exists() else "jupyter-book"), "build", str(src),
-           "--path-output", str(root), "-W", "-n", "--keep-going"] + (["-q"] if quiet else [])
+           "--path-output", str(root), "-W", "-n", "--keep-going"] + (["-q"] if quiet else []) \
+        + (["--all"] if rebuild else [])
     print("$", " ".join(os.path.relpath(c) if os.path.isabs(c) else c for c in cmd), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    result = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else None, text=True)
+    if result.returncode:
+        print(result.stdout or "", end="", flush=True)
+        stamp.unlink(missing_ok=True)
+        raise subprocess.CalledProcessError(result.returncode, cmd)
+    stamp.write_text(fingerprint)
     index = root / "_build" / "html" / "index.html"
     print(f"HTML built in {time.perf_counter() - t0:.1f} s: {index}", flush=True)
     return index
