@@ -129,7 +129,8 @@ def lab_command(root: Path, port: int, token: str) -> list[str]:
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
             # see runner.kernel_config: kernels get CurveZMQ keys, no plain-TCP warning
-            "--KernelManager.transport_encryption=auto"]
+            "--KernelManager.transport_encryption=auto"] + (
+                ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
