@@ -58,7 +58,7 @@ def test_batch_runs_the_grid_collects_the_table_and_resumes(tmp_path):
     folder = tmp_path / "_build" / "runs" / "batch"
     assert sorted(p.name for p in folder.glob("*.ipynb")) == ["a=1,label=q.ipynb",
                                                              "a=2,label=q.ipynb"]
-    rows = list(csv.DictReader(open(folder / "glued.csv")))
+    rows = list(csv.DictReader((folder / "glued.csv").read_text().splitlines()))
     assert [r["run"] for r in rows] == ["a=1,label=q", "a=2,label=q"]
     assert [r["status"] for r in rows] == ["ran", "ran"]
     assert [r["product"] for r in rows] == ["10", "20"]                  # a * b, b = 10
@@ -78,7 +78,7 @@ def test_batch_runs_the_grid_collects_the_table_and_resumes(tmp_path):
     second = subprocess.run(base + ["-p", "a", "1", "2", "3", "'x'", "-p", "label", "q"],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert second.returncode == 1, second.stdout + second.stderr
-    rows = list(csv.DictReader(open(folder / "glued.csv")))
+    rows = list(csv.DictReader((folder / "glued.csv").read_text().splitlines()))
     assert [r["status"] for r in rows] == ["cached", "cached", "ran", "failed"]
     assert [r["product"] for r in rows] == ["10", "20", "30", ""]
     assert (folder / "a=1,label=q.ipynb").stat().st_mtime_ns == mtime

@@ -69,8 +69,7 @@ def glue_scalar(output: dict) -> tuple[str, object] | None:
     if not meta:
         return None
     prefix = meta.get("mime_prefix", "")
-    data = {k[len(prefix):] if k.startswith(prefix) else k: v
-            for k, v in output.get("data", {}).items()}
+    data = {k.removeprefix(prefix) if prefix else k: v for k, v in output.get("data", {}).items()}
     if any(k.startswith("image/") or k == "text/html" for k in data):
         return None                          # figures, tables
     if "text/markdown" in data:

@@ -132,12 +132,14 @@ def tidy_notebook(nb: dict) -> list[str]:
 
 
 def dumps(nb: dict, like: str | None = None) -> str:
-    """Serialise as Jupyter does; keep ``like``'s escaping of non-ASCII text when it had one."""
-    ascii_ = like is not None and like.isascii() and json.dumps(
-        json.loads(like), indent=1, sort_keys=True, ensure_ascii=True) + "\n" == like \
-        and not like == json.dumps(json.loads(like), indent=1, sort_keys=True,
-                                   ensure_ascii=False) + "\n"
-    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=ascii_) + "\n"
+    """Serialise as Jupyter does (one-space indent, sorted keys, UTF-8 text).
+
+    ``like`` is the file's previous text: when it escaped its non-ASCII characters
+    (``\\u00e9``), the new text does too, so unchanged cells keep their bytes.
+    """
+    escaped = like is not None and like.isascii() and not json.dumps(
+        json.loads(like), ensure_ascii=False).isascii()
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=escaped) + "\n"
 
 
 def tidy_file(path: Path, *, write: bool = True) -> list[str]:
