@@ -213,12 +213,29 @@ def _cell(value: object) -> object:
     return json.dumps(value) if isinstance(value, (list, dict, tuple)) else value
 
 
-def format_table(table: Path, max_width: int = 40) -> str:
-    """``glued.csv`` transposed for the terminal: one row per glue key, one column per run."""
+def format_table(table: Path, max_width: int = 30) -> str:
+    """``glued.csv`` transposed for the terminal: one row per glue key, one column per run.
+
+    Columns are named by the parameters that vary; numbers are shown to 4 significant
+    digits (the CSV keeps them all); long text is cut at ``max_width`` characters.
+    """
     import pandas as pd
 
-    df = pd.read_csv(table, dtype=str, keep_default_na=False).set_index("run").T
-    df = df.map(lambda s: s if len(s) <= max_width else s[:max_width - 3] + "...")
+    df = pd.read_csv(table, dtype=str, keep_default_na=False)
+    params = [c for c in df.columns[1:df.columns.get_loc("status")]]
+    varying = [c for c in params if df[c].nunique() > 1] or params[:1]
+    df.index = [",".join(f"{c}={slug(parse_value(row[c]))}" for c in varying) or row["run"]
+                for _, row in df.iterrows()]
+
+    def show(text: str) -> str:
+        try:
+            x = float(text)
+            text = text if x.is_integer() and "." not in text else f"{x:.4g}"
+        except ValueError:
+            pass
+        return text if len(text) <= max_width else text[:max_width - 3] + "..."
+
+    view = df.drop(columns=["run"]).T.map(show)
     with pd.option_context("display.max_rows", None, "display.max_columns", None,
-                           "display.width", 200, "display.max_colwidth", max_width):
-        return df.to_string()
+                           "display.width", 250, "display.max_colwidth", max_width):
+        return view.to_string()
