@@ -8,9 +8,9 @@ that can change what the notebook computes (the inputs named by issue 14):
   (except ``fovea_core/book/``, this build tool, which no notebook imports: a test checks);
 * the profile and the parameters passed to papermill;
 * a manifest of the data it may read: every file under the dataset folder
-  (``$FOVEA_DATA``, default ``data/external``; symlinks followed) and the project's own
-  ``data/`` tables (``data/cache`` excluded: it holds results, not inputs), each file as
-  *relative path, size, mtime*;
+  (``$FOVEA_DATA``, default ``data/external``; symlinks followed) as *relative path, size,
+  mtime*, and the project's own small ``data/`` tables by content (a fresh clone sets new
+  mtimes; ``data/cache`` is excluded: it holds results, not inputs);
 * the locked environment: the hash of ``requirements.lock``, the Python version and the
   installed version of every package the lock pins (a hand-upgraded package counts).
 
@@ -86,23 +86,21 @@ def dataset_dir(root: Path) -> Path:
 
 
 def data_manifest(root: Path) -> dict[str, object]:
-    """Names, sizes and mtimes of the datasets and of the project's own ``data/`` files."""
-    def listing(base: Path, skip: tuple[str, ...] = ()) -> list[tuple[str, int, int]]:
-        if not base.is_dir():
-            return []
-        rows = []
-        for p in _walk(base, follow=True):
-            rel = p.relative_to(base).as_posix()
-            if rel.split("/")[0] in skip:
-                continue
-            st = p.stat()
-            rows.append((rel, st.st_size, st.st_mtime_ns))
-        return rows
-
+    """Datasets as names, sizes and mtimes; the project's own ``data/`` files by content."""
     external = dataset_dir(root)
+    datasets = []
+    if external.is_dir():
+        for p in _walk(external, follow=True):
+            st = p.stat()
+            datasets.append((p.relative_to(external).as_posix(), st.st_size, st.st_mtime_ns))
+    project = []
+    if (root / "data").is_dir():
+        for p in _walk(root / "data", follow=False):
+            rel = p.relative_to(root / "data").as_posix()
+            if rel.split("/")[0] not in ("external", "cache"):
+                project.append((rel, sha256_file(p)))
     return {"datasets": str(external.resolve()) if external.exists() else None,
-            "datasets_files": _digest(listing(external)),
-            "project_data": _digest(listing(root / "data", skip=("external", "cache")))}
+            "datasets_files": _digest(datasets), "project_data": _digest(project)}
 
 
 def locked_packages(lock: Path) -> list[str]:
