@@ -36,11 +36,16 @@ $(STAMP): $(LOCK) pyproject.toml
 lock: pyproject.toml
 	test -x $(LOCK_TOOLS)/bin/uv || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
 	  $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
+	# uv keeps the pins it finds in its output file (unless UPGRADE=1): start from the lock
+	if [ -f $(LOCK) ]; then cp $(LOCK) $(LOCK_TOOLS)/$(LOCK); fi
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra book --extra test --extra ocr \
 	  --python-version 3.11 --generate-hashes --index-strategy unsafe-best-match \
 	  $(TORCH_SOURCE) $(if $(UPGRADE),--upgrade,) --custom-compile-command "make lock" \
-	  --quiet -o $(LOCK)
-	grep -q '^torch==2.13.0+cpu' $(LOCK) || { echo "$(LOCK): torch is not the 2.13.0 CPU wheel" >&2; exit 1; }
+	  --quiet -o $(LOCK_TOOLS)/$(LOCK)
+	grep -q '^torch==2.13.0+cpu' $(LOCK_TOOLS)/$(LOCK) || { echo "$(LOCK): torch is not the 2.13.0 CPU wheel" >&2; exit 1; }
+	# replace the lock only when it changed (its mtime decides whether make reinstalls .venv)
+	if cmp -s $(LOCK_TOOLS)/$(LOCK) $(LOCK); then rm $(LOCK_TOOLS)/$(LOCK); echo "$(LOCK) unchanged"; \
+	else mv $(LOCK_TOOLS)/$(LOCK) $(LOCK); echo "$(LOCK) updated"; fi
 
 # Datasets are read from $FOVEA_DATA (default data/external); link the shared copy if it is there.
 data-link:
