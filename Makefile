@@ -1,26 +1,51 @@
-# The two README commands: `make book` and `make test`. Each bootstraps .venv on first use.
+# The two README commands: `make book` and `make test`. Each bootstraps .venv on first use,
+# from the lock file (exact versions and hashes), and re-installs only when the lock changes.
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PROFILE ?= default
-# Re-install only when the package metadata changes.
+LOCK := requirements.lock
 STAMP := $(VENV)/.installed-stamp
+# `make lock`: uv (pinned) in its own venv, so locking never changes the book's environment.
+UV_VERSION := 0.13.9
+LOCK_TOOLS := _build/lock-tools
+# torch==2.13.0 is the CPU wheel: a local wheel folder where the machine has one (uv does not
+# read pip's find-links), else PyTorch's CPU index. Either way the lock pins 2.13.0+cpu.
+TORCH_WHEELS ?= /opt/wheels
+TORCH_SOURCE := $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0*),--find-links $(TORCH_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: book test lab clean data-link help
+.PHONY: book test lab lock clean clean-cache data-link help
 help:
-	@echo "make book [PROFILE=smoke|default|full]  execute every notebook with papermill, build the HTML"
-	@echo "make test                               pytest, then the whole book in the smoke profile"
-	@echo "make lab                                JupyterLab on the project's kernel"
-	@echo "make clean                              remove _build (keeps .venv)"
+	@echo "make book [PROFILE=smoke|default|full] [FORCE=1]  execute the notebooks whose inputs changed"
+	@echo "                                          (all with FORCE=1), then build the HTML"
+	@echo "make test                                 pytest, the book in the smoke profile, every page in Chromium"
+	@echo "make lab                                  JupyterLab on the project's kernel (prints the URL)"
+	@echo "make lock                                 regenerate $(LOCK) from pyproject.toml (UPGRADE=1: newest versions)"
+	@echo "make clean                                remove _build (keeps .venv and data/cache)"
+	@echo "make clean-cache                          remove data/cache (sweep results, OCR readings)"
 
-$(STAMP): pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[book,test,ocr]'
+	$(PY) -m pip install --quiet -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name fovea --display-name "Python (fovea)" >/dev/null
 	touch $@
+
+lock: pyproject.toml
+	test -x $(LOCK_TOOLS)/bin/uv || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
+	  $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
+	# uv keeps the pins it finds in its output file (unless UPGRADE=1): start from the lock
+	if [ -f $(LOCK) ]; then cp $(LOCK) $(LOCK_TOOLS)/$(LOCK); fi
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra book --extra test --extra ocr \
+	  --python-version 3.11 --generate-hashes --index-strategy unsafe-best-match \
+	  $(TORCH_SOURCE) $(if $(UPGRADE),--upgrade,) --custom-compile-command "make lock" \
+	  --quiet -o $(LOCK_TOOLS)/$(LOCK)
+	grep -q '^torch==2.13.0+cpu' $(LOCK_TOOLS)/$(LOCK) || { echo "$(LOCK): torch is not the 2.13.0 CPU wheel" >&2; exit 1; }
+	# replace the lock only when it changed (its mtime decides whether make reinstalls .venv)
+	if cmp -s $(LOCK_TOOLS)/$(LOCK) $(LOCK); then rm $(LOCK_TOOLS)/$(LOCK); echo "$(LOCK) unchanged"; \
+	else mv $(LOCK_TOOLS)/$(LOCK) $(LOCK); echo "$(LOCK) updated"; fi
 
 # Datasets are read from $FOVEA_DATA (default data/external); link the shared copy if it is there.
 data-link:
@@ -28,14 +53,20 @@ data-link:
 	  ln -s ../../shared/datasets data/external && echo "linked data/external -> ../shared/datasets"; fi
 
 book: $(STAMP) data-link
-	$(PY) -m fovea_core.book all --profile $(PROFILE)
+	$(PY) -m fovea_core.book all --profile $(PROFILE) $(if $(FORCE),--force,)
 
 test: $(STAMP) data-link
 	$(PY) -m pytest -q
 	$(PY) -m fovea_core.book all --profile smoke
+	$(PY) -m fovea_core.book check-html
 
 lab: $(STAMP) data-link
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(PY) -m fovea_core.book lab
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis
+	@echo "removed _build; computed caches in data/cache are kept (make clean-cache removes them)"
+
+clean-cache:
+	rm -rf data/cache
+	@echo "removed data/cache (sweep results and OCR readings; the next book run recomputes them)"

@@ -1,6 +1,8 @@
-"""The papermill runner behind `make book` / `make test` fails loudly on a raising cell."""
+"""The papermill runner behind `make book` / `make test`: fails loudly on a raising cell,
+re-executes only what changed, reports quietly, hides papermill's injected cell."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,22 +17,40 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def make_project(tmp_path: Path, notebook: str) -> Path:
-    """A minimal book: the real _config.yml, an intro page and one fixture notebook."""
-    (tmp_path / "book").mkdir()
+def make_project(tmp_path: Path, *notebooks: str) -> Path:
+    """A minimal book: the real _config.yml and book/ assets, an intro page, fixture notebooks."""
+    shutil.copytree(ROOT / "book", tmp_path / "book",
+                    ignore=shutil.ignore_patterns("*.md", "__pycache__"))
     (tmp_path / "notebooks").mkdir()
+    (tmp_path / "data").mkdir()
     shutil.copy(ROOT / "_config.yml", tmp_path)
     (tmp_path / "book" / "intro.md").write_text("# Fixture book\n\nA page.\n")
-    (tmp_path / "book" / "references.bib").write_text((ROOT / "book" / "references.bib").read_text())
-    shutil.copy(FIXTURES / notebook, tmp_path / "notebooks" / notebook)
-    (tmp_path / "_toc.yml").write_text(
-        f"format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/{Path(notebook).stem}\n")
+    chapters = ""
+    for notebook in notebooks:
+        shutil.copy(FIXTURES / notebook, tmp_path / "notebooks" / notebook)
+        chapters += f"  - file: notebooks/{Path(notebook).stem}\n"
+    (tmp_path / "_toc.yml").write_text(f"format: jb-book\nroot: book/intro\nchapters:\n{chapters}")
     return tmp_path
 
 
-def run_book(root: Path, command: str = "all") -> subprocess.CompletedProcess:
+def run_book(root: Path, command: str = "all", *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FOVEA_DATA": str(root / "datasets")}
     return subprocess.run([sys.executable, "-m", "fovea_core.book", command, "--profile", "smoke",
-                           "--root", str(root)], capture_output=True, text=True, timeout=600)
+                           "--root", str(root), *extra], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=root)
+
+
+def run_here(root: Path, monkeypatch, *, force: bool = False) -> list:
+    """``run`` in this process (no interpreter start-up): the runs, as the CLI would print."""
+    from fovea_core.book.runner import run_all
+
+    monkeypatch.setenv("FOVEA_DATA", str(root / "datasets"))
+    return run_all(root, "smoke", force=force)
+
+
+def statuses(root: Path) -> dict[str, str]:
+    timings = json.loads((root / "_build" / "src" / "timings.json").read_text())
+    return {Path(r["notebook"]).name: r["status"] for r in timings["runs"]}
 
 
 def test_raising_cell_fails_the_run_and_names_notebook_and_cell(tmp_path):
@@ -55,6 +75,81 @@ def test_working_notebook_is_executed_with_the_profile_and_built(tmp_path):
     assert "PROFILE=smoke" in html          # the page shows papermill's outputs
     timings = json.loads((root / "_build" / "src" / "timings.json").read_text())
     assert [r["ok"] for r in timings["runs"]] == [True]
+    assert [r["status"] for r in timings["runs"]] == ["ran"]
+    # the page starts with its title; papermill's injected cell is collapsed, not removed
+    cells = json.loads((root / "_build" / "src" / "notebooks" / "ok.ipynb").read_text())["cells"]
+    injected = [c for c in cells if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert len(injected) == 1 and "hide-cell" in injected[0]["metadata"]["tags"]
+    assert 'profile = "smoke"' in "".join(injected[0]["source"])
+    assert "toggle-details" in html or "tag_hide-cell" in html
+
+
+def test_progress_is_one_quiet_line_per_notebook_and_a_summary(tmp_path):
+    """No kernel transport warning, one status line per notebook, a table at the end."""
+    result = run_book(make_project(tmp_path, "ok.ipynb"), "run")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "without encryption" not in out
+    assert "WARNING" not in out, out
+    line = re.search(r"^\[1/1\] notebooks/ok\.ipynb\s+ran\s+[\d.]+ s\s+total\s+[\d.]+ s", out, re.M)
+    assert line, out
+    assert re.search(r"^1 notebooks: 1 ran, 0 cached, 0 failed", out, re.M), out
+
+
+def test_the_transport_warning_is_real_without_the_runners_kernel_settings(tmp_path):
+    """The check above can fail: plain papermill on this ipykernel prints the warning."""
+    code = ("import papermill as pm; pm.execute_notebook({src!r}, {dst!r}, kernel_name='fovea', "
+            "progress_bar=False, parameters={{'profile': 'smoke'}})")
+    result = subprocess.run([sys.executable, "-c", code.format(
+        src=str(FIXTURES / "ok.ipynb"), dst=str(tmp_path / "out.ipynb"))],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Kernel is running over TCP without encryption" in result.stderr
+
+
+def test_second_run_is_cached_and_reuses_the_executed_copy(tmp_path, monkeypatch, capsys):
+    root = make_project(tmp_path, "ok.ipynb")
+    assert [r.status for r in run_here(root, monkeypatch)] == ["ran"]
+    executed = root / "_build" / "executed" / "smoke" / "notebooks" / "ok.ipynb"
+    staged = root / "_build" / "src" / "notebooks" / "ok.ipynb"
+    before = (executed.read_bytes(), executed.stat().st_mtime_ns, staged.stat().st_mtime_ns)
+    capsys.readouterr()
+    assert [r.status for r in run_here(root, monkeypatch)] == ["cached"]
+    assert statuses(root) == {"ok.ipynb": "cached"}
+    assert re.search(r"notebooks/ok\.ipynb\s+cached", capsys.readouterr().out)
+    assert (executed.read_bytes(), executed.stat().st_mtime_ns, staged.stat().st_mtime_ns) == before
+    # an executed copy changed since it was recorded is not trusted
+    executed.write_text(executed.read_text().replace("PROFILE=smoke", "PROFILE=edited"))
+    assert [r.status for r in run_here(root, monkeypatch)] == ["ran"]
+    # FORCE=1 re-executes it
+    assert [r.status for r in run_here(root, monkeypatch, force=True)] == ["ran"]
+
+
+def test_changing_one_notebook_reruns_only_it(tmp_path, monkeypatch, capsys):
+    root = make_project(tmp_path, "ok.ipynb", "raises.ipynb")
+    (root / "notebooks" / "raises.ipynb").unlink()
+    shutil.copy(FIXTURES / "ok.ipynb", root / "notebooks" / "raises.ipynb")   # a second ok one
+    run_here(root, monkeypatch)
+    assert statuses(root) == {"ok.ipynb": "ran", "raises.ipynb": "ran"}
+    nb = json.loads((root / "notebooks" / "ok.ipynb").read_text())
+    nb["cells"].append({"cell_type": "markdown", "id": "new", "metadata": {}, "source": ["More."]})
+    (root / "notebooks" / "ok.ipynb").write_text(json.dumps(nb, indent=1))
+    capsys.readouterr()
+    run_here(root, monkeypatch)
+    out = capsys.readouterr().out
+    assert statuses(root) == {"ok.ipynb": "ran", "raises.ipynb": "cached"}, out
+    assert re.search(r"notebooks/ok\.ipynb\s+ran .*\[notebook\]", out), out
+    # a new dataset file changes every notebook's inputs
+    (root / "datasets").mkdir()
+    (root / "datasets" / "new.csv").write_text("a,b\n1,2\n")
+    run_here(root, monkeypatch)
+    assert statuses(root) == {"ok.ipynb": "ran", "raises.ipynb": "ran"}
+
+
+def test_a_failed_notebook_is_not_cached(tmp_path, monkeypatch):
+    root = make_project(tmp_path, "raises.ipynb")
+    assert [r.status for r in run_here(root, monkeypatch)] == ["failed"]
+    assert [r.status for r in run_here(root, monkeypatch)] == ["failed"]
 
 
 @pytest.mark.parametrize("target", ["book", "test"])
@@ -77,3 +172,72 @@ def test_toc_lists_root_first_and_notebooks_in_order():
     assert files[0] == "book/intro"
     nbs = [p.stem for p in toc_notebooks(ROOT)]
     assert nbs == sorted(nbs), "notebooks should appear in the TOC in numeric order"
+
+
+def test_the_cache_key_covers_every_input_and_nothing_else(tmp_path, monkeypatch):
+    """Notebook, fovea_core, cuda/, parameters, profile, datasets, data/, lock file."""
+    from fovea_core.book.cache import Inputs, notebook_key
+
+    root = tmp_path
+    files = {"fovea_core/a.py": "x = 1\n", "fovea_core/book/tool.py": "y = 1\n",
+             "cuda/k.cu": "// kernel\n", "data/biology/t.csv": "a\n1\n",
+             "data/cache/sweeps/s.csv": "r\n", "datasets/sroie-dev/img/1.jpg": "jpg",
+             "requirements.lock": "numpy==2.0.0 \\\n    --hash=sha256:00\n",
+             "notebooks/n.ipynb": json.dumps({"cells": []})}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setenv("FOVEA_DATA", str(root / "datasets"))
+    nb = root / "notebooks" / "n.ipynb"
+
+    def key(profile="smoke", params=None):
+        return notebook_key(nb, profile, params or {}, Inputs.of(root))["key"]
+
+    base = key()
+    assert key() == base
+    assert key("default") != base
+    assert key(params={"budget": 64}) != base
+    for rel, changes in [("fovea_core/a.py", True), ("cuda/k.cu", True),
+                         ("data/biology/t.csv", True), ("datasets/sroie-dev/img/1.jpg", True),
+                         ("requirements.lock", True), ("notebooks/n.ipynb", True),
+                         ("fovea_core/book/tool.py", False), ("data/cache/sweeps/s.csv", False)]:
+        path = root / rel
+        old = path.read_text()
+        path.write_text(old + " ")
+        assert (key() != base) == changes, rel
+        path.write_text(old)
+        if rel.startswith("datasets/"):
+            base = key()          # datasets are listed with mtimes: a rewrite is a change
+        assert key() == base, rel
+    os.utime(root / "data/biology/t.csv", ns=(0, 0))      # project data: content, not mtime
+    assert key() == base
+    (root / "datasets" / "osie-dev").mkdir()
+    (root / "datasets" / "osie-dev" / "new.jpg").write_text("x")
+    assert key() != base
+
+
+def test_kernels_are_not_interrupted_at_shutdown():
+    """jupyter_client interrupts a kernel before shutting it down; the runner's manager does not
+    (the interrupt made ipykernel log "KeyboardInterrupt caught in kernel." on the terminal)."""
+    import asyncio
+    import signal
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from fovea_core.book.runner import kernel_config, kernel_manager_class
+
+    async def signals_sent(cls) -> list:
+        km = cls(kernel_name="fovea", config=kernel_config())
+        sent, original = [], km._async_signal_kernel
+
+        async def record(signum):
+            sent.append(signum)
+            await original(signum)
+
+        km._async_signal_kernel = record
+        await km.start_kernel()
+        await km.shutdown_kernel()
+        return sent
+
+    assert signal.SIGINT in asyncio.run(signals_sent(AsyncKernelManager))   # the cause
+    assert signal.SIGINT not in asyncio.run(signals_sent(kernel_manager_class()))

@@ -2,11 +2,13 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from fovea_core.book import KERNEL_NAME, toc_files
+from fovea_core.book.tidy import KERNELSPEC, check_notebook, tidy_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -37,7 +39,8 @@ def test_first_code_cell_is_parameters(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_kernel_is_the_projects(path):
-    assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == KERNEL_NAME
+    """JupyterLab opens the notebook on the `fovea` kernel (see test_lab.py), no dialog."""
+    assert json.loads(path.read_text())["metadata"]["kernelspec"] == KERNELSPEC
 
 
 def test_every_notebook_is_in_the_toc():
@@ -71,3 +74,83 @@ def test_every_glue_reference_is_glued(path):
     prefixes = tuple(re.findall(r"""glue\(\s*f?["'](\w+?)(?:\{|["']\s*\+)""", text["code"]))
     missing = sorted(k for k in referenced if k not in words and not k.startswith(prefixes or ("\0",)))
     assert not missing, f"{path.name}: glued in prose but never computed: {missing}"
+
+
+# --- the page conventions (issue 14): title first, parameters collapsed, long plots collapsed
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_tidy(path):
+    """Title first, parameters cell tagged hide-cell, long plots hide-input, project kernel.
+
+    Fix with `python -m fovea_core.book tidy` (idempotent; it only moves the title and adds
+    tags), or tag a plotting cell `keep-input` when its code carries the argument.
+    """
+    problems = check_notebook(json.loads(path.read_text()))
+    assert not problems, f"{path.name}: " + "; ".join(problems) + " (run: python -m fovea_core.book tidy)"
+
+
+def test_the_convention_check_fails_on_an_untidy_notebook():
+    problems = check_notebook(json.loads((FIXTURES / "untidy.ipynb").read_text()))
+    text = "\n".join(problems)
+    assert "first cell is not the markdown title" in text
+    assert "not tagged 'hide-cell'" in text
+    assert "cell 3 is a long plotting cell" in text
+    assert "kernelspec" in text
+    assert len(problems) == 4, problems
+
+
+def test_tidy_fixes_the_fixture_minimally_and_is_idempotent(tmp_path):
+    path = tmp_path / "untidy.ipynb"
+    shutil.copy(FIXTURES / "untidy.ipynb", path)
+    before = json.loads(path.read_text())
+    changes = tidy_file(path)
+    assert len(changes) == 4, changes
+    after = json.loads(path.read_text())
+    assert check_notebook(after) == []
+    # the title moved to the top, nothing else moved, no source was touched
+    order = [c["id"] for c in after["cells"]]
+    assert order == ["cell-01", "cell-00", "cell-02", "cell-03", "cell-04"]
+    src = {c["id"]: c["source"] for c in before["cells"]}
+    assert all(c["source"] == src[c["id"]] for c in after["cells"])
+    assert after["cells"][1]["metadata"]["tags"] == ["parameters", "hide-cell"]
+    assert after["cells"][3]["metadata"]["tags"] == ["hide-input"]
+    assert "tags" not in after["cells"][2]["metadata"]     # a short code cell stays as it was
+    assert after["metadata"]["kernelspec"]["name"] == KERNEL_NAME
+    # idempotent: a second run changes nothing and does not rewrite the file
+    mtime = path.stat().st_mtime_ns
+    assert tidy_file(path) == []
+    assert path.stat().st_mtime_ns == mtime
+
+
+def test_tidy_rewrites_only_the_lines_it_changes(tmp_path):
+    """Jupyter's own formatting is kept, so a tidy commit's diff is the moved cell and tags."""
+    path = tmp_path / "untidy.ipynb"
+    shutil.copy(FIXTURES / "untidy.ipynb", path)
+    before = path.read_text()
+    tidy_file(path)
+    after = path.read_text()
+    nb = json.loads(after)
+    assert after == json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    # cells tidy leaves alone appear byte for byte as they were
+    for cell in json.loads(before)["cells"]:
+        if cell["id"] in ("cell-01", "cell-02", "cell-04"):
+            block = "\n".join("  " + ln for ln in json.dumps(cell, indent=1, sort_keys=True,
+                                                           ensure_ascii=False).splitlines())
+            assert block in before and block in after, cell["id"]
+
+
+def test_a_keep_input_tag_exempts_a_plotting_cell():
+    nb = json.loads((FIXTURES / "untidy.ipynb").read_text())
+    nb["cells"][3]["metadata"]["tags"] = ["keep-input"]
+    assert not any("long plotting cell" in p for p in check_notebook(nb))
+
+
+def test_no_notebook_imports_the_build_tool():
+    """The incremental cache leaves fovea_core/book/ out of the sources fingerprint."""
+    for path in NOTEBOOKS:
+        code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                         if c["cell_type"] == "code")
+        assert not re.search(r"fovea_core\.book\b|from fovea_core import .*\bbook\b", code), path.name

@@ -1,0 +1,195 @@
+"""Command line of the book tool: ``python -m fovea_core.book COMMAND [options]``.
+
+::
+
+    python -m fovea_core.book all --profile smoke        # execute (incrementally) + HTML
+    python -m fovea_core.book all --force                # re-execute every notebook
+    python -m fovea_core.book run --only 07              # execute only, some notebooks
+    python -m fovea_core.book build                      # HTML from the executed copies
+    python -m fovea_core.book tidy [--check] [NB ...]    # notebook conventions
+    python -m fovea_core.book batch notebooks/07_v1_grid_topk.ipynb -p budgets '[64]' '[273]'
+    python -m fovea_core.book check-html                 # every page in headless Chromium
+    python -m fovea_core.book lab                        # JupyterLab; prints its URL
+
+A cell that raises fails ``run``/``all``, naming the notebook and the cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fovea_core.profiles import PROFILES
+
+
+def _root(path: Path | None) -> Path:
+    return (path or Path.cwd()).resolve()
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from fovea_core.book.runner import build_html, run_all
+
+    root = _root(args.root)
+    if args.command in ("run", "all"):
+        runs = run_all(root, args.profile, only=args.only, force=args.force)
+        failed = [r for r in runs if not r.ok]
+        if failed:
+            print("Failed notebooks:\n" + "\n".join(f"  {r.error}" for r in failed),
+                  file=sys.stderr)
+            return 1
+    if args.command in ("build", "all"):
+        try:
+            build_html(root, quiet=not args.verbose)
+        except subprocess.CalledProcessError as exc:
+            print(f"jupyter-book build failed (exit {exc.returncode})", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_tidy(args: argparse.Namespace) -> int:
+    import json
+
+    from fovea_core.book.tidy import check_notebook, tidy_file
+
+    root = _root(args.root)
+    paths = args.notebooks or sorted((root / "notebooks").glob("*.ipynb"))
+    dirty = 0
+    for path in paths:
+        changes = tidy_file(Path(path), write=not args.check)
+        left = check_notebook(json.loads(Path(path).read_text())) if not args.check else []
+        if changes or left:
+            dirty += 1
+            verb = "would change" if args.check else "tidied"
+            print(f"{path}: " + "; ".join(([f"{verb}: " + ", ".join(changes)] if changes else [])
+                                          + [f"still untidy: {p}" for p in left]))
+    print(f"{len(paths)} notebooks, {dirty} {'untidy' if args.check else 'changed or untidy'}")
+    return 1 if (args.check and dirty) else 0
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from fovea_core.book.batch import format_table, run_batch
+
+    bad = [p for p in args.param if len(p) < 2]
+    if bad:
+        print(f"-p needs a name and at least one value: {bad}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    runs, table = run_batch(_root(args.root), Path(args.notebook), args.param,
+                            profile=args.profile, jobs=args.jobs, force=args.force,
+                            out=args.out, timeout=args.timeout)
+    print(f"\n{table} ({len(runs)} runs, {time.perf_counter() - t0:.0f} s):")
+    print(format_table(table))
+    failed = [r for r in runs if r.status == "failed"]
+    return 1 if failed else 0
+
+
+def cmd_check_html(args: argparse.Namespace) -> int:
+    from pathlib import PurePosixPath
+
+    from fovea_core.book.browser import check_site, find_chromium, glue_expectations
+    from fovea_core.book.runner import toc_files
+
+    root = _root(args.root)
+    html = args.html or root / "_build" / "html"
+    if not (html / "index.html").exists():
+        print(f"{html}/index.html not found: build the book first (make book)", file=sys.stderr)
+        return 1
+    if not find_chromium():
+        print("check-html: Chromium not found. Install it (Debian: apt-get install -y "
+              "--no-install-recommends chromium; .ci/run does this) or set $CHROMIUM.",
+              file=sys.stderr)
+        return 1
+    files = [str(PurePosixPath(f)) for f in toc_files(root)]
+    shots = args.screenshots or root / "_build" / "screenshots"
+    t0 = time.perf_counter()
+    print(f"Checking {html} in headless Chromium (screenshots: {os.path.relpath(shots)})")
+    report = check_site(html, toc=files[1:], root_page=files[0] + ".html", search=args.search,
+                        screenshots=shots, glue=glue_expectations(root / "_build" / "src"))
+    if report.offline:
+        print(f"  not checked (other hosts, offline here): {sorted(report.offline)}")
+    n = len(report.pages)
+    if not report.ok:
+        print(f"check-html FAILED ({time.perf_counter() - t0:.0f} s):\n{report.text()}",
+              file=sys.stderr)
+        return 1
+    print(f"check-html: {n} pages ok, sidebar complete, search works; {report.screenshots} "
+          f"screenshots ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def lab_command(root: Path, port: int, token: str) -> list[str]:
+    """The ``jupyter lab`` command line used by ``make lab`` and the lab test."""
+    exe = Path(sys.executable).parent / "jupyter-lab"
+    return [str(exe) if exe.exists() else "jupyter-lab", "--no-browser",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+            # see runner.kernel_config: kernels get CurveZMQ keys, no plain-TCP warning
+            "--KernelManager.transport_encryption=auto"] + (
+                ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from fovea_core.book.browser import free_port
+
+    root = _root(args.root)
+    port = args.port or free_port()
+    token = args.token or secrets.token_hex(16)
+    print(f"JupyterLab (kernel 'fovea'): http://127.0.0.1:{port}/lab/tree/notebooks/"
+          f"00_quickstart.ipynb?token={token}\nStop it with Ctrl-C.", flush=True)
+    cmd = lab_command(root, port, token)
+    os.execv(cmd[0], cmd) if os.path.isabs(cmd[0]) else os.execvp(cmd[0], cmd)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fovea_core.book", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", type=Path, default=None,
+                        help="project root holding _toc.yml (default: the current folder)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_ in (("run", "execute the notebooks whose inputs changed"),
+                        ("build", "build the HTML from the executed copies"),
+                        ("all", "run, then build (make book)")):
+        p = sub.add_parser(name, parents=[common], help=help_)
+        p.add_argument("--profile", default=os.environ.get("PROFILE", "default"), choices=PROFILES)
+        p.add_argument("--only", nargs="*",
+                       help="execute only notebooks whose file name contains one of these")
+        p.add_argument("--force", action="store_true", help="re-execute even if cached")
+        p.add_argument("--verbose", action="store_true", help="show Sphinx's status output")
+        p.set_defaults(func=cmd_execute)
+    p = sub.add_parser("tidy", parents=[common],
+                       help="apply the notebook conventions (title first, tags, kernel)")
+    p.add_argument("notebooks", nargs="*", type=Path)
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if untidy")
+    p.set_defaults(func=cmd_tidy)
+    p = sub.add_parser("batch", parents=[common],
+                       help="run a notebook over a grid of parameters")
+    p.add_argument("notebook")
+    p.add_argument("-p", "--param", nargs="+", action="append", default=[],
+                   metavar=("NAME", "VALUE"), help="a parameter and its values (repeatable)")
+    p.add_argument("--profile", default="default", choices=PROFILES)
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes at once (default: one per core, at most one per run)")
+    p.add_argument("--force", action="store_true", help="re-run runs that are already done")
+    p.add_argument("--out", type=Path, default=None, help="default: _build/runs")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    p.set_defaults(func=cmd_batch)
+    p = sub.add_parser("check-html", parents=[common],
+                       help="check every page in headless Chromium")
+    p.add_argument("--html", type=Path, default=None, help="default: _build/html")
+    p.add_argument("--screenshots", type=Path, default=None, help="default: _build/screenshots")
+    p.add_argument("--search", default="cortex", help="a word the search page must find")
+    p.set_defaults(func=cmd_check_html)
+    p = sub.add_parser("lab", parents=[common],
+                       help="JupyterLab on the project's kernel; prints the URL")
+    p.add_argument("--port", type=int, default=0, help="default: a free port")
+    p.add_argument("--token", default=None, help="default: a random token")
+    p.set_defaults(func=cmd_lab)
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,336 @@
+"""Execute the book's notebooks with papermill (incrementally) and build the HTML.
+
+The sources in ``notebooks/`` are committed without outputs. :func:`run_all` executes every
+notebook listed in ``_toc.yml`` through papermill (passing ``profile`` to its ``parameters``
+cell) into a store per profile, ``_build/executed/<profile>/``, skipping a notebook whose
+inputs have not changed since its last successful run (:mod:`fovea_core.book.cache`), and
+stages the executed copies in ``_build/src/``. :func:`build_html` builds the HTML from that
+tree with ``jupyter-book build -W -n --keep-going`` (execution is *off* in ``_config.yml``:
+the book shows exactly what papermill produced; Sphinx re-reads only the pages that changed).
+
+A cell that raises fails the command, naming the notebook and the cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from fovea_core.book.cache import CacheRecords, Inputs, notebook_key, sha256_file
+from fovea_core.book.tidy import KERNEL_NAME
+from fovea_core.profiles import PROFILES
+
+#: What the staging tree needs besides the executed notebooks.
+BOOK_FILES = ("_config.yml", "_toc.yml", "book")
+#: Tag papermill puts on the cell it injects; the runner adds :data:`HIDE_INJECTED`.
+INJECTED = "injected-parameters"
+HIDE_INJECTED = "hide-cell"
+
+
+@dataclass
+class NotebookRun:
+    """Outcome of one notebook in one build."""
+
+    notebook: str
+    status: str            # "ran", "cached" or "failed"
+    seconds: float         # spent in this build
+    total: float           # running total of the build so far
+    ran_seconds: float     # how long its executed copy took to produce
+    error: str = ""
+    reason: str = ""       # why it ran (the inputs that changed)
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook cell raised during execution."""
+
+
+def toc_files(root: Path) -> list[str]:
+    """All ``file:`` entries of ``root/_toc.yml`` (root page first), in reading order."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    return files
+
+
+def toc_notebooks(root: Path) -> list[Path]:
+    """Notebooks (relative paths) listed in ``_toc.yml``, in reading order."""
+    return [Path(f).with_suffix(".ipynb") for f in toc_files(root)
+            if (root / Path(f).with_suffix(".ipynb")).exists()]
+
+
+def kernel_config():
+    """Kernel-manager settings for papermill: encrypted (or local-socket) kernel transport.
+
+    ipykernel >= 7 warns "Kernel is running over TCP without encryption" whenever a
+    kernel is started over TCP without CurveZMQ keys. jupyter_client >= 8.10 can provision
+    the keys itself (``KernelManager.transport_encryption``) for kernelspecs that declare
+    ``supported_encryption: curve`` (ipykernel's do); where libzmq lacks CurveZMQ the kernel
+    talks over IPC sockets instead. Either way the warning's cause is gone, not hidden.
+    """
+    import zmq
+    from traitlets.config import Config
+
+    from jupyter_client.manager import KernelManager
+
+    km: dict[str, object] = {}
+    if zmq.has("curve") and KernelManager.class_traits().get("transport_encryption"):
+        km["transport_encryption"] = "auto"
+    else:
+        km["transport"] = "ipc"
+    return Config({"KernelManager": km})
+
+
+def kernel_manager_class() -> type:
+    """papermill's kernel manager, minus the interrupt that jupyter_client sends at shutdown.
+
+    jupyter_client >= 8.9 sends SIGINT to a kernel before asking it to shut down. When the
+    signal lands while ipykernel is still inside a message handler (it has just answered
+    the last cell), the kernel logs "KeyboardInterrupt caught in kernel." on the terminal;
+    that happened for about one notebook per build. A papermill run is over when its kernel
+    is shut down, so there is nothing to interrupt: the shutdown request is sent as usual
+    and a kernel that does not exit is still killed after ``shutdown_wait_time``.
+    """
+    global _KM
+    if _KM is None:
+        from jupyter_client.manager import AsyncKernelManager
+
+        class BookKernelManager(AsyncKernelManager):
+            async def _async_interrupt_kernel(self) -> None:
+                if self.shutting_down:
+                    return
+                await super()._async_interrupt_kernel()
+
+        _KM = BookKernelManager
+    return _KM
+
+
+_KM: type | None = None
+
+
+def hide_injected_cell(path: Path) -> None:
+    """Tag papermill's injected-parameters cell ``hide-cell`` in an executed copy."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    changed = False
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if INJECTED in tags and HIDE_INJECTED not in tags:
+            cell["metadata"]["tags"] = tags + [HIDE_INJECTED]
+            changed = True
+    if changed:
+        path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+                        encoding="utf-8")
+
+
+def execute_notebook(src: Path, dst: Path, profile: str, *, kernel: str = KERNEL_NAME,
+                     parameters: dict | None = None, timeout: int = 1800,
+                     label: str | None = None) -> None:
+    """Run ``src`` with papermill into ``dst``; raise :class:`NotebookFailed` on a cell error.
+
+    The notebook runs with its own folder as working directory, so relative paths in
+    a notebook mean the same in JupyterLab and here.
+    """
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    params = {"profile": profile, **(parameters or {})}
+    try:
+        pm.execute_notebook(str(src), str(dst), parameters=params, kernel_name=kernel,
+                            cwd=str(src.parent), progress_bar=False,
+                            execution_timeout=timeout, config=kernel_config(),
+                            kernel_manager_class=kernel_manager_class())
+    except PapermillExecutionError as exc:
+        raise NotebookFailed(f"{label or src}: {_describe_failure(dst, exc)}") from None
+    hide_injected_cell(dst)
+
+
+def _describe_failure(executed: Path, exc: Exception) -> str:
+    """'cell K ('first line') raised E: msg', K being the cell's index in the *source* notebook.
+
+    papermill adds cells to the executed copy (its injected parameters, an error banner);
+    they are discounted so that K points at the cell a reader sees in JupyterLab.
+    """
+    import nbformat
+
+    added = {INJECTED, "papermill-error-cell-tag"}
+    where = f"cell {exc.cell_index} of the executed copy"
+    try:
+        cells = [c for c in nbformat.read(str(executed), as_version=4).cells
+                 if not added & set(c.metadata.get("tags", []))]
+        index = next(i for i, c in enumerate(cells)
+                     if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+        first = next((ln for ln in cells[index].source.splitlines() if ln.strip()), "")
+        where = f"cell {index} ({first.strip()[:60]!r})"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{where} raised {exc.ename}: {exc.evalue}"
+
+
+def store_dir(root: Path, profile: str) -> Path:
+    """Where the executed copies of one profile and their cache records live."""
+    return root / "_build" / "executed" / profile
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` unless identical: an unchanged page keeps its mtime, so Sphinx
+    skips it; a changed one gets a new mtime, so Sphinx re-reads it."""
+    if dst.exists() and dst.stat().st_size == src.stat().st_size \
+            and sha256_file(dst) == sha256_file(src):
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _line(i: int, n: int, run: NotebookRun, width: int) -> str:
+    extra = f"  (ran in {run.ran_seconds:.1f} s)" if run.status == "cached" else \
+        (f"  [{run.reason}]" if run.reason and run.status == "ran" else "")
+    return (f"[{i:>{len(str(n))}}/{n}] {run.notebook:<{width}} {run.status:<6} "
+            f"{run.seconds:7.1f} s   total {run.total:7.1f} s{extra}")
+
+
+def summary_table(runs: list[NotebookRun]) -> str:
+    """The end-of-build table: one row per notebook, then the counts."""
+    width = max([len(r.notebook) for r in runs] + [8])
+    rows = [f"{'notebook':<{width}}  status  seconds  executed in", "-" * (width + 32)]
+    rows += [f"{r.notebook:<{width}}  {r.status:<6}  {r.seconds:7.1f}  {r.ran_seconds:9.1f} s"
+             for r in runs]
+    counts = {s: sum(r.status == s for r in runs) for s in ("ran", "cached", "failed")}
+    rows.append("-" * (width + 32))
+    rows.append(f"{len(runs)} notebooks: {counts['ran']} ran, {counts['cached']} cached, "
+                f"{counts['failed']} failed; {runs[-1].total if runs else 0:.1f} s")
+    return "\n".join(rows)
+
+
+def run_all(root: Path, profile: str, *, out: Path | None = None,
+            only: list[str] | None = None, force: bool = False) -> list[NotebookRun]:
+    """Execute the ``_toc.yml`` notebooks of ``root`` whose inputs changed; stage them in ``out``.
+
+    Keeps going after a failure so that one run reports every broken notebook; the
+    caller decides the exit status. One line per notebook while it runs, a table at the
+    end; both also go to ``out/timings.json``.
+    """
+    out = out or root / "_build" / "src"
+    store = store_dir(root, profile)
+    notebooks = toc_notebooks(root)
+    if only:
+        notebooks = [nb for nb in notebooks if any(key in nb.name for key in only)]
+    records = CacheRecords.load(store / ".cache.json")
+    shared = Inputs.of(root)
+    runs: list[NotebookRun] = []
+    width = max([len(str(nb)) for nb in notebooks] + [8])
+    rel = lambda p: os.path.relpath(p, Path.cwd())  # noqa: E731
+    print(f"Executing {len(notebooks)} notebooks (profile={profile}{', forced' if force else ''})"
+          f" into {rel(store)}", flush=True)
+    start = time.perf_counter()
+    for i, nb in enumerate(notebooks, 1):
+        t0 = time.perf_counter()
+        executed = store / nb
+        inputs = notebook_key(root / nb, profile, {}, shared)
+        if not force and records.fresh(str(nb), inputs, executed):
+            rec = records.records[str(nb)]
+            run = NotebookRun(str(nb), "cached", 0.0, 0.0, rec.get("seconds", 0.0))
+        else:
+            reason = "forced" if force else ", ".join(records.why_stale(str(nb), inputs, executed))
+            records.forget(str(nb))
+            records.save()
+            try:
+                execute_notebook(root / nb, executed, profile, label=str(nb))
+                seconds = time.perf_counter() - t0
+                records.record(str(nb), inputs, executed, seconds)
+                records.save()
+                run = NotebookRun(str(nb), "ran", 0.0, 0.0, seconds, reason=reason)
+            except NotebookFailed as exc:
+                run = NotebookRun(str(nb), "failed", 0.0, 0.0, time.perf_counter() - t0,
+                                  error=str(exc), reason=reason)
+        if run.ok:
+            _copy_if_changed(executed, out / nb)
+        run.seconds = time.perf_counter() - t0
+        run.total = time.perf_counter() - start
+        runs.append(run)
+        print(_line(i, len(notebooks), run, width), flush=True)
+        if run.error:
+            print(f"    {run.error}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "timings.json").write_text(json.dumps(
+        {"profile": profile, "forced": force, "total_seconds": round(runs[-1].total, 2) if runs else 0,
+         "runs": [{**asdict(r), "ok": r.ok} for r in runs]}, indent=1))
+    if runs:
+        print(summary_table(runs), flush=True)
+    return runs
+
+
+def stage(root: Path, out: Path) -> None:
+    """Copy the book's configuration and prose next to the executed notebooks."""
+    for name in BOOK_FILES:
+        src, dst = root / name, out / name
+        if src.is_dir():
+            for f in sorted(p for p in src.rglob("*") if p.is_file()):
+                _copy_if_changed(f, dst / f.relative_to(src))
+        else:
+            _copy_if_changed(src, dst)
+
+
+def _html_fingerprint(root: Path) -> str:
+    """What Sphinx does not track itself: the locked packages (theme, extensions) and the
+    book's own Sphinx extensions. When it changes, every page is written again (``--all``)."""
+    from fovea_core.book.cache import LOCK_FILE
+
+    parts = [(p.relative_to(root).as_posix(), sha256_file(p))
+             for p in sorted((root / "book" / "_ext").glob("*.py"))]
+    lock = root / LOCK_FILE
+    parts.append((LOCK_FILE, sha256_file(lock) if lock.exists() else None))
+    return json.dumps(parts)
+
+
+def build_html(root: Path, src: Path | None = None, *, quiet: bool = True) -> Path:
+    """``jupyter-book build -W -n --keep-going`` of the staged tree into ``root/_build/html``.
+
+    Incremental: Sphinx re-reads only pages whose staged file changed. With ``quiet``,
+    Sphinx's status lines (``-q``) and Jupyter Book's banner are dropped; warnings and
+    errors are still printed (stderr), and the banner too when the build fails.
+    """
+    src = src or root / "_build" / "src"
+    stage(root, src)
+    stamp = root / "_build" / "html" / ".tools.json"
+    fingerprint = _html_fingerprint(root)
+    rebuild = not stamp.exists() or stamp.read_text() != fingerprint
+    exe = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(exe if exe.exists() else "jupyter-book"), "build", str(src),
+           "--path-output", str(root), "-W", "-n", "--keep-going"] + (["-q"] if quiet else []) \
+        + (["--all"] if rebuild else [])
+    print("$", " ".join(os.path.relpath(c) if os.path.isabs(c) else c for c in cmd), flush=True)
+    t0 = time.perf_counter()
+    result = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else None, text=True)
+    if result.returncode:
+        print(result.stdout or "", end="", flush=True)
+        stamp.unlink(missing_ok=True)
+        raise subprocess.CalledProcessError(result.returncode, cmd)
+    stamp.write_text(fingerprint)
+    index = root / "_build" / "html" / "index.html"
+    print(f"HTML built in {time.perf_counter() - t0:.1f} s: {index}", flush=True)
+    return index
