@@ -1,0 +1,173 @@
+"""The cascade as an allocator of the registry: ``allocate("cascade", pyramid, scores, N,
+query=...)``.
+
+Registered names (all take the keyword parameters of :func:`cascade`):
+
+========================  ===================================================================
+``cascade``               the learned localiser (default gist of 64 tokens)
+``cascade_gist_query``    today's query scorer on the gist image
+``cascade_prior``         the learned localiser without the question (query-agnostic)
+========================  ===================================================================
+
+The allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
+charges no scorer tokens) and reads the page only through the gist's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from fovea_core.allocators.registry import register
+from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
+                                     gist_to_grid)
+from fovea_core.cascade.localisers import get_localiser
+from fovea_core.pyramid import Pyramid
+from fovea_core.tokens import TokenSet
+
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "cascade", "text_size_map", "choose_level",
+           "CascadeParts", "cascade_parts"]
+
+#: text height (base pixels at the level read) the fovea aims for; chosen on synthetic pages
+#: in the cascade chapter (the reader reads text down to ~5 px high; a margin for the error
+#: of the size estimate)
+LEGIBLE_PX = 8.0
+#: default gist budget (tokens)
+DEFAULT_GIST = 64
+
+
+def text_size_map(g: Gist) -> torch.Tensor:
+    """``[B, Gh, Gw]`` log2 of the text height in base pixels, estimated from the gist by the
+    learned network's size head (question-independent; in gist pixels, times the gist's
+    pixel, so it follows the page's resolution)."""
+    from fovea_core.cascade.learned import gist_features, load_model
+
+    net = load_model()
+    with torch.no_grad():
+        _, size = net.encode(gist_features(g))                          # [B, h2, w2]
+    grid = gist_to_grid(size, g, mode="mean", scale=2)
+    return grid + math.log2(g.pixel)
+
+
+def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
+                 min_level: float = 0.0) -> torch.Tensor:
+    """``[B]`` fovea level: the text height expected where the localiser looks (the size
+    map averaged under ``loc``, in log2 base pixels) read at ``legible_px``:
+    ``level = log2(text_px / legible_px)``, clipped to ``[min_level, gist level - 1]``."""
+    w = loc / loc.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
+    log_px = (w * text_size_map(g)).flatten(1).sum(1)
+    top = max(g.level - 1.0, min_level)
+    return (log_px - math.log2(legible_px)).clamp(min_level, top)
+
+
+def _fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
+    """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
+    (a small page read coarsely has fewer cells than the fovea has tokens)."""
+    def cells(lv: float) -> int:
+        side = patch * 2.0 ** lv
+        return math.ceil(image_size[0] / side - 1e-9) * math.ceil(image_size[1] / side - 1e-9)
+
+    if cells(0.0) < tokens:
+        raise ValueError(f"cascade: a {image_size[0]}x{image_size[1]} page has only {cells(0.0)} "
+                         f"level-0 cells for {tokens} fovea tokens; use a smaller budget")
+    if cells(level) >= tokens:
+        return level
+    lo, hi = 0.0, level                                     # cells(lo) >= tokens > cells(hi)
+    for _ in range(30):                                     # bisection on the level
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
+    return lo
+
+
+class CascadeParts(tuple):
+    """``(tokens, gist, localiser map [B, Gh, Gw], fovea levels [B])`` of one cascade call."""
+
+    tokens: TokenSet
+    gist: Gist
+    scores: torch.Tensor
+    levels: torch.Tensor
+
+    def __new__(cls, tokens, g, scores, levels):
+        obj = super().__new__(cls, (tokens, g, scores, levels))
+        obj.tokens, obj.gist, obj.scores, obj.levels = tokens, g, scores, levels
+        return obj
+
+
+def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
+                  gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
+                  level: float | str = "auto", legible_px: float = LEGIBLE_PX,
+                  context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
+                  patch: int = 16) -> CascadeParts:
+    """Run the stages and return every intermediate (see :func:`cascade`)."""
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise ValueError(f"cascade: budget must be an int, got {budget!r}")
+    g = gist(pyramid, gist_budget, patch=patch)
+    rest = budget - g.budget
+    if rest < 1:
+        raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "
+                         "none for the fovea; use a smaller gist_budget")
+    loc = get_localiser(localiser)(g, query).float()
+    gh, gw = pyramid.grid_shape(patch, 0)
+    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
+        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
+                         f"{(pyramid.batch_size, gh, gw)}")
+    loc = torch.nan_to_num(loc, nan=0.0).clamp(min=0)
+    if level == "auto":
+        levels = choose_level(g, loc, legible_px=legible_px)
+    else:
+        lv = float(level)
+        if not 0 <= lv < g.level:
+            raise ValueError(f"cascade: level must be 'auto' or in [0, {g.level:.2f}) "
+                             f"(below the gist's level), got {level!r}")
+        levels = torch.full((pyramid.batch_size,), lv)
+    parts = []
+    for b in range(pyramid.batch_size):                     # images may read different levels
+        lv = _fitting_level(float(levels[b]), pyramid.image_size, rest, patch)
+        levels[b] = lv
+        f = foveate(loc[b:b + 1], rest, image_size=pyramid.image_size, level=lv, patch=patch,
+                    context=context, context_weight=context_weight, stage=STAGE_FOVEA)
+        parts.append(combine([g.tokens[b], f], fixation=f.fixations))
+    tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
+    return CascadeParts(tokens, g, loc, levels)
+
+
+def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
+            gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
+            level: float | str = "auto", legible_px: float = LEGIBLE_PX,
+            context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
+            fixation=None, seed: int = 0, patch: int = 16) -> TokenSet:
+    """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
+
+    1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (``rows * cols``
+       of them; the rest of ``gist_budget`` goes to the fovea);
+    2. (b) ``localiser(gist, query)`` (a name of
+       :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable) -> ``[B, Gh, Gw]``;
+    3. (c) :func:`~fovea_core.cascade.core.foveate` with the remaining ``budget - rows *
+       cols`` tokens at ``level`` (``"auto"``: :func:`choose_level`, the scale at which the
+       text expected there is ``legible_px`` high; or a number).
+
+    ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
+    gist); ``fixation`` is replaced by the peak of the localiser's map. Returns a
+    :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens and 1 for the fovea's.
+    """
+    return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
+                         localiser=localiser, level=level, legible_px=legible_px,
+                         context=context, context_weight=context_weight, patch=patch).tokens
+
+
+def _registered(**defaults):
+    def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
+        return cascade(pyramid, scores, budget, query=query, fixation=fixation, seed=seed,
+                       patch=patch, **{**defaults, **kw})
+    fn.__doc__ = cascade.__doc__
+    return fn
+
+
+register("cascade", family="cascade", version="cascade", content=True, learned=True)(
+    _registered(localiser="learned"))
+register("cascade_gist_query", family="cascade", version="cascade", content=True)(
+    _registered(localiser="gist_query"))
+register("cascade_prior", family="cascade", version="cascade", content=True, learned=True)(
+    _registered(localiser="learned_prior"))
