@@ -81,12 +81,13 @@ def test_footprint_coverage_known_areas():
 
 
 def test_verdict_and_ci_text():
-    assert verdict(0.01, 0.2) == "better"
-    assert verdict(-0.3, -0.1) == "worse"
-    assert verdict(-0.1, 0.1) == "no detectable difference"
-    assert verdict(float("nan"), 0.1, same="n/a") == "n/a"
+    assert verdict(0.01, 0.2, 40) == "better"
+    assert verdict(-0.3, -0.1, 40) == "worse"
+    assert verdict(-0.1, 0.1, 40) == "no detectable difference"
+    assert verdict(float("nan"), 0.1, 40, same="n/a") == "n/a"
+    assert verdict(0.01, 0.2, 6) == "too few documents (n = 6)"
     with pytest.raises(ValueError):
-        verdict(0.2, 0.1)
+        verdict(0.2, 0.1, 40)
     assert ci_text(0.031, 0.005, 0.056) == "+3.1 [0.5, 5.6]"
 
 
@@ -121,7 +122,7 @@ def test_table_helpers_on_a_known_table():
     from fovea_core.eval.experiments import ci_table, paired_vs, predicted_vs_measured
     from fovea_core.eval.sweep import summarize
 
-    table = _fake_table()
+    table = _fake_table(n_docs=24)
     summary = summarize(table, n_boot=200)
     view = ci_table(summary, [100])
     assert list(view.columns) == ["100", "all"]
@@ -131,6 +132,8 @@ def test_table_helpers_on_a_known_table():
     assert pv.loc["bad", "verdict"] == "worse" and pv.loc["bad", "diff"] < 0
     assert pv.loc["same", "verdict"] == "no detectable difference"
     assert "missing" not in pv.index
+    few = paired_vs(_fake_table(n_docs=6), ["bad"], "good", 100).set_index("method")
+    assert few.loc["bad", "verdict"] == "too few documents (n = 6)"
     pm = predicted_vs_measured(summary, {"good": 81.3, "bad": None, "nope": 1.0}, 100)
     assert pm.loc["good"].iloc[0] == "81.3" and pm.loc["bad"].iloc[0] == "none given"
     assert pm.loc["good"].iloc[1].startswith("100.0") and pm.loc["nope"].iloc[1] == "n/a"

@@ -84,3 +84,10 @@ def test_ledger_frame():
     assert len(df) == 2 and df.verdict.iloc[0] == "not confirmed"
     with pytest.raises(ValueError):
         ledger_frame([])
+
+
+def test_judge_gives_no_verdict_below_the_minimum_documents():
+    from fovea_core.eval.ledger import judge
+
+    assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=5) == "too few documents (n = 5)"
+    assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=40) == "confirmed"

@@ -67,7 +67,7 @@ def test_negative_control_coarse_tokens_lose_small_text(table):
 def test_allocators_never_see_answers(reader):
     CALLS.clear()
     run_sweep([("level0", grid_at_level(0))], [64], {"syn": [DOC]}, scorer=flat_scorer,
-              query_aware=True, reader=reader, progress=False)
+              query_aware=True, reader=reader, progress=False, cache_dir=None)
     queries = [c["query"] for c in CALLS]
     assert sorted(q for q in queries if q is not None) == sorted(
         [q.question for q in DOC.questions] * 2)  # each question: one score, one allocation
@@ -77,7 +77,7 @@ def test_allocators_never_see_answers(reader):
 
 def test_dask_backend_matches_inprocess(reader, tmp_path):
     docs = synthetic_documents(2, seed=40)
-    kw = dict(scorer=flat_scorer, progress=False)
+    kw = dict(scorer=flat_scorer, progress=False, cache_dir=None)
     allocs = [("level0", grid_at_level(0)), ("level2", grid_at_level(2))]
     a = run_sweep(allocs, [64, 256], {"syn": docs}, reader=reader, **kw)
     # a fresh cache, so the OCR really runs in dask's worker threads
@@ -89,11 +89,75 @@ def test_dask_backend_matches_inprocess(reader, tmp_path):
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
 
-def test_resume_reads_finished_documents(reader, tmp_path):
-    kw = dict(scorer=flat_scorer, reader=reader, progress=False, out=tmp_path)
+def _registered_sweep(reader, **kw):
+    """Registered allocators and scorer (picklable, so every backend can run them)."""
+    docs = synthetic_documents(2, seed=41)
+    return run_sweep(["resize", "topk"], [64], {"syn": docs}, scorer="center_bias",
+                     reader=reader, progress=False, cache_dir=None, **kw)
+
+
+def test_process_backend_matches_inprocess(reader):
+    a = _registered_sweep(reader)
+    b = _registered_sweep(reader, backend="processes", workers=2)
+    cols = [c for c in a.columns if c not in TIMING_COLUMNS]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+@pytest.mark.slow
+def test_distributed_cluster_matches_inprocess(reader):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
+    a = _registered_sweep(reader)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        b = _registered_sweep(reader, backend="dask", scheduler=client)
+        ran_on = client.run(lambda: __import__("os").getpid())
+    assert len(set(ran_on.values())) == 2                      # two worker processes
+    cols = [c for c in a.columns if c not in TIMING_COLUMNS]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+@pytest.mark.slow
+def test_ray_backend_matches_inprocess(reader):
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
+    a = _registered_sweep(reader)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        b = _registered_sweep(reader, backend="ray")
+    finally:
+        ray.shutdown()
+    cols = [c for c in a.columns if c not in TIMING_COLUMNS]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+
+
+def test_cost_columns_count_what_the_scorer_and_allocator_read(reader):
+    docs = synthetic_documents(1, seed=42)
+    t = run_sweep(["resize", "atlas"], [64], {"syn": docs}, scorer="query_saliency",
+                  query_aware=True, reader=reader, progress=False, cache_dir=None)
+    from fovea_core.importance import scorer_cost
+
+    h, w = docs[0].size
+    want = scorer_cost("query_saliency", (h, w)).tokens             # 512 x 512 OCR + thumb
+    r = t[t.allocator == "resize"].iloc[0]
+    assert r.scorer_tokens == want and r.alloc_read_tokens == 0
+    assert r.total_tokens == 64 + want and bool(r.unbudgeted)
+    a = t[t.allocator == "atlas"].iloc[0]
+    assert a.alloc_read_tokens == 256                               # SLIC on 256 x 256
+    assert a.total_tokens == 64 + want + 256
+    f = t[t.allocator == "full"].iloc[0]
+    assert f.total_tokens == 64 * 64 and not bool(f.unbudgeted)
+    # a budgeted method: saliency reads a 64 x 64 thumbnail (16 tokens) for 64 tokens
+    t2 = run_sweep(["resize"], [64], {"syn": docs}, reader=reader, progress=False,
+                   cache_dir=None)
+    r2 = t2[t2.allocator == "resize"].iloc[0]
+    assert r2.scorer_tokens == 16 and not bool(r2.unbudgeted)
+
+
+def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):
+    kw = dict(scorer=flat_scorer, reader=reader, progress=False, out=tmp_path,
+              cache_dir=tmp_path / "cells")
     first = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
     assert (tmp_path / "results.csv").exists()
-    assert len(list((tmp_path / "parts" / "syn").glob("*.csv"))) == 1
     CALLS.clear()
     again = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
     assert CALLS == []                                   # nothing recomputed
@@ -101,8 +165,30 @@ def test_resume_reads_finished_documents(reader, tmp_path):
     pd.testing.assert_frame_equal(first[cols], again[cols], check_dtype=False)
     amount = again[(again.field == "amount") & (again.allocator == "level0")].pred.iloc[0]
     assert isinstance(amount, str) and amount.count(".") == 1  # "56.18" stays a string
-    run_sweep([("level0", grid_at_level(0))], [100], {"syn": [DOC]}, **kw)
-    assert CALLS                                          # another budget: recomputed
+    # a sweep with one more budget computes only the new cell
+    both = run_sweep([("level0", grid_at_level(0))], [100, 4096], {"syn": [DOC]}, **kw)
+    assert [c["budget"] for c in CALLS if c["kind"] == "alloc"] == [100]
+    pd.testing.assert_frame_equal(both[both.budget == 4096][cols].reset_index(drop=True),
+                                  first[first.budget == 4096][cols].reset_index(drop=True),
+                                  check_dtype=False)
+    # resume=False recomputes every cell
+    CALLS.clear()
+    run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, resume=False, **kw)
+    assert [c["budget"] for c in CALLS if c["kind"] == "alloc"] == [4096]
+
+
+def test_cache_key_changes_with_the_document_and_the_libraries(monkeypatch):
+    from fovea_core.eval import sweep as S
+
+    ctx = S._context("syn", DOC, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
+    key = S._cell_key(ctx, "topk", "topk", {}, 64, False)
+    other = synthetic_documents(1, seed=22)[0]
+    ctx2 = S._context("syn", other, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
+    assert S._cell_key(ctx2, "topk", "topk", {}, 64, False) != key
+    monkeypatch.setattr(S, "library_versions", lambda: {"torch": "0.0"})
+    ctx3 = S._context("syn", DOC, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
+    assert S._cell_key(ctx3, "topk", "topk", {}, 64, False) != key
+    assert S._cell_key(ctx, "topk", "topk", {}, 100, False) != key
 
 
 def test_summarize(table):
@@ -120,9 +206,13 @@ def test_bad_arguments(reader):
         run_sweep(["topk"], [64], {"syn": [DOC]}, backend="spark", reader=reader)
     with pytest.raises(ValueError, match="budget"):
         run_sweep([("l0", grid_at_level(0))], [5000], {"syn": [DOC]}, scorer=flat_scorer,
-                  reader=reader, progress=False)
+                  reader=reader, progress=False, cache_dir=None)
     with pytest.raises(ValueError, match="allocator"):
         run_sweep([42], [64], {"syn": [DOC]}, reader=reader)
+    with pytest.raises(ValueError, match="scorer"):
+        run_sweep(["topk"], [64], {"syn": [DOC]}, scorer="nope", reader=reader)
+    with pytest.raises(ValueError, match="budgets"):
+        run_sweep(["topk"], [64.5], {"syn": [DOC]}, reader=reader)
 
 
 def test_compare_paired_difference(table):

@@ -20,6 +20,19 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 
+def segment_level(pyramid: Pyramid, max_side: int = 256) -> int:
+    """The pyramid level SLIC runs on: the coarsest whose longer side is >= ``max_side``."""
+    lvl = 0
+    while lvl + 1 < pyramid.num_levels and max(pyramid.levels[lvl + 1].shape[-2:]) >= max_side:
+        lvl += 1
+    return lvl
+
+
+def _reads(pyramid: Pyramid) -> int:
+    """Pixels the default ``atlas`` segments (its level of :func:`segment_level`)."""
+    return int(np.prod(pyramid.levels[segment_level(pyramid)].shape[-2:]))
+
+
 def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
                     max_side: int = 256) -> torch.Tensor:
     """Region label of every level-0 patch ``[B, Gh, Gw]`` (labels ``0..R-1`` per image).
@@ -28,10 +41,7 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
     still >= ``max_side`` pixels (level 0 when the image is smaller), read at each patch's
     centre. A loop over images (the segmenter is a library call per image).
     """
-    lvl = 0
-    while lvl + 1 < pyramid.num_levels and max(pyramid.levels[lvl + 1].shape[-2:]) >= max_side:
-        lvl += 1
-    img = pyramid.levels[lvl]
+    img = pyramid.levels[segment_level(pyramid, max_side)]
     gh, gw = pyramid.grid_shape(patch, 0)
     h, w = pyramid.image_size
     lh, lw = img.shape[-2:]
@@ -48,7 +58,7 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
     return torch.stack(out)
 
 
-@register("atlas", family="atlas", version="v3", coverage="region", content=True)
+@register("atlas", family="atlas", version="v3", coverage="region", content=True, reads=_reads)
 def atlas(pyramid: Pyramid, scores, budget: int, *, n_segments: int = 24,
           regions: torch.Tensor | None = None, fixation=None, query=None, seed: int = 0,
           patch: int = 16) -> TokenSet:

@@ -30,6 +30,20 @@ HORIZONTAL_BAND = 2  # pyrtools order=3: band 2 responds to horizontal stripes (
 _GRAY = torch.tensor([0.299, 0.587, 0.114])
 
 
+def band_level(pyramid: Pyramid, max_side: int = 512) -> int:
+    """The pyramid level the bands are computed on: the finest whose longer side is
+    <= ``max_side`` (the coarsest level if none is)."""
+    a = 0
+    while a + 1 < pyramid.num_levels and max(pyramid.levels[a].shape[-2:]) > max_side:
+        a += 1
+    return a
+
+
+def _reads(pyramid: Pyramid) -> int:
+    """Pixels the default ``frequency`` decomposes (its level of :func:`band_level`)."""
+    return int(np.prod(pyramid.levels[band_level(pyramid)].shape[-2:]))
+
+
 def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, height: int = 4,
                 aniso: float = 2.0) -> tuple[list[torch.Tensor], list[int]]:
     """Oriented band energy pooled onto token grids.
@@ -41,9 +55,7 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     ``aniso`` for the horizontal-structure band, summed over orientations and sum-pooled onto
     the level-``t_s`` patch grid. Returns ``(energies [B, Gh_t, Gw_t] per scale, levels t_s)``.
     """
-    a = 0
-    while a + 1 < pyramid.num_levels and max(pyramid.levels[a].shape[-2:]) > max_side:
-        a += 1
+    a = band_level(pyramid, max_side)
     img = pyramid.levels[a]
     gray = img.mean(1) if img.shape[1] != 3 else torch.einsum("bchw,c->bhw", img, _GRAY)
     h0, w0 = pyramid.image_size
@@ -75,7 +87,8 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     return energies, levels
 
 
-@register("frequency", family="frequency", version="v5", coverage="band_quota", content=True)
+@register("frequency", family="frequency", version="v5", coverage="band_quota", content=True,
+          reads=_reads)
 def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, height: int = 4,
               max_side: int = 512, fixation=None, query=None, seed: int = 0, patch: int = 16
               ) -> TokenSet:

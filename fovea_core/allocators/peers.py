@@ -13,6 +13,7 @@ vector of pooled pixels (:func:`patch_features`); what is compared is the select
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +44,20 @@ def patch_gradients(pyramid: Pyramid, patch: int = 16) -> tuple[torch.Tensor, in
     return torch.cat([torch.sqrt(gx**2 + gy**2), gx, gy], 1), cell
 
 
+def feature_level(pyramid: Pyramid, patch: int = 16, level: int = 2) -> int:
+    """The pyramid level :func:`patch_features` reads: ``min(level, L - 1)``, lowered until a
+    patch is a whole number of its pixels."""
+    lv = min(level, pyramid.num_levels - 1)
+    while lv > 0 and patch % 2**lv:
+        lv -= 1
+    return lv
+
+
+def _reads(pyramid: Pyramid) -> int:
+    """Pixels the default feature extraction reads (the level of :func:`feature_level`)."""
+    return int(np.prod(pyramid.levels[feature_level(pyramid)].shape[-2:]))
+
+
 def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.Tensor:
     """Per-patch features ``[B, Gh*Gw, C + c*c]`` from pooled pixels: the patch's mean colour
     and its gray thumbnail at pyramid level ``l = min(level, L-1)`` (``c = patch / 2**l``
@@ -50,9 +65,7 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
     encodes local structure (edges, strokes, orientation) and contrast. The vectors are
     centred over the image's patches (cosine similarity then compares deviations from the
     average patch)."""
-    lv = min(level, pyramid.num_levels - 1)
-    while lv > 0 and patch % 2**lv:
-        lv -= 1
+    lv = feature_level(pyramid, patch, level)
     img = pyramid.levels[lv]
     cell = patch // 2**lv
     gh, gw = pyramid.grid_shape(patch, 0)
@@ -70,7 +83,7 @@ def _unit(f: torch.Tensor) -> torch.Tensor:
     return f / f.norm(dim=-1, keepdim=True).clamp(min=1e-8)
 
 
-@register("divprune", family="peers", version="peer", content=True)
+@register("divprune", family="peers", version="peer", content=True, reads=_reads)
 def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | None = None,
              fixation=None, query=None, seed: int = 0, patch: int = 16) -> TokenSet:
     """DivPrune: greedy max-min diversity over patch features (cosine distance).
@@ -105,7 +118,7 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
                            pyramid.image_size, fix, patch)
 
 
-@register("visionzip", family="peers", version="peer", content=True)
+@register("visionzip", family="peers", version="peer", content=True, reads=_reads)
 def visionzip(pyramid: Pyramid, scores, budget: int, *, dominant_ratio: float = 54 / 64,
               features: torch.Tensor | None = None, fixation=None, query=None, seed: int = 0,
               patch: int = 16) -> TokenSet:

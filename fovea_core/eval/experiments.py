@@ -8,8 +8,9 @@
   of the budget;
 * :func:`footprint_coverage` -- fraction of the image under at least one token footprint
   (the "context" a token set keeps);
-* :func:`verdict` / :func:`ci_text` -- the wording of a paired difference with its CI, so
-  a chapter's verdict sentence is selected from the measurement, not typed in.
+* :func:`paired_vs` -- a family of paired differences against one baseline with their
+  verdicts (:mod:`fovea_core.eval.stats` holds the one verdict rule and the protocol's
+  statistics; :func:`verdict` and :func:`ci_text` are re-exported from there).
 """
 
 from __future__ import annotations
@@ -21,24 +22,51 @@ import torch
 from fovea_core.allocators.base import (candidate_grid, cell_centers, cells_to_tokens,
                                         check_inputs, group_rank, resolve_fixation, select)
 from fovea_core.eval.documents import Document, synthetic_documents
+from fovea_core.eval.stats import ci_text, paired_family, verdict
 from fovea_core.paths import DatasetNotFound, dataset_path
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
+__all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text",
+           "select_then_report", "load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
            "ci_table", "paired_vs", "predicted_vs_measured",
            "ci_text", "SYNTHETIC_SEED"]
 
 #: seed offset of the synthetic pages used by every experiment chapter (chapter 07's)
 SYNTHETIC_SEED = 1000
+#: documents per dataset in each profile, ``(synthetic pages, SROIE receipts)``: the
+#: published (default) book evaluates all 40 dev receipts and 60 synthetic pages, so every
+#: verdict rests on at least ``stats.MIN_DOCS`` = 20 documents per dataset (PROTOCOL.md)
+BOOK_DOCS = {"smoke": (3, 2), "default": (60, 40), "full": (200, 40)}
+#: the reference budget the seeds' numbers refer to
+N_REF = 273
 
 
-def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int = 0
+def book_datasets(profile: str, *, data_dir=None, seed: int = 0, wording: str = "default",
+                  sizes: tuple[int, int] | None = None
                   ) -> tuple[dict[str, list[Document]], str]:
+    """The evaluation documents of the experiment chapters for ``profile``
+    (:data:`BOOK_DOCS`; ``sizes`` overrides), with the message of :func:`load_datasets`.
+
+    Every chapter draws the same pages and receipts in the same order, so the sweep's cell
+    cache and the reader's crop cache are shared across the book.
+    """
+    from fovea_core.profiles import PROFILES
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    n_syn, n_rec = sizes if sizes is not None else BOOK_DOCS[profile]
+    return load_datasets(n_syn, n_rec, data_dir=data_dir, seed=seed, wording=wording)
+
+
+def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int = 0,
+                  wording: str = "default") -> tuple[dict[str, list[Document]], str]:
     """``({"synthetic": pages, "sroie": receipts}, message)`` for an experiment chapter.
 
     Pages are ``synthetic_documents(n_synthetic, seed=SYNTHETIC_SEED + seed)``; receipts are
     the first ``n_receipts`` of ``dataset_path("sroie-dev", data_dir)`` (sorted by id).
+    ``wording`` phrases the questions (``"default"``, or a held-out set of templates; see
+    :mod:`fovea_core.eval.documents`); the pages and answers do not change with it.
     When that folder is missing (:class:`~fovea_core.paths.DatasetNotFound`) or
     ``n_receipts == 0`` the ``"sroie"`` key is absent and ``message`` says why, so a
     notebook prints it and carries on with the synthetic pages.
@@ -49,11 +77,12 @@ def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int
         raise ValueError(f"n_receipts must be >= 0, got {n_receipts}")
     from fovea_core.eval.sroie import load_sroie
 
-    datasets = {"synthetic": synthetic_documents(n_synthetic, seed=SYNTHETIC_SEED + seed)}
+    kw = {} if wording == "default" else {"wording": wording}
+    datasets = {"synthetic": synthetic_documents(n_synthetic, seed=SYNTHETIC_SEED + seed, **kw)}
     if n_receipts == 0:
         return datasets, "SROIE skipped: n_receipts = 0 in this profile."
     try:
-        receipts = load_sroie(dataset_path("sroie-dev", data_dir), limit=n_receipts)
+        receipts = load_sroie(dataset_path("sroie-dev", data_dir), limit=n_receipts, **kw)
     except DatasetNotFound as err:
         return datasets, (f"SROIE skipped (dataset not found): {str(err).rstrip('.')}. "
                           "The real-data rows below are absent; the synthetic results "
@@ -143,23 +172,6 @@ def footprint_coverage(tokens: TokenSet, resolution: int = 128) -> torch.Tensor:
     return inside.any(1).float().mean(1)
 
 
-def verdict(lo: float, hi: float, *, better: str = "better", worse: str = "worse",
-            same: str = "no detectable difference") -> str:
-    """Word for a difference ``a - b`` from its CI ``[lo, hi]``: ``better`` when the whole
-    interval is above 0, ``worse`` when below, else ``same`` (the CI contains 0, or is NaN)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return same
-    if lo > hi:
-        raise ValueError(f"lo must be <= hi, got [{lo}, {hi}]")
-    return better if lo > 0 else worse if hi < 0 else same
-
-
-def ci_text(est: float, lo: float, hi: float, *, scale: float = 100.0, digits: int = 1) -> str:
-    """``"+3.1 [0.5, 5.6]"``: a signed estimate and its CI, multiplied by ``scale``."""
-    f = f"{{:.{digits}f}}"
-    return f"{est * scale:+.{digits}f} [{f.format(lo * scale)}, {f.format(hi * scale)}]"
-
-
 def ci_table(summary, budgets, metric: str = "kept"):
     """Pivot of :func:`~fovea_core.eval.sweep.summarize`'s table: rows ``(dataset,
     allocator)``, columns the budgets (as text) plus ``"all"`` for the full-resolution
@@ -173,26 +185,16 @@ def ci_table(summary, budgets, metric: str = "kept"):
 
 
 def paired_vs(table, methods, baseline: str, budget: int, *, metric: str = "anls",
-              seed: int = 0):
-    """Paired differences ``method - baseline`` of ``metric`` at ``budget`` for every
-    dataset, bootstrapped over documents (:func:`~fovea_core.eval.sweep.compare`), with
-    columns ``dataset, method, diff, diff_lo, diff_hi, n_docs, text`` (:func:`ci_text`,
-    points) and ``verdict`` (:func:`verdict`). Methods absent from the table are skipped."""
-    import pandas as pd
-
-    from fovea_core.eval.sweep import compare
-
-    have = set(table["allocator"])
-    parts = [compare(table, m, baseline, metric=metric, seed=seed).assign(method=m)
-             for m in methods if m in have and m != baseline]
-    if not parts:
-        raise ValueError(f"none of {list(methods)} is in the table besides {baseline!r}")
-    out = pd.concat(parts, ignore_index=True)
-    out = out[out.budget == budget].reset_index(drop=True)
-    out["text"] = [ci_text(d, lo, hi) for d, lo, hi in zip(out["diff"], out.diff_lo, out.diff_hi)]
-    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out.diff_lo, out.diff_hi)]
-    return out[["dataset", "method", "budget", "diff", "diff_lo", "diff_hi", "n_docs", "text",
-                "verdict"]]
+              seed: int = 0, docs=None, correct: bool = True):
+    """Paired differences ``method - baseline`` of ``metric`` at ``budget`` for every dataset,
+    as one family: :func:`fovea_core.eval.stats.paired_family` (bootstrap CIs over documents,
+    Holm-corrected sign-flip p-values, verdicts only from >= ``MIN_DOCS`` documents).
+    Columns ``dataset, method, budget, diff, diff_lo, diff_hi, n_docs, p_holm, text,
+    verdict``. Methods absent from the table are skipped."""
+    out = paired_family(table, methods, baseline, budget, metric=metric, seed=seed, docs=docs,
+                        correct=correct)
+    return out[["dataset", "method", "budget", "diff", "diff_lo", "diff_hi", "n_docs", "p_holm",
+                "text", "verdict"]]
 
 
 def predicted_vs_measured(summary, predicted: dict, budget: int):
@@ -214,3 +216,100 @@ def predicted_vs_measured(summary, predicted: dict, budget: int):
                 f"{100 * m.anls_hi.iloc[0]:.1f}]" if len(m) else "n/a")
         rows.append(r)
     return pd.DataFrame(rows).set_index("method")
+
+
+# ----------------------------------------------------------------------------- chapter kit
+def chapter_sweep(allocators, datasets, *, budgets=(N_REF,), scorer: str = "saliency",
+                  query_aware: bool = False, reader=None, backend: str = "processes",
+                  workers: int | None = None, seed: int = 0, progress: bool = False):
+    """``(table, summary)`` of :func:`~fovea_core.eval.sweep.run_sweep` with the book's
+    shared cell cache and the process backend (both cores), then
+    :func:`~fovea_core.eval.sweep.summarize`. A chapter's sweep costs only the cells no
+    earlier chapter computed."""
+    from fovea_core.eval.reader import Reader
+    from fovea_core.eval.sweep import run_sweep, summarize
+
+    table = run_sweep(list(allocators), list(budgets), datasets, scorer=scorer,
+                      query_aware=query_aware, reader=reader or Reader(), backend=backend,
+                      workers=workers, seed=seed, progress=progress)
+    return table, summarize(table, seed=seed)
+
+
+def family_text(fam, *, unit: str = "ANLS points") -> dict:
+    """``{(dataset, method): "better (+3.1 [0.5, 5.6] ANLS points, n = 40)"}`` for every row
+    of a :func:`~fovea_core.eval.stats.paired_family` table: the verdict word first (it
+    already says "too few documents" when it must), then the paired difference and its
+    95 % CI, and the number of documents."""
+    return {(r.dataset, r.method): f"{r.verdict} ({r.text} {unit}, n = {int(r.n_docs)})"
+            for r in fam.itertuples()}
+
+
+def select_then_report(table, candidates, baseline: str, budget: int, *,
+                       metric: str = "anls", seed: int = 0):
+    """Choose the best of ``candidates`` on the *select* half of the documents and test it
+    against ``baseline`` on the *report* half (:func:`~fovea_core.eval.stats.split_halves`),
+    per dataset.
+
+    Returns a DataFrame per dataset: ``dataset, best, select_mean, n_select`` and the
+    report-half paired difference of ``best - baseline`` (``diff, diff_lo, diff_hi, n_docs,
+    p, verdict, text``; one comparison per dataset, so the family is the datasets: Holm
+    over them).
+    """
+    import pandas as pd
+
+    from fovea_core.eval.stats import holm, paired_family, split_halves
+
+    rows = []
+    for ds, t in table.groupby("dataset", sort=True):
+        sel, rep = split_halves(t["doc_id"].unique())
+        at = t[(t.budget == budget) & t.allocator.isin(list(candidates)) & t.doc_id.isin(sel)]
+        if at.empty:
+            continue
+        per = at.groupby(["allocator", "doc_id"])[metric].mean().groupby("allocator").mean()
+        best = str(per.idxmax())
+        fam = paired_family(t, [best], baseline, budget, metric=metric, docs=rep, seed=seed,
+                            correct=False)
+        r = fam.iloc[0]
+        rows.append(dict(dataset=ds, best=best, select_mean=float(per.max()), n_select=len(sel),
+                         **{k: r[k] for k in ("diff", "diff_lo", "diff_hi", "n_docs", "p")}))
+    out = pd.DataFrame(rows)
+    if len(out):
+        from fovea_core.eval.stats import ci_text, verdict
+
+        out["p_holm"] = holm(out["p"].to_numpy())
+        out["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                          for r in out.itertuples()]
+        out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
+    return out
+
+
+def area_resize_rows(datasets, budget: int = N_REF, *, reader=None, patch: int = 16):
+    """The reader on a *direct* resize of each page, as sweep-shaped rows
+    (``allocator="cv2_area_resize"``): the page scaled by ``2**-level`` of
+    :func:`~fovea_core.allocators.grid.resize_grid` with ``cv2.resize(INTER_AREA)`` (what an
+    image processor does), blown back up with nearest-neighbour blocks, read at the answer
+    boxes. Paired with the ``resize`` rows of a sweep it checks that the TokenSet baseline
+    (pyramid + trilinear sampler) sees what a plain resize sees."""
+    import cv2
+    import pandas as pd
+
+    from fovea_core.allocators.grid import resize_grid
+    from fovea_core.eval.metrics import anls
+    from fovea_core.eval.reader import Reader
+
+    reader = reader or Reader()
+    rows = []
+    for name, docs in datasets.items():
+        for doc in docs:
+            h, w = doc.size
+            _, _, level = resize_grid((h, w), budget, patch)
+            s = 2.0 ** -level
+            small = cv2.resize(doc.image, (max(1, round(w * s)), max(1, round(h * s))),
+                               interpolation=cv2.INTER_AREA)
+            up = cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST)
+            for q in doc.questions:
+                pred = reader.read(up, q.boxes)
+                rows.append(dict(dataset=name, doc_id=doc.doc_id, qid=q.qid, field=q.field,
+                                 allocator="cv2_area_resize", budget=int(budget), pred=pred,
+                                 anls=anls(pred, q.answers)))
+    return pd.DataFrame(rows)

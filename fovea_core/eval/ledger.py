@@ -24,9 +24,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["Claim", "judge", "ledger_frame", "NOT_MEASURED", "MODES"]
+from fovea_core.eval.stats import too_few
+
+__all__ = ["Claim", "judge", "ledger_frame", "NOT_MEASURED", "STAND_IN", "MODES"]
 
 NOT_MEASURED = "not measured in this build"
+#: a claim about a system this build cannot run (e.g. a 2-7 B model on a GPU) measured on a
+#: stand-in (a small random-weight model on a CPU): shown as context, never judged
+STAND_IN = "not measured (CPU stand-in)"
 MODES = ("approx", "above", "below", "within")
 HIGHER, LOWER = "not confirmed (measured higher)", "not confirmed (measured lower)"
 
@@ -49,12 +54,16 @@ def _finite(x) -> bool:
 
 
 def judge(predicted: float, est: float | None, lo: float | None = None,
-          hi: float | None = None, *, mode: str = "approx", tol: float = 0.1) -> str:
+          hi: float | None = None, *, mode: str = "approx", tol: float = 0.1,
+          n_docs: int | None = None) -> str:
     """Verdict of a measurement ``est`` (CI ``[lo, hi]``, optional) against ``predicted``.
 
     ``mode`` in :data:`MODES` (rules in the module docstring); ``tol`` >= 0 is relative
     for ``"approx"`` and absolute (the equivalence margin) for ``"within"``, unused
-    otherwise. ``est`` ``None`` or NaN -> :data:`NOT_MEASURED`.
+    otherwise. ``est`` ``None`` or NaN -> :data:`NOT_MEASURED`. ``n_docs``: for a
+    measurement over documents, the number behind it; below
+    :data:`~fovea_core.eval.stats.MIN_DOCS` the verdict is "too few documents (n = K)"
+    (:func:`~fovea_core.eval.stats.too_few`), whatever the numbers say.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -64,6 +73,8 @@ def judge(predicted: float, est: float | None, lo: float | None = None,
         raise ValueError(f"predicted must be a finite number, got {predicted!r}")
     if not _finite(est):
         return NOT_MEASURED
+    if n_docs is not None and too_few(n_docs):
+        return too_few(n_docs)
     lo = float(est) if not _finite(lo) else float(lo)
     hi = float(est) if not _finite(hi) else float(hi)
     if lo > hi:

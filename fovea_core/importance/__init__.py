@@ -17,14 +17,26 @@ text              RapidOCR DB detector text probability, mean per cell
 text_saliency     0.7 text + 0.3 saliency
 query             query-aware: MiniLM similarity of peripheral OCR lines x spatial words
 query_saliency    0.8 query + 0.2 saliency (needs ``query``)
+query_noprior     ``query`` without the spatial word prior (the ablation of chapter 07)
+query_saliency_noprior  0.8 query_noprior + 0.2 saliency
+none              all zeros: for allocators that look at the pixels themselves (reads nothing)
 ================  ===========================================================================
 
 The models (RapidOCR, MiniLM) load lazily, once per process, from files inside their wheels.
+
+**Cost in tokens.** A scorer looks at the image before any token is chosen; that look is
+part of what a method spends. :data:`READS` declares, per scorer, how many pixels it reads
+(the pixels of the view it works on, e.g. the 64-px thumbnail of the spectral residual or
+the half-resolution page the query scorer's OCR reads), and :func:`scorer_cost` converts
+them to an equivalent number of 16 x 16-pixel tokens. A method whose scorer reads more than
+its token budget is *unbudgeted* (``shared/PROTOCOL.md``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -58,18 +70,38 @@ def _text_saliency(image: ImageLike, *, query: str | None = None, patch: int = 1
     return normalise(0.7 * text_likelihood(x, patch=patch) + 0.3 * _saliency(x, patch=patch))
 
 
-def _query(image: ImageLike, *, query: str | None = None, patch: int = 16) -> torch.Tensor:
+def _query(image: ImageLike, *, query: str | None = None, patch: int = 16,
+           prior: bool = True) -> torch.Tensor:
     """Query-aware map (:func:`~fovea_core.importance.query.query_scores`); needs ``query``."""
     if query is None:
         raise ValueError("the 'query' scorer needs query= (a non-empty question string)")
-    return query_scores(image, query, patch=patch)
+    return query_scores(image, query, patch=patch, prior=prior)
 
 
-def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16
-                    ) -> torch.Tensor:
+def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16,
+                    prior: bool = True) -> torch.Tensor:
     """``0.8 * query + 0.2 * saliency``, peak 1; needs ``query``."""
     x, _ = prepare(image, patch)
-    return normalise(0.8 * _query(x, query=query, patch=patch) + 0.2 * _saliency(x, patch=patch))
+    return normalise(0.8 * _query(x, query=query, patch=patch, prior=prior)
+                     + 0.2 * _saliency(x, patch=patch))
+
+
+def _query_noprior(image: ImageLike, *, query: str | None = None, patch: int = 16
+                   ) -> torch.Tensor:
+    """:func:`_query` without the spatial word prior (ablation)."""
+    return _query(image, query=query, patch=patch, prior=False)
+
+
+def _query_saliency_noprior(image: ImageLike, *, query: str | None = None, patch: int = 16
+                            ) -> torch.Tensor:
+    """:func:`_query_saliency` without the spatial word prior (ablation)."""
+    return _query_saliency(image, query=query, patch=patch, prior=False)
+
+
+def _none(image: ImageLike, *, query: str | None = None, patch: int = 16) -> torch.Tensor:
+    """All zeros ``[B, Gh, Gw]``: no look at the page (the allocator reads what it needs)."""
+    x, (gh, gw) = prepare(image, patch)
+    return torch.zeros(x.shape[0], gh, gw)
 
 
 SCORERS: dict[str, Scorer] = {
@@ -81,7 +113,72 @@ SCORERS: dict[str, Scorer] = {
     "text_saliency": _text_saliency,
     "query": _query,
     "query_saliency": _query_saliency,
+    "query_noprior": _query_noprior,
+    "query_saliency_noprior": _query_saliency_noprior,
+    "none": _none,
 }
+
+#: equivalent token side: costs are counted in 16 x 16-pixel tokens whatever the patch
+TOKEN_PIXELS = 16 * 16
+
+
+def _thumbnail_px(h: int, w: int, size: int = 64) -> int:
+    """Pixels of the spectral residual's working image (longer side ``size``, area-resized)."""
+    s = size / max(h, w)
+    return max(3, round(h * s)) * max(3, round(w * s))
+
+
+def _det_px(h: int, w: int, limit: int = 2048) -> int:
+    """Pixels of the text detector's input (multiples of 32, longer side capped at ``limit``)."""
+    r = min(1.0, limit / max(h, w))
+    return max(32, round(int(h * r) / 32) * 32) * max(32, round(int(w * r) / 32) * 32)
+
+
+def _half_px(h: int, w: int) -> int:
+    """Pixels of pyramid level 1 (the half-resolution page the query scorer OCRs)."""
+    return math.ceil(h / 2) * math.ceil(w / 2)
+
+
+#: pixels each scorer reads for an ``H x W`` page (the view its computation looks at)
+READS: dict[str, Callable[[int, int], int]] = {
+    "spectral_residual": _thumbnail_px,
+    "edge_density": lambda h, w: h * w,
+    "center_bias": lambda h, w: 0,
+    "saliency": _thumbnail_px,
+    "text": _det_px,
+    "text_saliency": lambda h, w: _det_px(h, w) + _thumbnail_px(h, w),
+    "query": _half_px,
+    "query_saliency": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
+    "query_noprior": _half_px,
+    "query_saliency_noprior": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
+    "none": lambda h, w: 0,
+}
+
+
+@dataclass(frozen=True)
+class ScorerCost:
+    """What a scorer read: ``pixels`` and ``tokens = ceil(pixels / 256)`` (16-px tokens)."""
+
+    pixels: int
+    tokens: int
+
+
+def scorer_cost(name: str, image_size: tuple[int, int]) -> ScorerCost:
+    """The pixels scorer ``name`` reads on an ``(H, W)`` page, and their token equivalent.
+
+    E.g. on a 1024 x 1024 page: ``saliency`` reads a 64 x 64 thumbnail (16 tokens), ``query``
+    the 512 x 512 half-resolution page (1,024 tokens: unbudgeted at N = 273), ``none`` 0.
+    A callable scorer declares its cost with an attribute ``reads(h, w) -> pixels``.
+    """
+    reads = getattr(name, "reads", None) if callable(name) else READS.get(name)
+    if reads is None:
+        raise ValueError(f"scorer {name!r} declares no cost; known: {sorted(READS)} (a callable "
+                         "scorer needs an attribute reads(h, w) -> pixels)")
+    h, w = (int(v) for v in image_size)
+    if h < 1 or w < 1:
+        raise ValueError(f"image_size must be positive (H, W), got {image_size!r}")
+    px = int(reads(h, w))
+    return ScorerCost(px, math.ceil(px / TOKEN_PIXELS))
 
 
 def score(name: str, image: ImageLike, *, query: str | None = None, patch: int = 16
@@ -92,6 +189,6 @@ def score(name: str, image: ImageLike, *, query: str | None = None, patch: int =
     return SCORERS[name](image, query=query, patch=patch)
 
 
-__all__ = ["SCORERS", "center_bias", "edge_density", "fixation_from_scores", "normalise",
+__all__ = ["READS", "SCORERS", "ScorerCost", "scorer_cost", "center_bias", "edge_density", "fixation_from_scores", "normalise",
            "pool_to_grid", "query_scores", "read_text", "score", "spatial_prior",
            "spectral_residual", "text_likelihood", "text_probability"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import os
 import re
@@ -226,11 +227,52 @@ def coarse_view(image: ImageLike, coarse_level: int) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=1)
+def _disk_cache():
+    """The on-disk store of coarse-view OCR results (``data/cache/coarse_ocr``; None when
+    ``FOVEA_NO_DISK_CACHE`` is set), one SQLite file per OCR library version set."""
+    if os.environ.get("FOVEA_NO_DISK_CACHE"):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from fovea_core.eval.reader import _Cache
+    from fovea_core.paths import project_root
+
+    vers = []
+    for lib in ("rapidocr", "onnxruntime", "opencv-python-headless"):
+        try:
+            vers.append(f"{lib}-{version(lib)}")
+        except PackageNotFoundError:
+            vers.append(f"{lib}-absent")
+    tag = hashlib.sha1("|".join(vers).encode()).hexdigest()[:12]
+    return _Cache(project_root() / "data" / "cache" / "coarse_ocr" / f"reads-{tag}.sqlite")
+
+
+def _read_text_cached(img: np.ndarray, key: tuple):
+    """:func:`read_text` of ``img`` through the disk cache (JSON: boxes, texts, conf)."""
+    cache = _disk_cache()
+    k = hashlib.sha1(repr(key).encode()).hexdigest()
+    text = None if cache is None else cache.get(k)
+    if text is not None:
+        d = json.loads(text)
+        from fovea_core.importance.text import TextRead
+
+        return TextRead(np.asarray(d["boxes"], np.float32).reshape(-1, 4), tuple(d["texts"]),
+                        np.asarray(d["conf"], np.float32))
+    r = read_text(img, min_conf=key[2])
+    if cache is not None:
+        cache.put(k, json.dumps(dict(boxes=np.asarray(r.boxes).tolist(), texts=list(r.texts),
+                                     conf=np.asarray(r.conf).tolist())))
+    return r
+
+
 def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> list:
     """OCR of the peripheral view of every image: list of :class:`TextRead` in BASE pixels.
 
     Reads are cached by a SHA-1 of the coarse view's bytes (LRU, ``READ_CACHE_SIZE``
-    entries), so several questions about one page run the OCR once.
+    entries), so several questions about one page run the OCR once, and on disk
+    (:func:`_disk_cache`, keyed also by the OCR libraries' versions), so chapters and
+    worker processes share them.
     """
     x, _ = prepare(image, 1)
     h, w = x.shape[-2:]
@@ -240,14 +282,15 @@ def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.
     for img in to_uint8_bgr(small):                  # one OCR call per image of the batch
         key = (hashlib.sha1(img.tobytes()).hexdigest(), img.shape, float(min_conf))
         if key not in _READ_CACHE:
-            _lru_put(_READ_CACHE, key, read_text(img, min_conf=min_conf), READ_CACHE_SIZE)
+            _lru_put(_READ_CACHE, key, _read_text_cached(img, key), READ_CACHE_SIZE)
         r = _READ_CACHE[key]
         reads.append(type(r)(r.boxes * np.float32([sx, sy, sx, sy]), r.texts, r.conf))
     return reads
 
 
 def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level: int = 1,
-                 min_conf: float = 0.5, rows: bool = True, return_reads: bool = False):
+                 min_conf: float = 0.5, rows: bool = True, prior: bool = True,
+                 return_reads: bool = False):
     """Query-aware score map ``[B, Gh, Gw]`` (see the module docstring for the formula).
 
     Args:
@@ -258,6 +301,10 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
         min_conf: drop recognised lines below this recognition confidence.
         rows: paint each line's weight also over the rest of its row to the right
             (:func:`extend_along_rows`: the value next to a matching label).
+        prior: multiply by the spatial prior of the question's words
+            (:func:`spatial_prior`); ``False`` is the ablation without it (its word lists
+            were written knowing the evaluation's question templates, so chapter 07 measures
+            what it adds on reworded questions).
         return_reads: also return the per-image OCR reads and their similarities.
 
     Returns:
@@ -277,7 +324,7 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
     all_texts = [t for r in reads for t in r.texts]
     emb = embed([q] + all_texts)
     sims_all = emb[1:] @ emb[0] if all_texts else np.zeros(0, np.float32)
-    prior = spatial_prior(q, (gh, gw), (h, w), patch)
+    mask = spatial_prior(q, (gh, gw), (h, w), patch) if prior else torch.ones(gh, gw)
     maps, sims, start = [], [], 0
     for r in reads:                                     # loop over the batch
         k = len(r.texts)
@@ -293,6 +340,6 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
             sem = (cov * (s.clamp_min(0) ** 2)[:, None, None]).amax(0)
         else:
             sem = presence = torch.zeros(gh, gw)
-        maps.append(prior * (sem + ALPHA_TEXT * presence + BETA_FLOOR))
+        maps.append(mask * (sem + ALPHA_TEXT * presence + BETA_FLOOR))
     out = normalise(torch.stack(maps))
     return (out, reads, sims) if return_reads else out
