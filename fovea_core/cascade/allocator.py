@@ -165,9 +165,14 @@ def _registered(**defaults):
     return fn
 
 
-register("cascade", family="cascade", version="cascade", content=True, learned=True)(
-    _registered(localiser="learned"))
-register("cascade_gist_query", family="cascade", version="cascade", content=True)(
-    _registered(localiser="gist_query"))
-register("cascade_prior", family="cascade", version="cascade", content=True, learned=True)(
-    _registered(localiser="learned_prior"))
+def reads_nothing_else(pyramid: Pyramid) -> int:
+    """Pixels the cascade looks at outside its budget: none. Its localisers see only the
+    gist, whose tokens are part of the N it returns (the sweep's ``alloc_read_tokens``)."""
+    return 0
+
+
+for _name, _loc, _learned in (("cascade", "learned", True),
+                              ("cascade_gist_query", "gist_query", False),
+                              ("cascade_prior", "learned_prior", True)):
+    register(_name, family="cascade", version="cascade", content=True, learned=_learned,
+             reads=reads_nothing_else)(_registered(localiser=_loc))
