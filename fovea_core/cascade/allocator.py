@@ -27,7 +27,7 @@ from fovea_core.cascade.localisers import get_localiser
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "cascade", "text_size_map", "choose_level",
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
            "CascadeParts", "cascade_parts"]
 
 #: text height (base pixels at the level read) the fovea aims for; chosen on synthetic pages
@@ -36,6 +36,8 @@ __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "cascade", "text_size_map", "choose_lev
 LEGIBLE_PX = 8.0
 #: default gist budget (tokens)
 DEFAULT_GIST = 64
+#: share of the fovea's tokens read one octave coarser around the core (the "surround")
+SURROUND = 0.5
 
 
 def text_size_map(g: Gist) -> torch.Tensor:
@@ -52,14 +54,29 @@ def text_size_map(g: Gist) -> torch.Tensor:
 
 
 def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
-                 min_level: float = 0.0) -> torch.Tensor:
+                 min_level: float = 0.0, max_level: float | None = None) -> torch.Tensor:
     """``[B]`` fovea level: the text height expected where the localiser looks (the size
     map averaged under ``loc``, in log2 base pixels) read at ``legible_px``:
-    ``level = log2(text_px / legible_px)``, clipped to ``[min_level, gist level - 1]``."""
+    ``level = log2(text_px / legible_px)``, clipped to ``[min_level, max_level]`` (default
+    two octaves below the gist, so that the surround, one octave coarser, stays finer than
+    the gist)."""
     w = loc / loc.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
     log_px = (w * text_size_map(g)).flatten(1).sum(1)
-    top = max(g.level - 1.0, min_level)
+    top = max(g.level - 2.0 if max_level is None else max_level, min_level)
     return (log_px - math.log2(legible_px)).clamp(min_level, top)
+
+
+def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step: int = 4
+                  ) -> torch.Tensor:
+    """``[B, Gh, Gw]``: share of each level-0 cell under some token footprint (a ``step``-px
+    raster, :func:`~fovea_core.cascade.metrics.coverage_raster`, averaged per cell)."""
+    from fovea_core.cascade.metrics import coverage_raster
+
+    cov = coverage_raster(tokens, stages=None, step=step).float()          # [B, rh, rw]
+    k = patch // step
+    gh, gw = grid
+    cov = torch.nn.functional.pad(cov, (0, gw * k - cov.shape[-1], 0, gh * k - cov.shape[-2]))
+    return cov.view(cov.shape[0], gh, k, gw, k).mean((2, 4))
 
 
 def _fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
@@ -98,9 +115,11 @@ class CascadeParts(tuple):
 def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
                   level: float | str = "auto", legible_px: float = LEGIBLE_PX,
-                  context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
-                  patch: int = 16) -> CascadeParts:
+                  surround: float = SURROUND, context: tuple[int, int] = (1, 2),
+                  context_weight: float = 0.5, patch: int = 16) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`)."""
+    if not 0.0 <= surround < 1.0:
+        raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ValueError(f"cascade: budget must be an int, got {budget!r}")
     g = gist(pyramid, gist_budget, patch=patch)
@@ -124,11 +143,22 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         levels = torch.full((pyramid.batch_size,), lv)
     parts = []
     for b in range(pyramid.batch_size):                     # images may read different levels
-        lv = _fitting_level(float(levels[b]), pyramid.image_size, rest, patch)
+        lv = float(levels[b])
+        lv2 = min(lv + 1.0, g.level - 0.5)                  # the surround's level
+        n_sur = int(round(surround * rest)) if lv2 >= lv + 0.25 else 0
+        n_core = rest - n_sur
+        lv = _fitting_level(lv, pyramid.image_size, n_core, patch)
         levels[b] = lv
-        f = foveate(loc[b:b + 1], rest, image_size=pyramid.image_size, level=lv, patch=patch,
-                    context=context, context_weight=context_weight, stage=STAGE_FOVEA)
-        parts.append(combine([g.tokens[b], f], fixation=f.fixations))
+        kw = dict(image_size=pyramid.image_size, patch=patch, context=context,
+                  context_weight=context_weight, stage=STAGE_FOVEA)
+        core = foveate(loc[b:b + 1], n_core, level=lv, **kw)
+        stages = [g.tokens[b], core]
+        if n_sur:
+            # the surround: one octave coarser, where the mass the core left uncovered lies
+            left = loc[b:b + 1] * (1 - covered_share(core, (gh, gw), patch))
+            lv2 = _fitting_level(lv2, pyramid.image_size, n_sur, patch)
+            stages.append(foveate(left, n_sur, level=lv2, **kw))
+        parts.append(combine(stages, fixation=core.fixations))
     tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
     return CascadeParts(tokens, g, loc, levels)
 
@@ -136,8 +166,9 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
 def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
             gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
             level: float | str = "auto", legible_px: float = LEGIBLE_PX,
-            context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
-            fixation=None, seed: int = 0, patch: int = 16) -> TokenSet:
+            surround: float = SURROUND, context: tuple[int, int] = (1, 2),
+            context_weight: float = 0.5, fixation=None, seed: int = 0,
+            patch: int = 16) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (``rows * cols``
@@ -145,8 +176,12 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     2. (b) ``localiser(gist, query)`` (a name of
        :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable) -> ``[B, Gh, Gw]``;
     3. (c) :func:`~fovea_core.cascade.core.foveate` with the remaining ``budget - rows *
-       cols`` tokens at ``level`` (``"auto"``: :func:`choose_level`, the scale at which the
-       text expected there is ``legible_px`` high; or a number).
+       cols`` tokens: a *core* of ``1 - surround`` of them at ``level`` (``"auto"``:
+       :func:`choose_level`, the scale at which the text expected there is ``legible_px``
+       high; or a number) on the cells with the most localiser mass, and a *surround* of
+       the rest one octave coarser, on the mass the core left uncovered -- dense where the
+       answer most likely is, coarser around it, as a retina (it hedges both a localiser
+       that is slightly off and text larger than expected).
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map. Returns a
@@ -154,7 +189,8 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     """
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
-                         context=context, context_weight=context_weight, patch=patch).tokens
+                         surround=surround, context=context, context_weight=context_weight,
+                         patch=patch).tokens
 
 
 def _registered(**defaults):

@@ -112,6 +112,10 @@ class OracleLocaliser:
             for q in d.questions:
                 self.table[(key, q.question)] = tuple(q.boxes)
 
+    def __repr__(self) -> str:
+        # stable across runs (it enters cache keys, which also hold the document's hash)
+        return "OracleLocaliser()"
+
     def add(self, key: str, question: str, boxes) -> None:
         self.table[(key, question)] = tuple(boxes)
 

@@ -640,16 +640,16 @@ def make_receipt(seed: int, *, doc_id: str | None = None, wording: str = "defaul
     font = str(rng.choice(_RECEIPT_FONTS, p=[0.5, 0.2, 0.2, 0.1]))
     bold = {"DejaVuSansMono.ttf": "DejaVuSansMono-Bold.ttf",
             "DejaVuSans.ttf": "DejaVuSans-Bold.ttf"}.get(font, font)
-    size = int(rng.integers(14, 35))
-    chars = int(rng.integers(30, 46))
+    size = int(rng.integers(12, 31))
+    chars = int(rng.integers(32, 49))
     probe = _Canvas(10, 10)
     char_w = probe.width_of("0" * 20, font, size) / 20
-    margin = int(rng.integers(1, 4) * char_w)
+    margin = int(rng.uniform(1, 8) * char_w)                 # paper and scan around the text
     width = int(chars * char_w) + 2 * margin
     lead = int(size * rng.uniform(1.25, 1.6))
     n_items = int(rng.integers(2, 13))
     two_rows = rng.random() < 0.4                            # "qty @ price" under each item
-    height = int((30 + n_items * (1 + two_rows)) * lead + 2 * margin)  # cropped below
+    height = int((48 + n_items * (1 + two_rows)) * lead + 2 * margin)  # cropped below
     page = _Canvas(width, height)
     left, right = margin, width - margin
     q: list[Question] = []
@@ -732,6 +732,10 @@ def make_receipt(seed: int, *, doc_id: str | None = None, wording: str = "defaul
     if not meta_first:
         page.line(y, f"CASHIER: {rng.choice(_SURNAMES).upper()}", "meta", size, font, left=left)
         y += lead
+    for label in rng.choice(["TABLE", "PAX", "STATION", "TERMINAL", "BILL NO"],
+                            size=int(rng.integers(0, 3)), replace=False):
+        page.line(y, f"{label}: {int(rng.integers(1, 999))}", "meta", size, font, left=left)
+        y += lead
     sep = str(rng.choice(["-", "=", "*"]))
     page.line(y, sep * (chars - 2), "rule", size, font, left=left)
     y += lead
@@ -778,13 +782,27 @@ def make_receipt(seed: int, *, doc_id: str | None = None, wording: str = "defaul
         page.line(y, label, "sum", size, font, left=left)
         page.line(y, _fmt_money(value), "sum", size, font, align="right", right=right)
         y += lead
+    if rng.random() < 0.5:
+        page.line(y, f"ITEM COUNT: {n_items}", "meta", size, font, left=left)
+        y += lead
+    if tax and rng.random() < 0.6:                           # the tax summary block
+        y += lead // 2
+        page.line(y, "GST SUMMARY   AMOUNT   TAX", "meta", size, font, left=left)
+        y += lead
+        for code, rate in (("SR", 0.06), ("ZR", 0.0)):
+            page.line(y, f"{code} @ {int(rate * 100)}%", "meta", size, font, left=left)
+            page.line(y, f"{_fmt_money(sub if rate else 0.0)}   {_fmt_money(tax if rate else 0.0)}",
+                      "meta", size, font, align="right", right=right)
+            y += lead
     if date_at_end:
         y += lead // 2
         date_line(y)
         y += lead
     y += lead // 2
     for text in rng.choice(["THANK YOU", "PLEASE COME AGAIN", "GOODS SOLD ARE NOT RETURNABLE",
-                            "HAVE A NICE DAY"], size=int(rng.integers(1, 3)), replace=False):
+                            "HAVE A NICE DAY", "EXCHANGE WITHIN 7 DAYS", "OPEN DAILY 8AM-10PM",
+                            "WWW.SHOP.COM.MY", "KEEP THIS RECEIPT"],
+                           size=int(rng.integers(1, 6)), replace=False):
         if y + lead < height:
             page.line(y, str(text), "footer", size, font, align="centre", left=left, right=right)
             y += lead
