@@ -16,10 +16,13 @@ charges no scorer tokens) and reads the page only through the gist's tokens.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.registry import register
 from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
                                      gist_to_grid)
@@ -40,17 +43,26 @@ DEFAULT_GIST = 64
 SURROUND = 0.5
 
 
+_SIZE_CACHE: OrderedDict = OrderedDict()
+
+
 def text_size_map(g: Gist) -> torch.Tensor:
     """``[B, Gh, Gw]`` log2 of the text height in base pixels, estimated from the gist by the
     learned network's size head (question-independent; in gist pixels, times the gist's
-    pixel, so it follows the page's resolution)."""
-    from fovea_core.cascade.learned import gist_features, load_model
+    pixel, so it follows the page's resolution). Cached per gist (the questions about one
+    page share it)."""
+    from fovea_core.cascade.learned import encode_gist
 
-    net = load_model()
-    with torch.no_grad():
-        _, size = net.encode(gist_features(g))                          # [B, h2, w2]
-    grid = gist_to_grid(size, g, mode="mean", scale=2)
-    return grid + math.log2(g.pixel)
+    key = (g.key, g.rows, g.cols, g.level, g.image_size)
+    if g.key and key in _SIZE_CACHE:
+        return _SIZE_CACHE[key]
+    _, size = encode_gist(g)                                             # [B, h2, w2]
+    grid = gist_to_grid(size, g, mode="mean", scale=2) + math.log2(g.pixel)
+    if g.key:
+        _SIZE_CACHE[key] = grid
+        while len(_SIZE_CACHE) > 64:
+            _SIZE_CACHE.popitem(last=False)
+    return grid
 
 
 def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
@@ -116,13 +128,19 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
                   level: float | str = "auto", legible_px: float = LEGIBLE_PX,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
-                  context_weight: float = 0.5, patch: int = 16) -> CascadeParts:
-    """Run the stages and return every intermediate (see :func:`cascade`)."""
+                  context_weight: float = 0.5, patch: int = 16,
+                  gist_obj: Gist | None = None) -> CascadeParts:
+    """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
+    the page's gist at ``gist_budget`` if already computed (several questions about one
+    page share it)."""
     if not 0.0 <= surround < 1.0:
         raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ValueError(f"cascade: budget must be an int, got {budget!r}")
-    g = gist(pyramid, gist_budget, patch=patch)
+    g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
+    if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
+            resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
+        raise ValueError("cascade: gist_obj is not this page's gist at gist_budget")
     rest = budget - g.budget
     if rest < 1:
         raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "

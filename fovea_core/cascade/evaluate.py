@@ -42,7 +42,8 @@ from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.sample import sample
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["render_window", "crop_window", "read_answer", "Method", "evaluate"]
+__all__ = ["render_window", "crop_window", "tokens_over", "subset", "read_answer", "Method",
+           "evaluate", "kept_difference"]
 
 _KEY_TOKEN_BITS = 20
 
@@ -140,15 +141,39 @@ def crop_window(box: tuple[int, int, int, int], size: tuple[int, int], margin: f
     return max(0, by0 - m), min(h, by1 + m), max(0, bx0 - m), min(w, bx1 + m)
 
 
-def read_answer(reader: Reader, pyramid: Pyramid, tokens: TokenSet, patches: torch.Tensor,
-                boxes: Sequence[tuple[int, int, int, int]]) -> str:
+def tokens_over(tokens: TokenSet, windows: Sequence[tuple[int, int, int, int]]) -> torch.Tensor:
+    """``[N]`` bool: tokens of image 0 whose footprint meets one of the ``(y0, y1, x0, x1)``
+    windows (only those can paint a window's pixels)."""
+    b = tokens.boxes()[0]                                                  # [N, 4]
+    w = torch.as_tensor(windows, dtype=b.dtype).reshape(-1, 4)             # [K, 4]
+    meet = ((b[:, None, 0] < w[None, :, 3]) & (b[:, None, 2] > w[None, :, 2])
+            & (b[:, None, 1] < w[None, :, 1]) & (b[:, None, 3] > w[None, :, 0]))
+    return meet.any(1)
+
+
+def subset(tokens: TokenSet, keep: torch.Tensor) -> TokenSet:
+    """The tokens of image 0 where ``keep`` (order kept, so render's tie rule -- the lowest
+    index wins -- picks the same token)."""
+    return TokenSet(tokens.centers[:1, keep], tokens.levels[:1, keep], tokens.scores[:1, keep],
+                    tokens.fixations[:1], tokens.image_size, tokens.patch,
+                    None if tokens.stage is None else tokens.stage[:1, keep])
+
+
+def read_answer(reader: Reader, pyramid: Pyramid, tokens: TokenSet,
+                patches: torch.Tensor | None, boxes: Sequence[tuple[int, int, int, int]]) -> str:
     """What :meth:`Reader.read` returns on the reconstruction for an answer's ``boxes``,
-    rendering only the crops it reads."""
+    rendering only the crops it reads. ``patches``: the sampled patches of all tokens, or
+    ``None`` to sample only the tokens that meet the crops (what a crop needs)."""
+    wins = [crop_window(bx, tokens.image_size, reader.margin) for bx in boxes]
+    wins = [w for w in wins if w[1] > w[0] and w[3] > w[2]]
+    if patches is None and wins:
+        keep = tokens_over(tokens, wins)
+        if not bool(keep.any()):
+            keep[0] = True                                  # background only; one dummy token
+        tokens = subset(tokens, keep)
+        patches = sample(pyramid, tokens)
     texts = []
-    for bx in boxes:                                           # one line crop per box
-        win = crop_window(bx, tokens.image_size, reader.margin)
-        if win[1] <= win[0] or win[3] <= win[2]:
-            continue
+    for win in wins:                                        # one line crop per box
         crop = render_window(tokens, patches, win, pyramid)[0].permute(1, 2, 0)
         texts.append(reader.read_crop(to_uint8(crop.clamp(0, 1).numpy())))
     return " ".join(t for t in texts if t)
@@ -257,13 +282,18 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
                   else [(None, list(doc.questions))])
         for query, qs in groups:
             sk = (m.scorer, query)
-            if sk not in state:
+            if sk not in state and not m.cascade:       # the cascade ignores the scores
                 state[sk] = score(m.scorer, pyr.base, query=query, patch=patch)
             t0 = time.perf_counter()
             if m.cascade:
-                from fovea_core.cascade.allocator import cascade_parts
+                from fovea_core.cascade.allocator import DEFAULT_GIST, cascade_parts
+                from fovea_core.cascade.core import gist
 
-                parts = cascade_parts(pyr, budget, query=query, patch=patch, **m.params)
+                gb = m.params.get("gist_budget", DEFAULT_GIST)
+                if ("gist", gb) not in state:
+                    state[("gist", gb)] = gist(pyr, gb, patch=patch)
+                parts = cascade_parts(pyr, budget, query=query, patch=patch,
+                                      gist_obj=state[("gist", gb)], **m.params)
                 tokens, loc = parts.tokens, parts.scores
             else:
                 fn = m.allocator
@@ -274,11 +304,10 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
             alloc_ms = (time.perf_counter() - t0) * 1e3
             if tokens.budget != budget:
                 raise ValueError(f"{m.label}: {tokens.budget} tokens for budget {budget}")
-            patches = sample(pyr, tokens)
             cov = float(strata_coverage(tokens, 8)[0])
             disc = float(largest_empty_disc(tokens)[0])
             for q in qs:
-                pred = read_answer(reader, pyr, tokens, patches, q.boxes)
+                pred = read_answer(reader, pyr, tokens, None, q.boxes)
                 row = dict(base, qid=q.qid, field=q.field, size_px=q.size_px, allocator=m.label,
                            budget=budget, pred=pred, anls=anls(pred, q.answers),
                            em=exact_match(pred, q.answers), scorer=m.scorer,
@@ -331,3 +360,25 @@ def evaluate(datasets: Mapping[str, Sequence[Document]], methods: Sequence[Metho
     df["pred"] = df["pred"].fillna("").astype(str)
     return df.sort_values(["dataset", "doc_id", "allocator", "qid"], kind="stable"
                           ).reset_index(drop=True)
+
+
+def kept_difference(table: pd.DataFrame, a: str, b: str, *, docs=None, n_boot: int = 2000,
+                    seed: int = 0) -> dict:
+    """Paired difference of *kept* (sum of ANLS / sum of the ceiling's ANLS over documents)
+    between methods ``a`` and ``b``: ``{"diff", "lo", "hi", "n_docs", "a", "b"}``, a
+    percentile-bootstrap CI over documents (questions averaged within a document first,
+    the ratio recomputed on each resample with the documents paired)."""
+    from fovea_core.eval.metrics import bootstrap_ci
+
+    t = table if docs is None else table[table.doc_id.isin(set(docs))]
+    per = t[t.allocator.isin([a, b])].groupby(["allocator", "doc_id"]).agg(
+        anls=("anls", "mean"), ceil=("ceiling_anls", "mean")).reset_index()
+    pa = per[per.allocator == a].set_index("doc_id")
+    pb = per[per.allocator == b].set_index("doc_id")
+    ids = sorted(set(pa.index) & set(pb.index))
+    arr = np.stack([pa.loc[ids, "anls"], pb.loc[ids, "anls"], pa.loc[ids, "ceil"]], 1)
+    stat = lambda x: (x[..., 0].sum(-1) - x[..., 1].sum(-1)) / np.maximum(x[..., 2].sum(-1), 1e-12)  # noqa: E731
+    est, lo, hi = bootstrap_ci(arr, n_boot=n_boot, seed=seed, stat=stat)
+    ka = arr[:, 0].sum() / max(arr[:, 2].sum(), 1e-12)
+    kb = arr[:, 1].sum() / max(arr[:, 2].sum(), 1e-12)
+    return dict(diff=est, lo=lo, hi=hi, n_docs=len(ids), a=float(ka), b=float(kb))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ from fovea_core.cascade.core import Gist, gist_to_grid
 from fovea_core.paths import project_root
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
-           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "target_map", "pool_target"]
+           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "target_map", "pool_target", "encode_gist"]
 
 IN_CHANNELS = 7
 EMBED_DIM = 384
@@ -222,6 +223,27 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     return net
 
 
+_ENCODED: OrderedDict = OrderedDict()
+
+
+def encode_gist(g: Gist, net: GistLocaliserNet | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``net.encode(gist_features(g))`` (the question-independent detector maps and size
+    map; default net: the committed weights), cached per gist and network, so that the
+    questions about one page encode it once."""
+    net = net if net is not None else load_model()
+    key = (id(net), g.key, g.rows, g.cols, g.level, g.image_size)
+    if g.key and key in _ENCODED:
+        return _ENCODED[key]
+    with torch.no_grad():
+        out = net.encode(gist_features(g))
+    if g.key:
+        _ENCODED[key] = out
+        while len(_ENCODED) > 32:
+            _ENCODED.popitem(last=False)
+    return out
+
+
 class LearnedLocaliser:
     """Localiser (b) backed by :class:`GistLocaliserNet`: ``loc(gist, query) -> [B, Gh, Gw]``.
 
@@ -238,11 +260,13 @@ class LearnedLocaliser:
         """``(p [B, ceil(h/2), ceil(w/2)], text_px [B])``: the answer-location probability on
         2 x 2 blocks of gist pixels, and the expected text height of the answer in base
         pixels (the size map averaged under ``p``, times the gist's pixel)."""
-        x = gist_features(g)
-        b = x.shape[0]
+        maps, size = encode_gist(g, self.net)
+        b = maps.shape[0]
         q = question_embedding([query] * b)
         with torch.no_grad():
-            logit, size = self.net(x, g.inside()[None].expand(b, -1, -1), q, torch.arange(b))
+            logit = torch.einsum("bk,bkhw->bhw", self.net.select(q), maps)
+        keep = F.max_pool2d(g.inside()[None, None].float(), 2, ceil_mode=True)[0, 0] > 0
+        logit = logit.masked_fill(~keep, float("-inf"))
         p = torch.softmax(logit.flatten(1), 1).view_as(logit)
         text_px = torch.exp2((p * size).flatten(1).sum(1)) * g.pixel
         return p, text_px

@@ -19,6 +19,7 @@ Compared on the same footing in the cascade chapter (same gist, same fovea, same
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -44,6 +45,9 @@ def uniform(g: Gist, query: str | None) -> torch.Tensor:
     return torch.ones(g.image.shape[0], gh, gw)
 
 
+_SALIENCY: OrderedDict = OrderedDict()         # the gist's saliency, shared by its questions
+
+
 def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Tensor:
     """Today's query scorer restricted to what the gist shows.
 
@@ -66,7 +70,14 @@ def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Ten
     big = F.interpolate(crop, size=(max(16, round(h * s)), max(16, round(w * s))), mode="bicubic",
                         align_corners=False).clamp(0, 1)
     cell = 16
-    sal = score("saliency", big, patch=cell)
+    key = (g.key, g.rows, g.cols, g.level, tuple(big.shape))
+    sal = _SALIENCY.get(key) if g.key else None
+    if sal is None:
+        sal = score("saliency", big, patch=cell)
+        if g.key:
+            _SALIENCY[key] = sal
+            while len(_SALIENCY) > 32:
+                _SALIENCY.popitem(last=False)
     if query:
         m = 0.8 * score("query", big, query=query, patch=cell) + 0.2 * sal
     else:
