@@ -196,9 +196,9 @@ def test_cascade_never_reads_level_zero():
     a, b = build_pyramid(img), build_pyramid(other)
     assert (a.base - b.base).abs().max() > 0.09
     assert torch.allclose(a.levels[1], b.levels[1], atol=1e-6)
-    for loc in ("gist_query", uniform):
-        ta = cascade(a, None, 273, query=doc.questions[1].question, localiser=loc, level=0.5)
-        tb = cascade(b, None, 273, query=doc.questions[1].question, localiser=loc, level=0.5)
+    for loc, level in (("gist_query", 0.5), (uniform, 0.5), ("learned", "auto")):
+        ta = cascade(a, None, 273, query=doc.questions[1].question, localiser=loc, level=level)
+        tb = cascade(b, None, 273, query=doc.questions[1].question, localiser=loc, level=level)
         assert torch.equal(ta.centers, tb.centers) and torch.equal(ta.levels, tb.levels)
 
 
@@ -224,3 +224,18 @@ def test_fovea_share_and_auc():
     assert cell_auc(-mass[0], [box], size) == pytest.approx(0.0)
     cov = coverage_raster(t, stages=(STAGE_GIST,))
     assert bool(cov.all())                                              # the gist tiles the page
+
+
+def test_cascade_takes_any_budget_and_batch_like_the_other_allocators():
+    """The gallery runs every allocator on a batch of two small images, without a question;
+    the sweep and the M-RoPE positions take its TokenSet."""
+    from fovea_core.allocators.registry import allocator_reads
+    from fovea_core.vlm.positions import merged_grid_shape, mrope_positions
+
+    imgs = np.stack([_page(256, 256, 1), make_document(3).image[::4, ::4]])
+    pyr = build_pyramid(imgs)
+    t = allocate("cascade", pyr, torch.zeros(2, 16, 16), 64)
+    assert t.budget == 64 and t.batch_size == 2 and bool(t.is_distinct().all())
+    assert allocator_reads("cascade", pyr) == 0
+    pos = mrope_positions(t, merged_grid_shape((256, 256)))
+    assert pos is not None

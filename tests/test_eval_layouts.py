@@ -7,7 +7,7 @@ import pytest
 
 from fovea_core.eval.documents import (LAYOUTS, WORDING_SETS, WORDINGS, make_document, phrase,
                                        reword, synthetic_documents)
-from fovea_core.eval.sroie import QUESTIONS, load_sroie
+from fovea_core.eval.sroie import QUESTIONS, load_sroie, reworded
 from fovea_core.paths import DatasetNotFound, dataset_path
 
 RECEIPTS = synthetic_documents(8, seed=300, layout="receipt")
@@ -102,3 +102,5 @@ def test_sroie_heldout_wording():
             key = "receipt_" + qa.field if qa.field in ("date", "total") else qa.field
             assert qb.question in WORDINGS["heldout"][key]
             assert (qa.answers, qa.boxes) == (qb.answers, qb.boxes)
+        assert reworded(da, "heldout").questions == db.questions
+        assert reworded(db, "default").questions == da.questions

@@ -30,7 +30,7 @@ from fovea_core.cascade.localisers import get_localiser
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
            "CascadeParts", "cascade_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
@@ -38,8 +38,14 @@ __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "SURROUND", "covered_share", "cascade",
 #: 11 px: the reader still reads ~5-6 px text, but the size estimate errs by ~0.3 octave and
 #: a finer core loses little when the localiser is sure (see the training record)
 LEGIBLE_PX = 11.0
-#: default gist budget (tokens)
+#: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
 DEFAULT_GIST = 64
+
+
+def gist_budget_for(budget: int) -> int:
+    """The default gist budget for a total of ``budget`` tokens: ``DEFAULT_GIST`` at N = 273,
+    the same share (about 23 %) of any other N, at least 4 and leaving at least 1 token."""
+    return max(4, min(int(round(budget * DEFAULT_GIST / 273)), budget - 1))
 #: share of the fovea's tokens read one octave coarser around the core (the "surround"); on
 #: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
@@ -128,7 +134,7 @@ class CascadeParts(tuple):
 
 
 def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
-                  gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
+                  gist_budget: int | None = None, localiser: str | Callable = "learned",
                   level: float | str = "auto", legible_px: float = LEGIBLE_PX,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
                   context_weight: float = 0.5, patch: int = 16,
@@ -140,6 +146,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ValueError(f"cascade: budget must be an int, got {budget!r}")
+    gist_budget = gist_budget_for(budget) if gist_budget is None else int(gist_budget)
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
     if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
             resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
@@ -185,15 +192,16 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
 
 
 def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
-            gist_budget: int = DEFAULT_GIST, localiser: str | Callable = "learned",
+            gist_budget: int | None = None, localiser: str | Callable = "learned",
             level: float | str = "auto", legible_px: float = LEGIBLE_PX,
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
             patch: int = 16) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
-    1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (``rows * cols``
-       of them; the rest of ``gist_budget`` goes to the fovea);
+    1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
+       :func:`gist_budget_for`, 64 at N = 273; ``rows * cols`` of them are used, the rest
+       goes to the fovea);
     2. (b) ``localiser(gist, query)`` (a name of
        :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable) -> ``[B, Gh, Gw]``;
     3. (c) :func:`~fovea_core.cascade.core.foveate` with the remaining ``budget - rows *

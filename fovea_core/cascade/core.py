@@ -32,6 +32,7 @@ of visual attention"] is its learned form.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable
@@ -160,6 +161,7 @@ def gist(pyramid: Pyramid, budget: int, *, patch: int = 16) -> Gist:
 
 
 # ----------------------------------------------------------------------------- resampling
+@functools.lru_cache(maxsize=256)
 def overlap_matrix(n_out: int, out_side: float, out_origin: float, n_in: int, in_side: float,
                    in_origin: float, length: float) -> torch.Tensor:
     """``[n_out, n_in]`` float64: length of the overlap of output interval ``i`` with input
@@ -168,7 +170,8 @@ def overlap_matrix(n_out: int, out_side: float, out_origin: float, n_in: int, in
     Interval ``i`` of a grid is ``[origin + i side, origin + (i + 1) side)``. Row ``i`` of
     the matrix therefore moves the *mass* of the input cells into output cell ``i`` (columns
     sum to 1 where the input cell lies on the page), so ``A_y @ M @ A_x.T`` resamples a mass
-    map ``M`` between any two grids exactly (separable, no loop over cells).
+    map ``M`` between any two grids exactly (separable, no loop over cells). Cached (a page's
+    questions share their grids); the returned tensor must not be modified.
     """
     def edges(n: int, side: float, origin: float) -> tuple[torch.Tensor, torch.Tensor]:
         e = origin + torch.arange(n + 1, dtype=torch.float64) * side

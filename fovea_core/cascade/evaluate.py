@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from fovea_core.eval.documents import Document
-from fovea_core.eval.metrics import anls, exact_match, largest_empty_disc, strata_coverage
+from fovea_core.eval.metrics import anls, exact_match, strata_coverage
 from fovea_core.eval.reader import Reader, _Cache, to_uint8
 from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
@@ -230,6 +230,21 @@ def _alloc_tokens(m: Method, pyramid: Pyramid) -> float:
     return alloc_read_tokens(m.allocator, pyramid)
 
 
+def _scores(state: dict, scorer: str, pyr: Pyramid, query: str | None, patch: int
+            ) -> torch.Tensor:
+    """``score(scorer, page, query)``; ``query_saliency`` as its definition,
+    ``normalise(0.8 query + 0.2 saliency)``, with the page's saliency computed once for all
+    its questions (the same numbers as :func:`fovea_core.importance.score`)."""
+    from fovea_core.importance import normalise, score
+
+    if scorer == "query_saliency" and query:
+        if ("saliency", None) not in state:
+            state[("saliency", None)] = score("saliency", pyr.base, patch=patch)
+        q = score("query", pyr.base, query=query, patch=patch)
+        return normalise(0.8 * q + 0.2 * state[("saliency", None)])
+    return score(scorer, pyr.base, query=query, patch=patch)
+
+
 def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget: int,
                   reader: Reader, seed: int, patch: int, cache: _Cache | None, code: str
                   ) -> list[dict]:
@@ -283,13 +298,13 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
         for query, qs in groups:
             sk = (m.scorer, query)
             if sk not in state and not m.cascade:       # the cascade ignores the scores
-                state[sk] = score(m.scorer, pyr.base, query=query, patch=patch)
+                state[sk] = _scores(state, m.scorer, pyr, query, patch)
             t0 = time.perf_counter()
             if m.cascade:
-                from fovea_core.cascade.allocator import DEFAULT_GIST, cascade_parts
+                from fovea_core.cascade.allocator import cascade_parts, gist_budget_for
                 from fovea_core.cascade.core import gist
 
-                gb = m.params.get("gist_budget", DEFAULT_GIST)
+                gb = m.params.get("gist_budget") or gist_budget_for(budget)
                 if ("gist", gb) not in state:
                     state[("gist", gb)] = gist(pyr, gb, patch=patch)
                 parts = cascade_parts(pyr, budget, query=query, patch=patch,
@@ -305,7 +320,7 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
             if tokens.budget != budget:
                 raise ValueError(f"{m.label}: {tokens.budget} tokens for budget {budget}")
             cov = float(strata_coverage(tokens, 8)[0])
-            disc = float(largest_empty_disc(tokens)[0])
+            disc = float("nan")             # (the sweep's largest empty disc: not used here)
             for q in qs:
                 pred = read_answer(reader, pyr, tokens, None, q.boxes)
                 row = dict(base, qid=q.qid, field=q.field, size_px=q.size_px, allocator=m.label,

@@ -45,7 +45,7 @@ def uniform(g: Gist, query: str | None) -> torch.Tensor:
     return torch.ones(g.image.shape[0], gh, gw)
 
 
-_SALIENCY: OrderedDict = OrderedDict()         # the gist's saliency, shared by its questions
+_SALIENCY: OrderedDict = OrderedDict()   # the upsampled gist and its saliency, per page
 
 
 def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Tensor:
@@ -60,23 +60,24 @@ def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Ten
     """
     from fovea_core.importance import score
 
-    x = g.image.float()
-    inside = g.inside()
-    rows = torch.nonzero(inside.any(1)).flatten()
-    cols = torch.nonzero(inside.any(0)).flatten()
-    crop = x[:, :, rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
     h, w = g.image_size
     s = min(1.0, max_side / max(h, w))
-    big = F.interpolate(crop, size=(max(16, round(h * s)), max(16, round(w * s))), mode="bicubic",
-                        align_corners=False).clamp(0, 1)
     cell = 16
-    key = (g.key, g.rows, g.cols, g.level, tuple(big.shape))
-    sal = _SALIENCY.get(key) if g.key else None
-    if sal is None:
+    key = (g.key, g.rows, g.cols, g.level, max_side)
+    if g.key and key in _SALIENCY:
+        big, sal = _SALIENCY[key]
+    else:
+        x = g.image.float()
+        inside = g.inside()
+        rows = torch.nonzero(inside.any(1)).flatten()
+        cols = torch.nonzero(inside.any(0)).flatten()
+        crop = x[:, :, rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+        big = F.interpolate(crop, size=(max(16, round(h * s)), max(16, round(w * s))),
+                            mode="bicubic", align_corners=False).clamp(0, 1)
         sal = score("saliency", big, patch=cell)
         if g.key:
-            _SALIENCY[key] = sal
-            while len(_SALIENCY) > 32:
+            _SALIENCY[key] = (big, sal)
+            while len(_SALIENCY) > 8:
                 _SALIENCY.popitem(last=False)
     if query:
         m = 0.8 * score("query", big, query=query, patch=cell) + 0.2 * sal

@@ -55,13 +55,32 @@ def coverage_raster(tokens: TokenSet, *, stages: Sequence[int] | None = (1, 2),
 
 def fovea_share(tokens: TokenSet, boxes: Sequence[Box], *, index: int = 0,
                 stages: Sequence[int] | None = (1, 2), step: int = 4) -> float:
-    """Share of the answer's area (its boxes, on a ``step``-px raster) inside the footprints
-    of the tokens of ``stages`` of image ``index``; 1 = the fovea covers the whole answer."""
-    cov = coverage_raster(tokens[index], stages=stages, step=step)[0]
-    h, w = tokens.image_size
-    m = answer_mass(boxes, (h, w), step)                                     # [rh, rw]
-    tot = float(m.sum())
-    return float((m * cov).sum()) / tot if tot > 0 else float("nan")
+    """Share of the answer's area inside the footprints of the tokens of ``stages`` of
+    image ``index``; 1 = the fovea covers the whole answer.
+
+    Evaluated on a ``step``-px raster of the answer's bounding region only: raster pixel
+    centres inside a box count 1 each (the raster of :func:`coverage_raster`, restricted
+    to the region; no loop over tokens or pixels)."""
+    b = torch.as_tensor(np.asarray(boxes, dtype=np.float64).reshape(-1, 4))
+    x0, y0 = float(b[:, 0].min()), float(b[:, 1].min())
+    x1, y1 = float(b[:, 2].max()), float(b[:, 3].max())
+    i0, i1 = int(np.floor(y0 / step)), int(np.ceil(y1 / step))
+    j0, j1 = int(np.floor(x0 / step)), int(np.ceil(x1 / step))
+    ys = (torch.arange(i0, i1, dtype=torch.float64) + 0.5) * step           # raster centres
+    xs = (torch.arange(j0, j1, dtype=torch.float64) + 0.5) * step
+    in_ans = (((ys[None, :, None] >= b[:, 1, None, None]) & (ys[None, :, None] < b[:, 3, None, None]))
+              & ((xs[None, None, :] >= b[:, 0, None, None]) & (xs[None, None, :] < b[:, 2, None, None])
+                 )).any(0)                                                   # [ny, nx]
+    t = tokens[index]
+    fb = t.boxes()[0].double()                                               # [N, 4]
+    keep = torch.ones(fb.shape[0], dtype=torch.bool) if stages is None else \
+        torch.isin(t.stage[0], torch.as_tensor(list(stages)))
+    fb = fb[keep]
+    inside = (((ys[None, :, None] >= fb[:, 1, None, None]) & (ys[None, :, None] < fb[:, 3, None, None]))
+              & ((xs[None, None, :] >= fb[:, 0, None, None]) & (xs[None, None, :] < fb[:, 2, None, None]))
+              ).any(0) if fb.shape[0] else torch.zeros_like(in_ans)
+    tot = int(in_ans.sum())
+    return float((in_ans & inside).sum()) / tot if tot > 0 else float("nan")
 
 
 def cell_auc(scores: torch.Tensor, boxes: Sequence[Box], image_size: tuple[int, int], *,

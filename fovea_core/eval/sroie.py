@@ -132,6 +132,17 @@ def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25,
                     "sroie")
 
 
+def reworded(doc: Document, wording: str) -> Document:
+    """A loaded receipt with its questions phrased in ``wording`` (the same questions as
+    ``load_receipt(..., wording=wording)``, without reading the files again)."""
+    from dataclasses import replace
+
+    stem = doc.doc_id.removeprefix("sroie")
+    seed = int(stem) if stem.isdigit() else zlib.crc32(stem.encode())
+    plain = tuple(replace(q, question=QUESTIONS[q.field]) for q in doc.questions)
+    return replace(doc, questions=reword(plain, wording, seed, "sroie"))
+
+
 def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
                max_nl: float = 0.25, wording: str = "default") -> list[Document]:
     """The receipts under ``root`` (default: ``dataset_path("sroie-dev")``), sorted by id;
