@@ -40,3 +40,8 @@ except ImportError:  # pragma: no cover - depends on the other helper's file
     pass
 
 __all__ = ["ALLOCATORS", "INFO", "allocate", "register"]
+
+try:  # the budgeted cascade registers "cascade", "cascade_gist_query", "cascade_prior"
+    from fovea_core.cascade import allocator as _cascade  # noqa: F401,E402
+except ImportError:  # pragma: no cover - importing fovea_core.cascade first registers them
+    pass

@@ -205,22 +205,41 @@ def _sentence_lines(page: _Page, rng: np.random.Generator, width: int, size: int
 
 
 def make_document(seed: int, *, width: int = 1024, height: int = 1024,
-                  doc_id: str | None = None) -> Document:
+                  doc_id: str | None = None, layout: str = "paper",
+                  wording: str = "default") -> Document:
     """Render one synthetic page deterministically from ``seed``.
 
     Args:
         seed: any non-negative integer; the page is a pure function of it.
-        width, height: page size in pixels (the layout is designed for 1024 x 1024;
-            accepted range 768..2048 each).
+        width, height: page size in pixels for ``layout="paper"`` (the layout is designed
+            for 1024 x 1024; accepted range 768..2048 each). The other layouts choose their
+            own size from the seed.
+        doc_id: default ``syn{seed:05d}`` (paper) or ``{layout}{seed:05d}``.
+        layout: one of :data:`LAYOUTS`: ``"paper"`` (default, below), ``"receipt"``
+            (:func:`make_receipt`) or ``"invoice"`` (:func:`make_invoice`).
+        wording: how the questions are phrased, one of :data:`WORDING_SETS`:
+            ``"default"`` (one fixed phrasing per field, the book's questions),
+            ``"train"`` / ``"heldout"`` (a phrasing drawn per question from two disjoint
+            template pools, :data:`WORDINGS`; the learned localiser of the cascade is
+            trained on ``"train"`` and evaluated on ``"heldout"``). The page image does
+            not depend on the wording.
 
     Returns:
-        A :class:`Document` with ~40 text elements and 7 questions (title, first author,
-        header date, formula, a table amount, the table total, the footer citation).
+        A :class:`Document`; for the paper layout ~40 text elements and 7 questions
+        (title, first author, header date, formula, a table amount, the table total, the
+        footer citation).
     """
-    if not (768 <= width <= 2048 and 768 <= height <= 2048):
-        raise ValueError(f"width and height must be in [768, 2048], got {width} x {height}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _check_wording(wording)
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    if layout == "receipt":
+        return make_receipt(seed, doc_id=doc_id, wording=wording)
+    if layout == "invoice":
+        return make_invoice(seed, doc_id=doc_id, wording=wording)
+    if not (768 <= width <= 2048 and 768 <= height <= 2048):
+        raise ValueError(f"width and height must be in [768, 2048], got {width} x {height}")
     rng = np.random.default_rng(seed)
     page = _Page(width, height)
     left, right = 112, width - 80
@@ -348,12 +367,13 @@ def make_document(seed: int, *, width: int = 1024, height: int = 1024,
 
     gray = np.asarray(page.img)
     image = np.repeat(gray[:, :, None], 3, axis=2)
-    return Document(doc_id or f"syn{seed:05d}", image, tuple(q), tuple(page.elements),
-                    "synthetic")
+    return Document(doc_id or f"syn{seed:05d}", image, reword(q, wording, seed),
+                    tuple(page.elements), "synthetic")
 
 
 def synthetic_documents(n: int, seed: int = 0, **kwargs) -> list[Document]:
-    """``n`` pages with seeds ``seed, seed+1, ...`` (see :func:`make_document`)."""
+    """``n`` pages with seeds ``seed, seed+1, ...`` (see :func:`make_document`; keyword
+    arguments such as ``layout=`` and ``wording=`` are passed on)."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     return [make_document(seed + i, **kwargs) for i in range(n)]
@@ -378,3 +398,538 @@ def element_mask(elements: tuple[TextElement, ...] | list[TextElement],
     np.add.at(diff, (b[:, 3], b[:, 0]), -1)
     np.add.at(diff, (b[:, 3], b[:, 2]), 1)
     return diff.cumsum(0).cumsum(1)[:h, :w] > 0
+
+
+# ============================================================================ question wordings
+#: the wording sets of :func:`make_document` and :func:`fovea_core.eval.sroie.load_sroie`
+WORDING_SETS = ("default", "train", "heldout")
+
+#: ``WORDINGS[set][field]``: the phrasings of a question about ``field`` (``{item}`` is the
+#: table row an ``amount`` question names). ``"default"`` holds the one phrasing the book
+#: has always asked; ``"train"`` and ``"heldout"`` are disjoint pools (no template in both),
+#: so a model trained on one is tested on wordings it has never seen.
+WORDINGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "default": {
+        "date": ("What is the date in the header?",),
+        "title": ("What is the title?",),
+        "author": ("Who is the first author?",),
+        "formula": ("What is the formula?",),
+        "amount": ("What is the amount for {item}?",),
+        "total": ("What is the total in the table?",),
+        "citation": ("What does the footer cite?",),
+        # receipts and invoices (the SROIE key fields, phrased as in sroie.QUESTIONS)
+        "company": ("What is the company?",),
+        "address": ("What is the address?",),
+        "receipt_date": ("What is the date?",),
+        "receipt_total": ("What is the total?",),
+    },
+    "train": {
+        "date": ("What date is printed at the top of the page?",
+                 "When was this issue published?", "Which date appears in the running header?",
+                 "Give the date shown above the title.", "What is the publication date?",
+                 "When is this page dated?", "Read the date in the top right corner.",
+                 "Which day, month and year head the page?"),
+        "title": ("What is the paper called?", "What is the heading of the article?",
+                  "Name the title of this document.", "What is the name of this paper?",
+                  "What does the big bold headline say?", "Which title is printed at the top?",
+                  "What is the article's title?", "Give the document's heading."),
+        "author": ("Who wrote this paper first?", "What is the name of the lead author?",
+                   "Which author is listed first?", "Name the first person in the byline.",
+                   "Who is the first writer named under the title?", "Who leads the author list?",
+                   "What is the first author's name?", "Which researcher is named first?"),
+        "formula": ("What equation is shown?", "Which formula is displayed in the text?",
+                    "What is f equal to?", "Write down the displayed equation.",
+                    "What is the polynomial on the page?", "Which expression is centred in the text?",
+                    "What does the equation say?", "Give the formula for f."),
+        "amount": ("How much does {item} cost?", "What amount is listed for {item}?",
+                   "What is the price of {item} in the table?", "How much is charged for {item}?",
+                   "What is the {item} amount?", "Which amount does the {item} row show?",
+                   "What does {item} come to?", "How much was spent on {item}?"),
+        "total": ("What is the table's total?", "What is the sum of the amounts?",
+                  "What is the total amount in the table?", "What does the Total row say?",
+                  "How much do all the items cost together?", "What is the overall sum?",
+                  "Give the total at the end of the table.", "What is the table total?"),
+        "citation": ("Which reference is cited at the bottom?",
+                     "What source does the page cite?", "What is cited in the footer?",
+                     "Which publication does the footnote refer to?",
+                     "What reference is given in the footer line?", "Who is cited at the bottom?",
+                     "What work does the footer mention?", "Give the citation in the footer."),
+        "company": ("What is the name of the store?", "Which company issued this receipt?",
+                    "What business is this from?", "Who is the seller?",
+                    "What is the shop called?", "Which firm is named at the top?",
+                    "What is the vendor?", "Name the company that printed this."),
+        "address": ("What is the store's address?", "Where is the shop located?",
+                    "What address is printed at the top?", "Where is the seller based?",
+                    "What is the company's street address?", "Give the address of the store.",
+                    "Where can the shop be found?", "Which address does the header give?"),
+        "receipt_date": ("What is the date of the receipt?", "When was this issued?",
+                         "On which date was the purchase made?", "What date is printed on it?",
+                         "When did the sale happen?", "What is the transaction date?",
+                         "Which date does the invoice show?", "When was the bill printed?"),
+        "receipt_total": ("What is the total amount?", "How much was paid in total?",
+                          "What is the amount due?", "How much did the customer pay?",
+                          "What is the total to pay?", "What does the bill come to?",
+                          "What is the final total?", "How much is owed altogether?"),
+    },
+    "heldout": {
+        "date": ("On what day was this document dated?",
+                 "Tell me the date shown in the page header."),
+        "title": ("What is this article titled?", "Which title does the document have?"),
+        "author": ("Whose name comes first in the author list?",
+                   "Who is the principal author?"),
+        "formula": ("Which mathematical expression appears on the page?",
+                    "What function is defined in the displayed equation?"),
+        "amount": ("What is the cost of {item}?", "{item}: what amount is listed?"),
+        "total": ("What do the table amounts add up to?", "What is the grand total?"),
+        "citation": ("What reference appears at the very bottom of the page?",
+                     "Which work is cited at the foot of the page?"),
+        "company": ("Which shop printed this?", "What is the merchant's name?"),
+        "address": ("At what location is the business?", "Give the merchant's street address."),
+        "receipt_date": ("What day does this transaction date from?",
+                         "Which day was this bill issued on?"),
+        "receipt_total": ("What was the final amount charged?",
+                          "What is the grand total to pay?"),
+    },
+}
+
+
+def _check_wording(wording: str) -> None:
+    if wording not in WORDING_SETS:
+        raise ValueError(f"wording must be one of {WORDING_SETS}, got {wording!r}")
+
+
+def phrase(field: str, wording: str, pick: int, **slots: str) -> str:
+    """The question about ``field`` in wording set ``wording``: template ``pick`` (modulo the
+    pool size) with its ``{slots}`` filled."""
+    _check_wording(wording)
+    pool = WORDINGS[wording].get(field)
+    if not pool:
+        raise ValueError(f"no {wording!r} wording for field {field!r}")
+    return pool[pick % len(pool)].format(**slots)
+
+
+def _wording_key(field: str, source: str) -> str:
+    """The key of :data:`WORDINGS` for a question field (receipt/invoice ``date`` and
+    ``total`` are phrased as in SROIE, not as the paper's header date and table total)."""
+    if source in ("receipt", "invoice", "sroie") and field in ("date", "total"):
+        return f"receipt_{field}"
+    return field
+
+
+def reword(questions, wording: str, seed: int, source: str = "synthetic") -> tuple:
+    """``questions`` with their text replaced by a phrasing of ``wording`` (answers and
+    boxes unchanged). ``"default"`` returns them as they are. The template of each question
+    is drawn from its own stream (seeded by ``seed``, the field and the wording set), so
+    the page, its answers and the other questions do not change with the wording."""
+    import zlib
+    from dataclasses import replace
+
+    _check_wording(wording)
+    if wording == "default":
+        return tuple(questions)
+    out = []
+    for q in questions:  # a handful of questions per page
+        key = _wording_key(q.field, source)
+        pick = zlib.crc32(f"{seed}:{q.qid}:{wording}".encode())
+        slots = {}
+        if q.field == "amount":
+            slots["item"] = q.question.removeprefix("What is the amount for ").rstrip("?")
+        out.append(replace(q, question=phrase(key, wording, pick, **slots)))
+    return tuple(out)
+
+
+# ============================================================================ other layouts
+#: page layouts of :func:`make_document`
+LAYOUTS = ("paper", "receipt", "invoice")
+
+_SHOP_WORDS = ("GOLDEN MART SUNRISE EVERGREEN HAPPY FAMILY METRO CITY ROYAL PEARL OCEAN "
+               "GREEN LEAF LUCKY STAR UNITED PRIME DAILY FRESH SILVER MOON KING MAPLE").split()
+_SHOP_KINDS = ("TRADING", "HARDWARE", "BOOKSTORE", "PHARMACY", "BAKERY", "RESTAURANT",
+               "MINI MARKET", "STATIONERY", "ELECTRICAL", "FOOD COURT", "CAFE", "SUPPLIES")
+_SHOP_SUFFIX = ("SDN BHD", "SDN. BHD.", "ENTERPRISE", "LTD", "& CO", "")
+_STREETS = ("JALAN", "LORONG", "PERSIARAN", "HIGH STREET", "MAIN ROAD", "AVENUE")
+_STREET_NAMES = ("SS 2/24", "MERANTI", "BUNGA RAYA", "KENANGA", "PARK", "STATION", "MAHSURI",
+                 "UTAMA", "CEMPAKA", "HARBOUR", "MARKET", "KLANG LAMA")
+_AREAS = ("TAMAN SRI MUDA", "BANDAR BARU", "TAMAN MELATI", "SEKSYEN 13", "TAMAN DESA",
+          "KAWASAN PERINDUSTRIAN", "OLD TOWN", "WESTFIELD")
+_CITIES = ("SHAH ALAM", "PETALING JAYA", "KUALA LUMPUR", "KLANG", "JOHOR BAHRU", "IPOH",
+           "SEREMBAN", "KAJANG", "PUCHONG", "SUBANG JAYA")
+_STATES = ("SELANGOR", "WILAYAH PERSEKUTUAN", "JOHOR", "PERAK", "NEGERI SEMBILAN", "")
+_GOODS = ("BREAD", "MILK 1L", "EGGS 10S", "RICE 5KG", "SUGAR", "COFFEE", "TEA BAGS", "PEN BLUE",
+          "A4 PAPER", "NOTEBOOK", "BATTERY AA", "SCREW 2IN", "PAINT 1L", "NOODLES", "SOAP",
+          "CHICKEN RICE", "ICED TEA", "MEE GORENG", "TISSUE", "WATER 1.5L", "GLUE", "TAPE")
+_RECEIPT_FONTS = ("DejaVuSansMono.ttf", "cmtt10.ttf", "DejaVuSans.ttf", "STIXGeneral.ttf")
+
+
+def _date_string(rng: np.random.Generator) -> str:
+    d, m, y = int(rng.integers(1, 29)), int(rng.integers(1, 13)), int(rng.integers(2015, 2020))
+    mon = ("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC").split()[m - 1]
+    styles = (f"{d:02d}/{m:02d}/{y}", f"{d:02d}-{m:02d}-{y}", f"{y}-{m:02d}-{d:02d}",
+              f"{d:02d}/{m:02d}/{y % 100:02d}", f"{d:02d} {mon} {y}", f"{d:02d}.{m:02d}.{y}")
+    return styles[int(rng.integers(0, len(styles)))]
+
+
+def _company(rng: np.random.Generator) -> str:
+    words = " ".join(rng.choice(_SHOP_WORDS, size=int(rng.integers(1, 3)), replace=False))
+    kind = str(rng.choice(_SHOP_KINDS)) if rng.random() < 0.8 else ""
+    return " ".join(w for w in (words, kind, str(rng.choice(_SHOP_SUFFIX))) if w)
+
+
+def _address(rng: np.random.Generator) -> list[str]:
+    no = f"NO. {int(rng.integers(1, 200))}" if rng.random() < 0.6 else f"LOT {int(rng.integers(1, 9000))}"
+    street = f"{rng.choice(_STREETS)} {rng.choice(_STREET_NAMES)},"
+    area = f"{rng.choice(_AREAS)},"
+    city = f"{int(rng.integers(10000, 99999))} {rng.choice(_CITIES)}"
+    state = str(rng.choice(_STATES))
+    lines = [f"{no}, {street}", area, f"{city}, {state}".rstrip(", ") + "."]
+    if rng.random() < 0.3:                                 # short form on two lines
+        lines = [f"{no}, {street} {area}", lines[2]]
+    return lines
+
+
+class _Canvas(_Page):
+    """A page whose strings can be centred, right-aligned or written at a column."""
+
+    def line(self, y: int, text: str, kind: str, size: int, font: str, *, align: str = "left",
+             left: int = 0, right: int = 0) -> TextElement:
+        width = self.width_of(text, font, size)
+        x = {"left": left, "right": right - width, "centre": (left + right - width) // 2}[align]
+        return self.text((max(x, 0), y), text, kind, size, font)
+
+
+def _finish(page: _Page, rng: np.random.Generator, *, scan: bool) -> np.ndarray:
+    """The drawn page as ``[H, W, 3]`` uint8; ``scan``: paper tone, lighter (thermal) ink,
+    sensor noise and a slight blur, as in a scanned receipt."""
+    gray = np.asarray(page.img, dtype=np.float32) / 255.0
+    if scan:
+        import cv2
+
+        paper = rng.uniform(0.80, 1.0)
+        ink = rng.uniform(0.0, 0.45)
+        gray = ink + (paper - ink) * gray
+        shade = np.linspace(0, rng.uniform(-0.06, 0.06), gray.shape[0], dtype=np.float32)
+        gray = gray + shade[:, None] + rng.normal(0, rng.uniform(0.0, 0.04),
+                                                  gray.shape).astype(np.float32)
+        sigma = rng.uniform(0.0, 1.0)
+        if sigma > 0.3:
+            gray = cv2.GaussianBlur(gray, (0, 0), sigma)
+    g = (np.clip(gray, 0, 1) * 255 + 0.5).astype(np.uint8)
+    return np.repeat(g[:, :, None], 3, axis=2)
+
+
+def make_receipt(seed: int, *, doc_id: str | None = None, wording: str = "default") -> Document:
+    """A synthetic shop receipt (layout ``"receipt"``) with SROIE's four key fields.
+
+    A narrow, long page: the company name (centred, often bold or larger), its address on
+    2-3 lines, optional registration/phone/GST lines, a document title, the date (alone,
+    after a ``DATE:`` label, or beside a time), 2-10 item lines with right-aligned amounts,
+    sub-total / tax / rounding lines, the TOTAL line, cash and change, and a thank-you
+    footer (the date sometimes under the totals instead of in the header block). Fonts are
+    matplotlib's monospace, typewriter, sans and serif TTFs at 14-34 px
+    (the scan resolution varies); some receipts lie on a larger scanned sheet. Paper tone,
+    ink tone, noise and blur vary as in scans.
+
+    Questions (``field``): ``company``, ``address`` (one box per printed line),
+    ``date``, ``total``, each answer being the printed string. The layout is drawn from
+    general knowledge of shop receipts (as in SROIE [Huang et al. 2019]); nothing is fitted
+    to any real receipt.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    rng = np.random.default_rng([seed, 7])
+    font = str(rng.choice(_RECEIPT_FONTS, p=[0.5, 0.2, 0.2, 0.1]))
+    bold = {"DejaVuSansMono.ttf": "DejaVuSansMono-Bold.ttf",
+            "DejaVuSans.ttf": "DejaVuSans-Bold.ttf"}.get(font, font)
+    size = int(rng.integers(12, 31))
+    chars = int(rng.integers(32, 49))
+    probe = _Canvas(10, 10)
+    char_w = probe.width_of("0" * 20, font, size) / 20
+    margin = int(rng.uniform(1, 8) * char_w)                 # paper and scan around the text
+    width = int(chars * char_w) + 2 * margin
+    lead = int(size * rng.uniform(1.25, 1.6))
+    n_items = int(rng.integers(2, 13))
+    two_rows = rng.random() < 0.4                            # "qty @ price" under each item
+    height = int((48 + n_items * (1 + two_rows)) * lead + 2 * margin)  # cropped below
+    page = _Canvas(width, height)
+    left, right = margin, width - margin
+    q: list[Question] = []
+    y = margin + int(rng.integers(0, 3)) * lead // 2
+
+    # company (1-2 lines), sometimes bold / larger
+    company = _company(rng)
+    csize = int(size * rng.choice([1.0, 1.0, 1.2, 1.4]))
+    cfont = bold if rng.random() < 0.5 else font
+    words = company.split()
+    if page.width_of(company, cfont, csize) > right - left:
+        cut = len(words) // 2
+        lines = [" ".join(words[:cut]), " ".join(words[cut:])]
+    else:
+        lines = [company]
+    align = "centre" if rng.random() < 0.8 else "left"
+    boxes = []
+    for text in lines:
+        el = page.line(y, text, "company", csize, cfont, align=align, left=left, right=right)
+        boxes.append(el.box)
+        y += int(csize * 1.4)
+    q.append(Question("company", WORDINGS["default"]["company"][0], (" ".join(lines),),
+                      tuple(boxes), "company", csize))
+    if rng.random() < 0.5:
+        page.line(y, f"(CO. REG. {int(rng.integers(10000, 999999))}-{rng.choice(list('ADHKPTUVWX'))})",
+                  "header", size, font, align=align, left=left, right=right)
+        y += lead
+    # address
+    addr = _address(rng)
+    boxes = []
+    for text in addr:
+        while page.width_of(text, font, size) > right - left:
+            text = text[: len(text) - 2]
+        el = page.line(y, text, "address", size, font, align=align, left=left, right=right)
+        boxes.append((el.box, el.text))
+        y += lead
+    q.append(Question("address", WORDINGS["default"]["address"][0],
+                      (" ".join(t for _, t in boxes),), tuple(b for b, _ in boxes), "address",
+                      size))
+    for label in ("TEL", "GST ID"):
+        if rng.random() < 0.5:
+            num = (f"0{int(rng.integers(3, 10))}-{int(rng.integers(1000, 9999))} "
+                   f"{int(rng.integers(1000, 9999))}" if label == "TEL"
+                   else f"{int(rng.integers(0, 10**11)):012d}")
+            page.line(y, f"{label}: {num}", "header", size, font, align=align, left=left,
+                      right=right)
+            y += lead
+    y += lead // 2
+    title = str(rng.choice(["TAX INVOICE", "RECEIPT", "CASH BILL", "SIMPLIFIED TAX INVOICE",
+                            "OFFICIAL RECEIPT", "INVOICE"]))
+    page.line(y, title, "title", size, bold, align="centre", left=left, right=right)
+    y += int(lead * 1.5)
+    # document meta and the date
+    date = _date_string(rng)
+    time_s = f"{int(rng.integers(8, 23)):02d}:{int(rng.integers(0, 60)):02d}"
+    meta_first = rng.random() < 0.5
+    date_style = int(rng.integers(0, 3))
+    date_at_end = rng.random() < 0.3                         # printed under the totals
+
+    def date_line(y: int) -> None:
+        if date_style == 0:                                 # DATE: label, then the date
+            lab = page.line(y, "DATE:", "meta", size, font, left=left)
+            el = page.text((lab.box[2] + int(char_w), y), date, "date", size, font)
+        elif date_style == 1:                               # date left, time right
+            el = page.line(y, date, "date", size, font, left=left)
+            page.line(y, time_s, "meta", size, font, align="right", right=right)
+        else:                                               # "DATE : date   TIME : hh:mm"
+            lab = page.line(y, "DATE :", "meta", size, font, left=left)
+            el = page.text((lab.box[2] + int(char_w), y), date, "date", size, font)
+            page.line(y, f"TIME : {time_s}", "meta", size, font, align="right", right=right)
+        q.append(Question("date", WORDINGS["default"]["receipt_date"][0], (date,), (el.box,),
+                          "date", size))
+
+    if meta_first:
+        page.line(y, f"INV NO: {int(rng.integers(1000, 99999))}", "meta", size, font, left=left)
+        y += lead
+    if not date_at_end:
+        date_line(y)
+        y += lead
+    if not meta_first:
+        page.line(y, f"CASHIER: {rng.choice(_SURNAMES).upper()}", "meta", size, font, left=left)
+        y += lead
+    for label in rng.choice(["TABLE", "PAX", "STATION", "TERMINAL", "BILL NO"],
+                            size=int(rng.integers(0, 3)), replace=False):
+        page.line(y, f"{label}: {int(rng.integers(1, 999))}", "meta", size, font, left=left)
+        y += lead
+    sep = str(rng.choice(["-", "=", "*"]))
+    page.line(y, sep * (chars - 2), "rule", size, font, left=left)
+    y += lead
+    # items
+    amounts = []
+    for _ in range(n_items):  # a few item lines
+        name = str(rng.choice(_GOODS))
+        qty, price = int(rng.integers(1, 6)), float(np.round(rng.uniform(0.5, 80), 2))
+        amount = float(np.round(qty * price, 2))
+        amounts.append(amount)
+        if two_rows:
+            page.line(y, name, "item", size, font, left=left)
+            y += lead
+            page.line(y, f"  {qty} @ {_fmt_money(price)}", "item", size, font, left=left)
+        else:
+            page.line(y, f"{qty} x {name}", "item", size, font, left=left)
+        page.line(y, _fmt_money(amount), "item", size, font, align="right", right=right)
+        y += lead
+    page.line(y, sep * (chars - 2), "rule", size, font, left=left)
+    y += lead
+    sub = float(np.round(sum(amounts), 2))
+    tax = float(np.round(sub * 0.06, 2)) if rng.random() < 0.6 else 0.0
+    raw = sub + tax
+    total = float(np.round(np.round(raw * 20) / 20, 2)) if rng.random() < 0.5 else float(np.round(raw, 2))
+    for label, value in (("SUB TOTAL", sub), ("GST 6%", tax if tax else None),
+                         ("ROUNDING", float(np.round(total - raw, 2)) if total != round(raw, 2)
+                          else None)):
+        if value is not None:
+            page.line(y, label, "sum", size, font, left=left)
+            page.line(y, _fmt_money(value), "sum", size, font, align="right", right=right)
+            y += lead
+    tlabel = str(rng.choice(["TOTAL", "TOTAL (RM)", "GRAND TOTAL", "NETT TOTAL",
+                             "TOTAL INCL. GST", "TOTAL AMOUNT"]))
+    tfont = bold if rng.random() < 0.5 else font
+    prefix = "RM " if rng.random() < 0.3 else ""
+    page.line(y, tlabel, "sum", size, tfont, left=left)
+    el = page.line(y, prefix + _fmt_money(total), "total", size, tfont, align="right",
+                   right=right)
+    q.append(Question("total", WORDINGS["default"]["receipt_total"][0],
+                      (prefix + _fmt_money(total), _fmt_money(total)), (el.box,), "total", size))
+    y += lead
+    cash = float(np.ceil(total / 10) * 10)
+    for label, value in (("CASH", cash), ("CHANGE", cash - total)):
+        page.line(y, label, "sum", size, font, left=left)
+        page.line(y, _fmt_money(value), "sum", size, font, align="right", right=right)
+        y += lead
+    if rng.random() < 0.5:
+        page.line(y, f"ITEM COUNT: {n_items}", "meta", size, font, left=left)
+        y += lead
+    if tax and rng.random() < 0.6:                           # the tax summary block
+        y += lead // 2
+        page.line(y, "GST SUMMARY   AMOUNT   TAX", "meta", size, font, left=left)
+        y += lead
+        for code, rate in (("SR", 0.06), ("ZR", 0.0)):
+            page.line(y, f"{code} @ {int(rate * 100)}%", "meta", size, font, left=left)
+            page.line(y, f"{_fmt_money(sub if rate else 0.0)}   {_fmt_money(tax if rate else 0.0)}",
+                      "meta", size, font, align="right", right=right)
+            y += lead
+    if date_at_end:
+        y += lead // 2
+        date_line(y)
+        y += lead
+    y += lead // 2
+    for text in rng.choice(["THANK YOU", "PLEASE COME AGAIN", "GOODS SOLD ARE NOT RETURNABLE",
+                            "HAVE A NICE DAY", "EXCHANGE WITHIN 7 DAYS", "OPEN DAILY 8AM-10PM",
+                            "WWW.SHOP.COM.MY", "KEEP THIS RECEIPT"],
+                           size=int(rng.integers(1, 6)), replace=False):
+        if y + lead < height:
+            page.line(y, str(text), "footer", size, font, align="centre", left=left, right=right)
+            y += lead
+    page.img = page.img.crop((0, 0, width, min(height, y + margin + int(rng.integers(0, 5)) * lead)))
+    image = _finish(page, rng, scan=True)
+    elements = tuple(page.elements)
+    if rng.random() < 0.2:                                  # on a larger scanned sheet
+        image, elements, q = _on_sheet(image, elements, q, rng)
+    order = {"company": 0, "date": 1, "address": 2, "total": 3}
+    q = sorted(q, key=lambda x: order[x.field])
+    return Document(doc_id or f"receipt{seed:05d}", image, reword(q, wording, seed, "receipt"),
+                    elements, "receipt")
+
+
+def _shift(box: Box, dx: int, dy: int) -> Box:
+    return (box[0] + dx, box[1] + dy, box[2] + dx, box[3] + dy)
+
+
+def _on_sheet(image: np.ndarray, elements, questions, rng: np.random.Generator):
+    """Place a receipt image on a larger sheet (an A4 scan with the receipt on it)."""
+    h, w = image.shape[:2]
+    sw = int(w * rng.uniform(1.4, 2.2))
+    sh = max(int(sw * 1.414), h + 40)
+    sheet = np.full((sh, sw, 3), int(rng.integers(225, 256)), np.uint8)
+    dx, dy = int(rng.integers(10, sw - w - 10)), int(rng.integers(10, sh - h - 10 + 1))
+    sheet[dy:dy + h, dx:dx + w] = image
+    els = tuple(TextElement(e.kind, e.text, _shift(e.box, dx, dy), e.size_px) for e in elements)
+    qs = [Question(x.qid, x.question, x.answers, tuple(_shift(b, dx, dy) for b in x.boxes),
+                   x.field, x.size_px) for x in questions]
+    return sheet, els, qs
+
+
+def make_invoice(seed: int, *, doc_id: str | None = None, wording: str = "default") -> Document:
+    """A synthetic business invoice (layout ``"invoice"``), held out from the cascade's
+    training: the same four fields as a receipt (company, address, date, total) in a
+    different arrangement.
+
+    A4-proportioned page (about 900-1200 px wide): company letterhead at the top left
+    (large, bold) with its address below, the word INVOICE and a key-value block (invoice
+    number, ``Date:``, due date) on the right, a bill-to block, an items table
+    (description, quantity, unit price, amount), subtotal / tax / ``Total due`` at the
+    bottom right, and payment terms in the footer. Serif or sans fonts, 12-24 px.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    rng = np.random.default_rng([seed, 11])
+    width = int(rng.integers(900, 1201))
+    height = int(width * 1.414)
+    font = str(rng.choice(["DejaVuSerif.ttf", "DejaVuSans.ttf", "STIXGeneral.ttf"]))
+    bold = {"DejaVuSerif.ttf": "DejaVuSerif-Bold.ttf", "DejaVuSans.ttf": "DejaVuSans-Bold.ttf",
+            "STIXGeneral.ttf": "STIXGeneralBol.ttf"}[font]
+    size = int(rng.integers(12, 19))
+    lead = int(size * 1.5)
+    page = _Canvas(width, height)
+    left, right = int(width * 0.07), int(width * 0.93)
+    q: list[Question] = []
+    y = int(height * rng.uniform(0.04, 0.07))
+    company = _company(rng).title()
+    csize = int(size * rng.uniform(1.5, 2.0))
+    el = page.line(y, company, "company", csize, bold, left=left)
+    q.append(Question("company", WORDINGS["default"]["company"][0], (company,), (el.box,),
+                      "company", csize))
+    page.line(y, "INVOICE", "title", int(csize * 1.1), bold, align="right", right=right)
+    y += int(csize * 1.6)
+    boxes = []
+    for text in _address(rng):
+        text = text.title()
+        el = page.line(y, text, "address", size, font, left=left)
+        boxes.append((el.box, text))
+        y += lead
+    q.append(Question("address", WORDINGS["default"]["address"][0],
+                      (" ".join(t for _, t in boxes),), tuple(b for b, _ in boxes), "address",
+                      size))
+    ky = int(height * 0.16)
+    kx = int(width * rng.uniform(0.58, 0.66))
+    date = _date_string(rng)
+    for label, value in (("Invoice No:", f"INV-{int(rng.integers(1000, 99999))}"),
+                         ("Date:", date), ("Due date:", _date_string(rng))):
+        page.line(ky, label, "meta", size, font, left=kx)
+        el = page.line(ky, value, "date" if label == "Date:" else "meta", size, font,
+                       align="right", right=right)
+        if label == "Date:":
+            q.append(Question("date", WORDINGS["default"]["receipt_date"][0], (date,),
+                              (el.box,), "date", size))
+        ky += lead
+    y = max(y, ky) + 2 * lead
+    page.line(y, "Bill to:", "meta", size, bold, left=left)
+    y += lead
+    for text in [str(rng.choice(_SURNAMES)) + " " + str(rng.choice(_SHOP_KINDS)).title()] + \
+            [t.title() for t in _address(rng)[:2]]:
+        page.line(y, text, "billto", size, font, left=left)
+        y += lead
+    y += lead
+    cols = (left, int(left + 0.5 * (right - left)), int(left + 0.68 * (right - left)), right)
+    page.rule(left, right, y - 6, 2)
+    for x, label, al in zip(cols, ("Description", "Qty", "Unit price", "Amount"),
+                            ("left", "left", "left", "right")):
+        page.line(y, label, "table", size, bold, align=al, left=x, right=right)
+    y += int(lead * 1.3)
+    amounts = []
+    for _ in range(int(rng.integers(3, 9))):  # a few table rows
+        qty, price = int(rng.integers(1, 20)), _money(rng, 5, 400)
+        amounts.append(float(np.round(qty * price, 2)))
+        page.line(y, str(rng.choice(_ITEMS)), "table", size, font, left=cols[0])
+        page.line(y, str(qty), "table", size, font, left=cols[1])
+        page.line(y, _fmt_money(price), "table", size, font, left=cols[2])
+        page.line(y, _fmt_money(amounts[-1]), "table", size, font, align="right", right=right)
+        y += lead
+    page.rule(left, right, y, 1)
+    y += lead
+    sub = float(np.round(sum(amounts), 2))
+    tax = float(np.round(sub * rng.choice([0.06, 0.1, 0.2]), 2))
+    total = float(np.round(sub + tax, 2))
+    lx = int(left + 0.55 * (right - left))
+    for label, value, f in (("Subtotal", sub, font), ("Tax", tax, font),
+                            ("Total due", total, bold)):
+        page.line(y, label, "sum", size, f, left=lx)
+        el = page.line(y, _fmt_money(value), "total" if label == "Total due" else "sum", size,
+                       f, align="right", right=right)
+        y += lead
+    q.append(Question("total", WORDINGS["default"]["receipt_total"][0], (_fmt_money(total),),
+                      (el.box,), "total", size))
+    fy = height - int(height * 0.06)
+    page.line(fy, "Payment due within 30 days. Thank you for your business.", "footer",
+              max(10, size - 3), font, left=left)
+    image = _finish(page, rng, scan=rng.random() < 0.5)
+    order = {"company": 0, "date": 1, "address": 2, "total": 3}
+    q = sorted(q, key=lambda x: order[x.field])
+    return Document(doc_id or f"invoice{seed:05d}", image, reword(q, wording, seed, "invoice"),
+                    tuple(page.elements), "invoice")

@@ -6,7 +6,9 @@ Directory layout (read at run time, never copied into the project)::
     <root>/box/NNN.csv    x1,y1,x2,y2,x3,y3,x4,y4,TEXT   (split on the first 8 commas only)
     <root>/key/NNN.json   {"company", "date", "address", "total"}
 
-Each key field becomes a question ("What is the company?", ...). Its answer box is found
+Each key field becomes a question ("What is the company?", ...; ``wording="heldout"``
+phrases it with templates no model of this project was trained on, e.g. "Which shop
+printed this?", see :data:`fovea_core.eval.documents.WORDINGS`). Its answer box is found
 by matching the field to the box lines: a run of 1-6 consecutive lines whose concatenated
 text is closest to the field (normalised: upper case, alphanumerics only) by normalised
 edit distance; the field is kept if that distance is at most ``max_nl``, else the line
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from fovea_core.eval.documents import Box, Document, Question
+from fovea_core.eval.documents import Box, Document, Question, reword
 from fovea_core.eval.metrics import levenshtein
 from fovea_core.paths import DatasetNotFound, dataset_path
 
@@ -98,8 +101,13 @@ def _row_says_total(i: int, lines: list[tuple[Box, str]]) -> int:
     return 0
 
 
-def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25) -> Document:
-    """One receipt as a :class:`Document` (fields without a matching box line are skipped)."""
+def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25,
+                 wording: str = "default") -> Document:
+    """One receipt as a :class:`Document` (fields without a matching box line are skipped).
+
+    ``wording``: ``"default"`` (:data:`QUESTIONS`), ``"train"`` or ``"heldout"`` (a template
+    of that pool per field, drawn from the receipt's id; :func:`~fovea_core.eval.documents.
+    reword`). Answers and boxes do not depend on it."""
     import cv2
 
     root = Path(root)
@@ -119,12 +127,26 @@ def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25) -> Docume
         answers = (value,) if printed == value else (value, printed)
         questions.append(Question(name, QUESTIONS[name], answers,
                                   tuple(lines[i][0] for i in idx), name))
-    return Document(f"sroie{stem}", image, tuple(questions), (), "sroie")
+    seed = int(stem) if stem.isdigit() else zlib.crc32(stem.encode())
+    return Document(f"sroie{stem}", image, reword(questions, wording, seed, "sroie"), (),
+                    "sroie")
+
+
+def reworded(doc: Document, wording: str) -> Document:
+    """A loaded receipt with its questions phrased in ``wording`` (the same questions as
+    ``load_receipt(..., wording=wording)``, without reading the files again)."""
+    from dataclasses import replace
+
+    stem = doc.doc_id.removeprefix("sroie")
+    seed = int(stem) if stem.isdigit() else zlib.crc32(stem.encode())
+    plain = tuple(replace(q, question=QUESTIONS[q.field]) for q in doc.questions)
+    return replace(doc, questions=reword(plain, wording, seed, "sroie"))
 
 
 def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
-               max_nl: float = 0.25) -> list[Document]:
-    """The receipts under ``root`` (default: ``dataset_path("sroie-dev")``), sorted by id.
+               max_nl: float = 0.25, wording: str = "default") -> list[Document]:
+    """The receipts under ``root`` (default: ``dataset_path("sroie-dev")``), sorted by id;
+    questions phrased in ``wording`` (:func:`load_receipt`).
 
     Raises :class:`~fovea_core.paths.DatasetNotFound` with a how-to-fix message when the
     folder (or its ``img/``, ``box/``, ``key/``) is missing.
@@ -139,4 +161,4 @@ def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
     stems = sorted(p.stem for p in (root / "key").glob("*.json")
                    if (root / "img" / f"{p.stem}.jpg").exists()
                    and (root / "box" / f"{p.stem}.csv").exists())
-    return [load_receipt(root, s, max_nl=max_nl) for s in stems[:limit]]
+    return [load_receipt(root, s, max_nl=max_nl, wording=wording) for s in stems[:limit]]

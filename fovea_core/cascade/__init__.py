@@ -1,0 +1,18 @@
+"""The budgeted Homunculus: gist -> localise -> foveate, all inside the token budget N.
+
+Stages (each callable alone): :func:`~fovea_core.cascade.core.gist`, a localiser of
+:mod:`fovea_core.cascade.localisers` (learned, query scorer on the gist, oracle, ...),
+:func:`~fovea_core.cascade.core.foveate`; :func:`~fovea_core.cascade.allocator.cascade`
+chains them and is registered as the allocator ``"cascade"``. The learned localiser is
+trained by ``python -m fovea_core.cascade.train``; localisation metrics are in
+:mod:`fovea_core.cascade.metrics`.
+"""
+
+from fovea_core.cascade.core import (STAGE_FOVEA, STAGE_GIST, STAGE_SACCADE, Gist, foveate,
+                                     gist, gist_to_grid)
+from fovea_core.cascade.allocator import cascade, cascade_parts, choose_level  # registers
+from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_localiser
+
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "foveate",
+           "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
+           "OracleLocaliser", "get_localiser"]

@@ -1,0 +1,243 @@
+"""The cascade as an allocator of the registry: ``allocate("cascade", pyramid, scores, N,
+query=...)``.
+
+Registered names (all take the keyword parameters of :func:`cascade`):
+
+========================  ===================================================================
+``cascade``               the learned localiser (default gist of 64 tokens)
+``cascade_gist_query``    today's query scorer on the gist image
+``cascade_prior``         the learned localiser without the question (query-agnostic)
+========================  ===================================================================
+
+The allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
+charges no scorer tokens) and reads the page only through the gist's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from fovea_core.allocators.grid import resize_grid
+from fovea_core.allocators.registry import register
+from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
+                                     gist_to_grid)
+from fovea_core.cascade.localisers import get_localiser
+from fovea_core.pyramid import Pyramid
+from fovea_core.tokens import TokenSet
+
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
+           "CascadeParts", "cascade_parts"]
+
+#: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
+#: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
+#: 11 px: the reader still reads ~5-6 px text, but the size estimate errs by ~0.3 octave and
+#: a finer core loses little when the localiser is sure (see the training record)
+LEGIBLE_PX = 11.0
+#: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
+DEFAULT_GIST = 64
+
+
+def gist_budget_for(budget: int) -> int:
+    """The default gist budget for a total of ``budget`` tokens: ``DEFAULT_GIST`` at N = 273,
+    the same share (about 23 %) of any other N, at least 4 and leaving at least 1 token."""
+    return max(4, min(int(round(budget * DEFAULT_GIST / 273)), budget - 1))
+#: share of the fovea's tokens read one octave coarser around the core (the "surround"); on
+#: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
+#: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
+SURROUND = 0.5
+
+
+_SIZE_CACHE: OrderedDict = OrderedDict()
+
+
+def text_size_map(g: Gist) -> torch.Tensor:
+    """``[B, Gh, Gw]`` log2 of the text height in base pixels, estimated from the gist by the
+    learned network's size head (question-independent; in gist pixels, times the gist's
+    pixel, so it follows the page's resolution). Cached per gist (the questions about one
+    page share it)."""
+    from fovea_core.cascade.learned import encode_gist
+
+    key = (g.key, g.rows, g.cols, g.level, g.image_size)
+    if g.key and key in _SIZE_CACHE:
+        return _SIZE_CACHE[key]
+    _, size = encode_gist(g)                                             # [B, h2, w2]
+    grid = gist_to_grid(size, g, mode="mean", scale=2) + math.log2(g.pixel)
+    if g.key:
+        _SIZE_CACHE[key] = grid
+        while len(_SIZE_CACHE) > 64:
+            _SIZE_CACHE.popitem(last=False)
+    return grid
+
+
+def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
+                 min_level: float = 0.0, max_level: float | None = None) -> torch.Tensor:
+    """``[B]`` fovea level: the text height expected where the localiser looks (the size
+    map averaged under ``loc``, in log2 base pixels) read at ``legible_px``:
+    ``level = log2(text_px / legible_px)``, clipped to ``[min_level, max_level]`` (default
+    two octaves below the gist, so that the surround, one octave coarser, stays finer than
+    the gist)."""
+    w = loc / loc.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
+    log_px = (w * text_size_map(g)).flatten(1).sum(1)
+    top = max(g.level - 2.0 if max_level is None else max_level, min_level)
+    return (log_px - math.log2(legible_px)).clamp(min_level, top)
+
+
+def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step: int = 4
+                  ) -> torch.Tensor:
+    """``[B, Gh, Gw]``: share of each level-0 cell under some token footprint (a ``step``-px
+    raster, :func:`~fovea_core.cascade.metrics.coverage_raster`, averaged per cell)."""
+    from fovea_core.cascade.metrics import coverage_raster
+
+    cov = coverage_raster(tokens, stages=None, step=step).float()          # [B, rh, rw]
+    k = patch // step
+    gh, gw = grid
+    cov = torch.nn.functional.pad(cov, (0, gw * k - cov.shape[-1], 0, gh * k - cov.shape[-2]))
+    return cov.view(cov.shape[0], gh, k, gw, k).mean((2, 4))
+
+
+def _fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
+    """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
+    (a small page read coarsely has fewer cells than the fovea has tokens)."""
+    def cells(lv: float) -> int:
+        side = patch * 2.0 ** lv
+        return math.ceil(image_size[0] / side - 1e-9) * math.ceil(image_size[1] / side - 1e-9)
+
+    if cells(0.0) < tokens:
+        raise ValueError(f"cascade: a {image_size[0]}x{image_size[1]} page has only {cells(0.0)} "
+                         f"level-0 cells for {tokens} fovea tokens; use a smaller budget")
+    if cells(level) >= tokens:
+        return level
+    lo, hi = 0.0, level                                     # cells(lo) >= tokens > cells(hi)
+    for _ in range(30):                                     # bisection on the level
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
+    return lo
+
+
+class CascadeParts(tuple):
+    """``(tokens, gist, localiser map [B, Gh, Gw], fovea levels [B])`` of one cascade call."""
+
+    tokens: TokenSet
+    gist: Gist
+    scores: torch.Tensor
+    levels: torch.Tensor
+
+    def __new__(cls, tokens, g, scores, levels):
+        obj = super().__new__(cls, (tokens, g, scores, levels))
+        obj.tokens, obj.gist, obj.scores, obj.levels = tokens, g, scores, levels
+        return obj
+
+
+def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
+                  gist_budget: int | None = None, localiser: str | Callable = "learned",
+                  level: float | str = "auto", legible_px: float = LEGIBLE_PX,
+                  surround: float = SURROUND, context: tuple[int, int] = (1, 2),
+                  context_weight: float = 0.5, patch: int = 16,
+                  gist_obj: Gist | None = None) -> CascadeParts:
+    """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
+    the page's gist at ``gist_budget`` if already computed (several questions about one
+    page share it)."""
+    if not 0.0 <= surround < 1.0:
+        raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise ValueError(f"cascade: budget must be an int, got {budget!r}")
+    gist_budget = gist_budget_for(budget) if gist_budget is None else int(gist_budget)
+    g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
+    if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
+            resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
+        raise ValueError("cascade: gist_obj is not this page's gist at gist_budget")
+    rest = budget - g.budget
+    if rest < 1:
+        raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "
+                         "none for the fovea; use a smaller gist_budget")
+    loc = get_localiser(localiser)(g, query).float()
+    gh, gw = pyramid.grid_shape(patch, 0)
+    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
+        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
+                         f"{(pyramid.batch_size, gh, gw)}")
+    loc = torch.nan_to_num(loc, nan=0.0).clamp(min=0)
+    if level == "auto":
+        levels = choose_level(g, loc, legible_px=legible_px)
+    else:
+        lv = float(level)
+        if not 0 <= lv < g.level:
+            raise ValueError(f"cascade: level must be 'auto' or in [0, {g.level:.2f}) "
+                             f"(below the gist's level), got {level!r}")
+        levels = torch.full((pyramid.batch_size,), lv)
+    parts = []
+    for b in range(pyramid.batch_size):                     # images may read different levels
+        lv = float(levels[b])
+        lv2 = min(lv + 1.0, g.level - 0.5)                  # the surround's level
+        n_sur = int(round(surround * rest)) if lv2 >= lv + 0.25 else 0
+        n_core = rest - n_sur
+        lv = _fitting_level(lv, pyramid.image_size, n_core, patch)
+        levels[b] = lv
+        kw = dict(image_size=pyramid.image_size, patch=patch, context=context,
+                  context_weight=context_weight, stage=STAGE_FOVEA)
+        core = foveate(loc[b:b + 1], n_core, level=lv, **kw)
+        stages = [g.tokens[b], core]
+        if n_sur:
+            # the surround: one octave coarser, where the mass the core left uncovered lies
+            left = loc[b:b + 1] * (1 - covered_share(core, (gh, gw), patch))
+            lv2 = _fitting_level(lv2, pyramid.image_size, n_sur, patch)
+            stages.append(foveate(left, n_sur, level=lv2, **kw))
+        parts.append(combine(stages, fixation=core.fixations))
+    tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
+    return CascadeParts(tokens, g, loc, levels)
+
+
+def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
+            gist_budget: int | None = None, localiser: str | Callable = "learned",
+            level: float | str = "auto", legible_px: float = LEGIBLE_PX,
+            surround: float = SURROUND, context: tuple[int, int] = (1, 2),
+            context_weight: float = 0.5, fixation=None, seed: int = 0,
+            patch: int = 16) -> TokenSet:
+    """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
+
+    1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
+       :func:`gist_budget_for`, 64 at N = 273; ``rows * cols`` of them are used, the rest
+       goes to the fovea);
+    2. (b) ``localiser(gist, query)`` (a name of
+       :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable) -> ``[B, Gh, Gw]``;
+    3. (c) :func:`~fovea_core.cascade.core.foveate` with the remaining ``budget - rows *
+       cols`` tokens: a *core* of ``1 - surround`` of them at ``level`` (``"auto"``:
+       :func:`choose_level`, the scale at which the text expected there is ``legible_px``
+       high; or a number) on the cells with the most localiser mass, and a *surround* of
+       the rest one octave coarser, on the mass the core left uncovered -- dense where the
+       answer most likely is, coarser around it, as a retina (it hedges both a localiser
+       that is slightly off and text larger than expected).
+
+    ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
+    gist); ``fixation`` is replaced by the peak of the localiser's map. Returns a
+    :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens and 1 for the fovea's.
+    """
+    return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
+                         localiser=localiser, level=level, legible_px=legible_px,
+                         surround=surround, context=context, context_weight=context_weight,
+                         patch=patch).tokens
+
+
+def _registered(**defaults):
+    def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
+        return cascade(pyramid, scores, budget, query=query, fixation=fixation, seed=seed,
+                       patch=patch, **{**defaults, **kw})
+    fn.__doc__ = cascade.__doc__
+    return fn
+
+
+def reads_nothing_else(pyramid: Pyramid) -> int:
+    """Pixels the cascade looks at outside its budget: none. Its localisers see only the
+    gist, whose tokens are part of the N it returns (the sweep's ``alloc_read_tokens``)."""
+    return 0
+
+
+for _name, _loc, _learned in (("cascade", "learned", True),
+                              ("cascade_gist_query", "gist_query", False),
+                              ("cascade_prior", "learned_prior", True)):
+    register(_name, family="cascade", version="cascade", content=True, learned=_learned,
+             reads=reads_nothing_else)(_registered(localiser=_loc))

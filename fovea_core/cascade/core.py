@@ -1,0 +1,335 @@
+"""The budgeted cascade: gist -> localise -> foveate (-> second saccade), all inside N tokens.
+
+A VLM that must find the answer with the same N tokens it reads with cannot first OCR the
+page at half resolution (the query scorer of :mod:`fovea_core.importance.query` does, outside
+the budget). The cascade spends the budget in stages, each a function that can be called
+alone:
+
+(a) :func:`gist` -- the whole page at ``G`` tokens, exactly the grid of the ``resize``
+    baseline for budget ``G`` (:func:`~fovea_core.allocators.grid.resize_grid`): ``rows x
+    cols <= G`` cells of ``patch * 2**level`` base pixels, level continuous. Only
+    ``rows * cols`` tokens are used; the ``G - rows * cols`` leftovers go to the fovea.
+    :attr:`Gist.image` is what those tokens show, assembled into a ``[B, C, rows*p,
+    cols*p]`` image from their sampled patches (never the full-resolution page).
+(b) *localise* -- a :data:`Localiser` maps the gist (and the question) to a score map on the
+    level-0 patch grid ``[B, Gh, Gw]`` (:mod:`fovea_core.cascade.localisers`).
+(c) :func:`foveate` -- the remaining tokens on the level-``l`` grid (``l`` continuous, the
+    scale that makes text legible, :func:`fovea_level`), the cells that hold the most score
+    mass, each cell's priority raised by the mass of its neighbours (context).
+(d) optionally a second saccade (:mod:`fovea_core.cascade.saccade`) that looks again
+    where what (c) read matches the question.
+
+:func:`cascade` chains them; the token counts add up to exactly ``N`` and
+``TokenSet.stage`` says where every token came from (:data:`STAGE_GIST` = 0,
+:data:`STAGE_FOVEA` = 1, :data:`STAGE_SACCADE` = 2). It is registered as the allocator
+``"cascade"`` (:mod:`fovea_core.cascade.allocator`).
+
+The idea is the seeds' "saccade" Homunculus (look coarsely, decide, look again) and the
+classic coarse-to-fine search of active vision [Ballard 1991, Animate vision]; the
+glimpse-then-decide loop of recurrent attention models [Mnih et al. 2014, "Recurrent models
+of visual attention"] is its learned form.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fovea_core.allocators.base import resolve_fixation, select
+from fovea_core.allocators.grid import resize_grid
+from fovea_core.pyramid import Pyramid
+from fovea_core.sample import sample
+from fovea_core.tokens import TokenSet
+
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "page_key",
+           "overlap_matrix", "gist_to_grid", "grid_mass", "fovea_grid", "fovea_level",
+           "foveate", "combine", "Localiser"]
+
+STAGE_GIST, STAGE_FOVEA, STAGE_SACCADE = 0, 1, 2
+
+
+def page_key(pyramid: Pyramid) -> list[str]:
+    """One SHA-1 per image of the batch, of its pyramid's coarsest level (a few hundred
+    pixels): identifies a page cheaply. Only the oracle localiser uses it (to look up
+    the answer boxes it is given); no localiser reads pixels through it."""
+    top = pyramid.levels[-1].detach().to("cpu", torch.float32).contiguous()
+    return [hashlib.sha1(x.numpy().tobytes() + str(tuple(pyramid.image_size)).encode())
+            .hexdigest() for x in top]
+
+
+@dataclass(frozen=True, eq=False)
+class Gist:
+    """Stage (a): the page at a few tokens, and the small image those tokens show.
+
+    Attributes:
+        tokens: ``[B, rows * cols]`` TokenSet (stage 0), row-major over the grid.
+        image: ``[B, C, rows * patch, cols * patch]`` float, the sampled patches assembled
+            in place; gist pixel ``(i, j)`` shows base pixel ``(origin + (j + .5, i + .5) *
+            2**level)``. Pixels beyond the page edge replicate it (the sampler clamps).
+        rows, cols: the grid (``rows * cols <= G``).
+        level: continuous level of every gist token (cell side ``patch * 2**level`` px).
+        origin: ``(x, y)`` base-pixel position of the grid's top-left corner (``<= 0``: the
+            grid is centred on the page, the rounding margin split between both sides).
+        key: :func:`page_key` per image (for the oracle only).
+    """
+
+    tokens: TokenSet
+    image: torch.Tensor
+    rows: int
+    cols: int
+    level: float
+    origin: tuple[float, float]
+    key: tuple[str, ...] = ()
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` of the page in base pixels."""
+        return self.tokens.image_size
+
+    @property
+    def patch(self) -> int:
+        return self.tokens.patch
+
+    @property
+    def pixel(self) -> float:
+        """Base pixels per gist pixel, ``2**level``."""
+        return 2.0 ** self.level
+
+    @property
+    def budget(self) -> int:
+        """Tokens the gist uses, ``rows * cols``."""
+        return self.rows * self.cols
+
+    def pixel_centres(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Base-pixel centres of the gist pixels: ``ys [rows*p]``, ``xs [cols*p]``."""
+        hp, wp = self.image.shape[-2:]
+        ys = self.origin[1] + (torch.arange(hp, dtype=torch.float64) + 0.5) * self.pixel
+        xs = self.origin[0] + (torch.arange(wp, dtype=torch.float64) + 0.5) * self.pixel
+        return ys, xs
+
+    def inside(self) -> torch.Tensor:
+        """``[rows*p, cols*p]`` bool: gist pixels whose centre lies on the page."""
+        h, w = self.image_size
+        ys, xs = self.pixel_centres()
+        return ((ys >= 0) & (ys < h))[:, None] & ((xs >= 0) & (xs < w))[None, :]
+
+
+def gist(pyramid: Pyramid, budget: int, *, patch: int = 16) -> Gist:
+    """Stage (a): the whole page at the largest scale whose grid fits ``budget`` tokens.
+
+    The grid is :func:`~fovea_core.allocators.grid.resize_grid` ``(image_size, budget,
+    patch)``, centred on the page exactly as the ``resize`` allocator centres it, and only
+    its ``rows * cols`` cells are tokens (``resize`` would spend the leftovers on finer
+    copies of the centre; here they go to the fovea). The patches are read with
+    :func:`~fovea_core.sample.sample` at the grid's continuous level (trilinear between mip
+    levels) and assembled into :attr:`Gist.image`; this is everything later stages may
+    know about the page's pixels.
+
+    Raises ``ValueError`` when the budget is outside ``[1, Gh * Gw]`` or the pyramid is too
+    shallow for the gist's level.
+    """
+    if not isinstance(pyramid, Pyramid):
+        raise TypeError(f"gist: pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
+    h, w = pyramid.image_size
+    r, c, level = resize_grid((h, w), budget, patch)
+    if level > pyramid.num_levels - 1 + 1e-9:
+        raise ValueError(f"gist: budget {budget} needs level {level:.2f} but the pyramid has "
+                         f"{pyramid.num_levels} levels; use a larger gist budget")
+    level = min(level, pyramid.num_levels - 1.0)
+    side = patch * 2.0 ** level
+    ox, oy = (w - c * side) / 2, (h - r * side) / 2
+    cells = torch.arange(r * c)
+    cx = (ox + ((cells % c).double() + 0.5) * side) / w
+    cy = (oy + ((cells // c).double() + 0.5) * side) / h
+    b = pyramid.batch_size
+    centers = torch.stack([cx, cy], -1).float().clamp(0, 1).expand(b, r * c, 2)
+    tokens = TokenSet(centers, torch.full((b, r * c), float(level)), torch.zeros(b, r * c),
+                      torch.full((b, 1, 2), 0.5), (h, w), patch,
+                      torch.full((b, r * c), STAGE_GIST, dtype=torch.int64))
+    patches = sample(pyramid, tokens)                                    # [B, G, C, p, p]
+    ch = patches.shape[2]
+    image = (patches.reshape(b, r, c, ch, patch, patch).permute(0, 3, 1, 4, 2, 5)
+             .reshape(b, ch, r * patch, c * patch))
+    return Gist(tokens, image.contiguous(), r, c, float(level), (ox, oy),
+                tuple(page_key(pyramid)))
+
+
+# ----------------------------------------------------------------------------- resampling
+@functools.lru_cache(maxsize=256)
+def overlap_matrix(n_out: int, out_side: float, out_origin: float, n_in: int, in_side: float,
+                   in_origin: float, length: float) -> torch.Tensor:
+    """``[n_out, n_in]`` float64: length of the overlap of output interval ``i`` with input
+    interval ``j`` on the page ``[0, length)``, divided by the in-page length of input ``j``.
+
+    Interval ``i`` of a grid is ``[origin + i side, origin + (i + 1) side)``. Row ``i`` of
+    the matrix therefore moves the *mass* of the input cells into output cell ``i`` (columns
+    sum to 1 where the input cell lies on the page), so ``A_y @ M @ A_x.T`` resamples a mass
+    map ``M`` between any two grids exactly (separable, no loop over cells). Cached (a page's
+    questions share their grids); the returned tensor must not be modified.
+    """
+    def edges(n: int, side: float, origin: float) -> tuple[torch.Tensor, torch.Tensor]:
+        e = origin + torch.arange(n + 1, dtype=torch.float64) * side
+        e = e.clamp(0.0, float(length))
+        return e[:-1], e[1:]
+
+    o0, o1 = edges(n_out, out_side, out_origin)
+    i0, i1 = edges(n_in, in_side, in_origin)
+    ov = (torch.minimum(o1[:, None], i1[None]) - torch.maximum(o0[:, None], i0[None])).clamp(min=0)
+    inlen = (i1 - i0)
+    return torch.where(inlen[None] > 0, ov / inlen.clamp(min=1e-12)[None], torch.zeros_like(ov))
+
+
+def gist_to_grid(values: torch.Tensor, g: Gist, *, patch: int | None = None,
+                 mode: str = "mass", scale: int = 1) -> torch.Tensor:
+    """A map on the gist's pixels ``[B, rows*p/scale, cols*p/scale]`` -> the level-0 patch
+    grid ``[B, Gh, Gw]`` (cells of ``patch`` base pixels, default the gist's patch).
+
+    ``scale``: the map's pixel is ``scale x scale`` gist pixels (``ceil`` at the edge), e.g.
+    2 for a network that predicts at half the gist's resolution.
+    ``mode="mass"``: each base cell receives the share of every map pixel's value that
+    its area covers (a probability map stays a probability map; the part of a pixel off
+    the page carries none). ``mode="mean"``: the area-weighted mean of the map over each
+    cell (for intensive maps such as scores). Exact separable area resampling
+    (:func:`overlap_matrix`).
+    """
+    p = g.patch if patch is None else int(patch)
+    h, w = g.image_size
+    gh, gw = math.ceil(h / p), math.ceil(w / p)
+    hp, wp = values.shape[-2:]
+    px = g.pixel * scale
+    ay = overlap_matrix(gh, p, 0.0, hp, px, g.origin[1], h)
+    ax = overlap_matrix(gw, p, 0.0, wp, px, g.origin[0], w)
+    out = torch.einsum("yi,bij,xj->byx", ay, values.double(), ax)
+    if mode == "mean":
+        ones = torch.einsum("yi,ij,xj->yx", ay, torch.ones(hp, wp, dtype=torch.float64), ax)
+        out = out / ones.clamp(min=1e-12)
+    elif mode != "mass":
+        raise ValueError(f"mode must be 'mass' or 'mean', got {mode!r}")
+    return out.float()
+
+
+def grid_mass(scores: torch.Tensor, image_size: tuple[int, int], side: float, *,
+              patch: int = 16) -> torch.Tensor:
+    """Mass of a level-0 map ``[B, Gh, Gw]`` on the grid of cells of ``side`` base pixels
+    anchored at the page's top-left: ``[B, ceil(H / side), ceil(W / side)]``."""
+    h, w = image_size
+    gh, gw = scores.shape[-2:]
+    nr, nc = math.ceil(h / side - 1e-9), math.ceil(w / side - 1e-9)
+    ay = overlap_matrix(nr, side, 0.0, gh, patch, 0.0, h)
+    ax = overlap_matrix(nc, side, 0.0, gw, patch, 0.0, w)
+    return torch.einsum("yi,bij,xj->byx", ay, scores.double(), ax).float()
+
+
+# ----------------------------------------------------------------------------- fovea
+def fovea_grid(image_size: tuple[int, int], level: float, patch: int = 16
+               ) -> tuple[int, int, float]:
+    """``(rows, cols, side)`` of the fovea's grid at continuous ``level``: cells of
+    ``side = patch * 2**level`` base pixels from the page's top-left corner."""
+    if not math.isfinite(level) or level < 0:
+        raise ValueError(f"fovea level must be finite and >= 0, got {level!r}")
+    h, w = image_size
+    side = patch * 2.0 ** level
+    return math.ceil(h / side - 1e-9), math.ceil(w / side - 1e-9), side
+
+
+def fovea_level(gist_obj: Gist, *, text_px: float = 14.0, legible_px: float = 14.0,
+                ref_width: float = 1024.0, max_level: float | None = None) -> float:
+    """The continuous level at which the fovea reads text legibly, from the page geometry.
+
+    Documents are laid out for a physical width, so the size of their text in pixels grows
+    with the scan's resolution: a page ``W`` pixels wide carries text of about
+    ``text_px * W / ref_width`` pixels (the synthetic pages: 1024 px wide, body text 11-14
+    px). Text stays legible to the reader while its height is at least ``legible_px`` at
+    the level read, so the fovea reads at ``level = log2(text_px W / (ref_width
+    legible_px))``, clipped to ``[0, max_level]`` (default: one octave below the gist).
+    The page width is the one thing the gist knows for sure; the constants are chosen on
+    synthetic pages (the cascade chapter), never on the receipts.
+    """
+    w = gist_obj.image_size[1]
+    top = gist_obj.level - 1.0 if max_level is None else float(max_level)
+    lv = math.log2(max(text_px * w / (ref_width * legible_px), 1e-9))
+    return float(min(max(lv, 0.0), max(top, 0.0)))
+
+
+def _context(mass: torch.Tensor, context: tuple[int, int], weight: float) -> torch.Tensor:
+    """``max(m, weight * maxpool(m))`` over a ``(2 cy + 1) x (2 cx + 1)`` window: cells next
+    to probable cells rank before far-away cells of the same (low) mass."""
+    cy, cx = context
+    if weight <= 0 or (cy == 0 and cx == 0):
+        return mass
+    pooled = F.max_pool2d(mass[:, None], (2 * cy + 1, 2 * cx + 1), stride=1,
+                          padding=(cy, cx))[:, 0]
+    return torch.maximum(mass, weight * pooled)
+
+
+def foveate(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int], level: float,
+            patch: int = 16, context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
+            exclude: torch.Tensor | None = None, stage: int = STAGE_FOVEA,
+            fixation=None) -> TokenSet:
+    """Stage (c): ``budget`` tokens at continuous ``level`` where ``scores`` has its mass.
+
+    Args:
+        scores: ``[B, Gh, Gw]`` non-negative localiser map on the level-0 patch grid (a
+            probability or any mass; only its order after pooling matters).
+        budget: tokens to place (``<=`` cells of the level grid).
+        image_size: ``(H, W)``.
+        level: continuous level of every fovea token (:func:`fovea_level`).
+        context: ``(rows, cols)`` half-window of neighbours whose mass lends priority
+            (text runs along rows, so the window is wider than tall).
+        context_weight: share of a neighbour's mass a cell may borrow (0: none).
+        exclude: optional ``[B, rows, cols]`` bool on the level grid, cells not to pick.
+        stage: the label written into ``TokenSet.stage``.
+
+    The priority of a cell is its mass (:func:`grid_mass`) raised to ``context_weight``
+    times the largest mass in its window; the ``budget`` best cells are taken (ties: row-
+    major first, :func:`~fovea_core.allocators.base.select`). Returns a TokenSet whose
+    scores are the cells' masses and whose fixation is the peak of ``scores``.
+    """
+    if scores.ndim != 3:
+        raise ValueError(f"scores must be [B, Gh, Gw], got {tuple(scores.shape)}")
+    nr, nc, side = fovea_grid(image_size, level, patch)
+    if isinstance(budget, bool) or not 1 <= int(budget) <= nr * nc:
+        raise ValueError(f"foveate: budget must be in [1, {nr * nc}] (the level-{level:.2f} "
+                         f"grid has {nr}x{nc} cells), got {budget!r}")
+    s = torch.nan_to_num(scores.float(), nan=0.0).clamp(min=0)
+    mass = grid_mass(s, image_size, side, patch=patch)                       # [B, nr, nc]
+    prio = _context(mass, context, context_weight).flatten(1)
+    if exclude is not None:
+        prio = torch.where(exclude.flatten(1), torch.full_like(prio, -1.0), prio)
+    idx = torch.sort(select(prio, int(budget)), dim=1).values                 # [B, M]
+    rows, cols = idx // nc, idx % nc
+    h, w = image_size
+    cx = ((cols.double() + 0.5) * side / w).clamp(0, 1)
+    cy = ((rows.double() + 0.5) * side / h).clamp(0, 1)
+    b = s.shape[0]
+    fix = resolve_fixation(fixation, s)
+    return TokenSet(torch.stack([cx, cy], -1).float(), torch.full(idx.shape, float(level)),
+                    mass.flatten(1).gather(1, idx), fix[:, None], (h, w), patch,
+                    torch.full(idx.shape, stage, dtype=torch.int64).expand(b, -1))
+
+
+def combine(parts: list[TokenSet], fixation: torch.Tensor | None = None) -> TokenSet:
+    """Concatenate the stages' TokenSets along N (each must carry ``stage``)."""
+    first = parts[0]
+    for p in parts:
+        if p.stage is None:
+            raise ValueError("combine: every part needs its stage labels")
+        if (p.image_size, p.patch, p.batch_size) != (first.image_size, first.patch,
+                                                     first.batch_size):
+            raise ValueError("combine: parts must share image_size, patch and batch size")
+    fix = first.fixations if fixation is None else fixation
+    return TokenSet(torch.cat([p.centers for p in parts], 1),
+                    torch.cat([p.levels for p in parts], 1),
+                    torch.cat([p.scores for p in parts], 1), fix, first.image_size,
+                    first.patch, torch.cat([p.stage for p in parts], 1))
+
+
+#: a localiser maps the gist (and the question, or ``None``) to a non-negative score map on
+#: the level-0 patch grid ``[B, Gh, Gw]``
+Localiser = Callable[[Gist, "str | None"], torch.Tensor]

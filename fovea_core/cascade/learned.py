@@ -1,0 +1,279 @@
+"""The learned localiser: gist pixels + the question's MiniLM embedding -> where the answer is.
+
+The seeds' "supervised Homunculus": importance learned from pages whose answer boxes are
+known. Synthetic pages give them for free (:mod:`fovea_core.eval.documents`), so a small
+network is trained there (:mod:`fovea_core.cascade.train`) and applied to any page's gist.
+
+Input (:func:`gist_features`, ``[B, 7, h, w]`` on the gist's pixels): ink (the gist's luma
+below the page's paper tone, scaled by its 99th percentile, so grey scans and white pages
+look alike), the pixel's position on the page ``(x / W, y / H)``, its position within the
+inked extent of the page (2nd-98th percentile of ink along each axis, so a receipt lying
+on a larger sheet is found where it lies), a page mask and the page's log aspect ratio.
+
+Network (:class:`GistLocaliserNet`, about 20 k parameters): a fully convolutional trunk of
+residual 3 x 3 convolutions with dilations 1, 2, 4, 8 (receptive field 63 gist pixels) plus
+each row's and column's mean feature broadcast back (global context along text lines and
+columns) and the position channels, mixed into K non-negative detector maps; the
+question embedding (384-d MiniLM [Reimers & Gurevych 2019], or the embedding of the empty
+string for "no question") weights them linearly (a low-rank bilinear question x place
+score, cheaper than FiLM [Perez et al. 2018] because the maps are computed once per page),
+giving a logit per gist pixel. The softmax over the page's gist pixels is a probability map of the
+answer's location; :func:`~fovea_core.cascade.core.gist_to_grid` moves its mass to the
+level-0 patch grid.
+
+Training target: the answer boxes' area on each gist pixel, normalised to sum 1 (the
+cross-entropy of a distribution over locations). Without a question, the union of every
+answer on the page (a question-agnostic prior of where answers sit). A second output, a
+map of the text height (log2, in gist pixels, so the prediction scales with the page's
+resolution), is trained on the answers' font sizes (squared error of its mean over the
+answer); averaged under the predicted location it tells the fovea which scale makes the
+answer legible (:func:`~fovea_core.cascade.core.fovea_level`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fovea_core.cascade.core import Gist, gist_to_grid
+from fovea_core.paths import project_root
+
+__all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
+           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "target_map", "pool_target", "encode_gist"]
+
+IN_CHANNELS = 7
+EMBED_DIM = 384
+_LUMA = (0.299, 0.587, 0.114)
+
+
+def _percentile_extent(profile: torch.Tensor, lo: float = 0.02, hi: float = 0.98
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (fractional indices) of the ``lo`` and ``hi`` quantiles of a non-negative
+    profile ``[B, n]`` (its cumulative mass), vectorised over the batch."""
+    cum = profile.cumsum(1)
+    tot = cum[:, -1:].clamp(min=1e-12)
+    q = torch.tensor([lo, hi], dtype=cum.dtype).expand(cum.shape[0], 2) * tot
+    idx = torch.searchsorted(cum.contiguous(), q.contiguous()).clamp(max=profile.shape[1] - 1)
+    return idx[:, 0].to(profile.dtype), idx[:, 1].to(profile.dtype) + 1
+
+
+def gist_features(g: Gist) -> torch.Tensor:
+    """The network's input ``[B, 7, rows*p, cols*p]`` from a gist (see the module docstring).
+
+    Channels: 0 ink in [0, 1]; 1-2 page position ``x / W``, ``y / H``; 3-4 position within
+    the inked extent (0 at its 2nd percentile, 1 at its 98th); 5 page mask (1 on the page);
+    6 ``log(H / W)``. Pixels off the page have ink 0.
+    """
+    img = g.image.float()
+    luma = (img * img.new_tensor(_LUMA).view(1, 3, 1, 1)).sum(1) if img.shape[1] == 3 \
+        else img[:, 0]                                                       # [B, h, w]
+    b, hp, wp = luma.shape
+    inside = g.inside().to(luma.dtype)                                        # [h, w]
+    flat = luma.flatten(1)
+    sel = inside.flatten().bool()
+    paper = flat[:, sel].median(dim=1).values                                 # [B]
+    dark = (paper[:, None, None] - luma).clamp(min=0) * inside
+    scale = torch.quantile(dark.flatten(1)[:, sel], 0.99, dim=1).clamp(min=0.05)
+    ink = (dark / scale[:, None, None]).clamp(0, 1)
+    h, w = g.image_size
+    ys, xs = g.pixel_centres()
+    yn, xn = (ys / h).float(), (xs / w).float()
+    y0, y1 = _percentile_extent(ink.sum(2))
+    x0, x1 = _percentile_extent(ink.sum(1))
+    iy = torch.arange(hp, dtype=luma.dtype) + 0.5
+    ix = torch.arange(wp, dtype=luma.dtype) + 0.5
+    yr = (iy[None] - y0[:, None]) / (y1 - y0).clamp(min=1)[:, None]            # [B, h]
+    xr = (ix[None] - x0[:, None]) / (x1 - x0).clamp(min=1)[:, None]            # [B, w]
+    aspect = torch.full((b, hp, wp), float(np.log(h / w)))
+    return torch.stack([ink, xn[None, None].expand(b, hp, wp), yn[None, :, None].expand(b, hp, wp),
+                        xr[:, None].expand(b, hp, wp).clamp(-0.5, 1.5),
+                        yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5),
+                        inside.expand(b, hp, wp), aspect], 1)
+
+
+class GistLocaliserNet(nn.Module):
+    """Gist features ``[B, 7, h, w]`` + question embeddings -> logits ``[Q, h, w]``.
+
+    ``forward(x, mask, q, page)``: ``mask [B, h, w]`` bool (the page's pixels), ``q [Q, 384]``
+    question embeddings, ``page [Q]`` the index of each question's page in the batch.
+
+    The page's features are turned into ``maps`` non-negative *detector maps* ``m_k``
+    (1 x 1 convolution of the trunk's features, ReLU); the question selects among them:
+    ``logit_q = sum_k a_k(q) m_k + b_q`` with ``a = W q`` (a linear read-out of the MiniLM
+    embedding, :math:`[K]`). A low-rank bilinear form between question and place: a question
+    about a total raises the maps that fire on bottom-right amounts, one about a company
+    those that fire on large top lines. Logits off the page are ``-inf``.
+    """
+
+    def __init__(self, width: int = 16, maps: int = 32):
+        super().__init__()
+        c = width
+        self.stem = nn.Conv2d(IN_CHANNELS, c, 3, padding=1)
+        self.trunk = nn.ModuleList([nn.Conv2d(c, c, 3, padding=d, dilation=d) for d in (1, 2, 4, 8)])
+        self.mix = nn.Sequential(nn.Conv2d(3 * c + 5, 2 * c, 1), nn.ReLU(),
+                                 nn.Conv2d(2 * c, maps, 1), nn.ReLU())
+        self.size = nn.Conv2d(3 * c + 5, 1, 1)
+        self.select = nn.Linear(EMBED_DIM, maps)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Question-independent detector maps ``[B, K, ceil(h/2), ceil(w/2)]`` (>= 0) and the
+        text-size map ``[B, ceil(h/2), ceil(w/2)]`` (log2 of the text height in gist pixels).
+
+        Everything runs at half the gist's resolution (2 x 2 mean pooling of the input;
+        one output pixel = 2 x 2 gist pixels, about one level-0 cell on a 1024 px page at
+        G = 64): the stem, the dilated trunk (receptive field 31 output pixels), then the
+        row and column means of the trunk's features over the page (global context) and
+        the position channels are mixed into the maps.
+        """
+        x = F.avg_pool2d(x, 2, ceil_mode=True).contiguous(memory_format=torch.channels_last)
+        f = F.relu(self.stem(x))
+        for conv in self.trunk:
+            f = f + F.relu(conv(f))
+        m = x[:, 5:6]                                                  # page share per pixel
+        row = (f * m).sum(3, keepdim=True) / m.sum(3, keepdim=True).clamp(min=1e-3)
+        col = (f * m).sum(2, keepdim=True) / m.sum(2, keepdim=True).clamp(min=1e-3)
+        g = torch.cat([f, row.expand_as(f), col.expand_as(f), x[:, 1:6]], 1)
+        return self.mix(g), self.size(g)[:, 0]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, q: torch.Tensor,
+                page: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits [Q, ceil(h/2), ceil(w/2)], size map [B, ceil(h/2), ceil(w/2)])``; logits
+        are ``-inf`` where no gist pixel is on the page (``mask [B, h, w]``)."""
+        m, size = self.encode(x)                                       # [B, K, h2, w2]
+        a = self.select(q)                                             # [Q, K]
+        logit = torch.einsum("qk,qkhw->qhw", a, m[page])
+        keep = F.max_pool2d(mask[:, None].float(), 2, ceil_mode=True)[:, 0] > 0
+        return logit.masked_fill(~keep[page], float("-inf")), size
+
+
+def pool_target(t: torch.Tensor) -> torch.Tensor:
+    """Sum a target ``[..., h, w]`` over 2 x 2 blocks (the network's output pixels)."""
+    return F.avg_pool2d(t[:, None] if t.ndim == 3 else t[None, None], 2, ceil_mode=True,
+                        divisor_override=1).squeeze(-3).reshape(*t.shape[:-2], *(
+                            (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
+
+
+def target_map(g: Gist, boxes: list[tuple[int, int, int, int]] | np.ndarray) -> torch.Tensor:
+    """``[h, w]`` training target: the area of ``boxes`` on each gist pixel (base px^2,
+    separable overlaps), normalised to sum 1 (all zeros if the boxes miss the page)."""
+    b = torch.as_tensor(np.asarray(boxes, dtype=np.float64).reshape(-1, 4))
+    ys, xs = g.pixel_centres()
+    half = g.pixel / 2
+    oy = (torch.minimum(ys[None] + half, b[:, 3:4]) - torch.maximum(ys[None] - half, b[:, 1:2])).clamp(min=0)
+    ox = (torch.minimum(xs[None] + half, b[:, 2:3]) - torch.maximum(xs[None] - half, b[:, 0:1])).clamp(min=0)
+    t = torch.einsum("ky,kx->yx", oy, ox) * g.inside()
+    s = t.sum()
+    return (t / s if s > 0 else t).float()
+
+
+# ----------------------------------------------------------------------------- embeddings
+def question_embedding(queries: list[str | None]) -> torch.Tensor:
+    """MiniLM embeddings ``[Q, 384]`` (unit norm); ``None`` is embedded as the empty string,
+    the network's "no question" input."""
+    from fovea_core.importance.query import embed
+
+    return torch.from_numpy(embed([q if q else "" for q in queries]).copy())
+
+
+# ----------------------------------------------------------------------------- weights
+def weights_path(name: str = "gist_localiser") -> Path:
+    """``data/models/<name>.pt`` (the committed weights) in the project."""
+    return project_root() / "data" / "models" / f"{name}.pt"
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliserNet:
+    """The trained network from ``path`` (default :func:`weights_path`), in eval mode.
+
+    With ``verify``, the weights' SHA-256 must equal the one recorded in the JSON beside
+    them (``<name>.json``, written by the training script), else ``ValueError``: the book
+    must not silently run on other weights than the ones its text describes.
+    """
+    p = Path(path) if path else weights_path()
+    if not p.exists():
+        raise FileNotFoundError(f"no localiser weights at {p}; train them with "
+                                "`python -m fovea_core.cascade.train`")
+    meta_path = p.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if verify:
+        want = meta.get("sha256")
+        have = file_sha256(p)
+        if want != have:
+            raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., the record "
+                             f"{meta_path.name} says {str(want)[:12]}...; re-train with "
+                             "`python -m fovea_core.cascade.train` or restore the file")
+    state = torch.load(p, map_location="cpu", weights_only=True)
+    arch = meta.get("arch", {})
+    net = GistLocaliserNet(**arch)
+    net.load_state_dict({k: v.float() for k, v in state.items()})
+    net.eval()
+    return net
+
+
+_ENCODED: OrderedDict = OrderedDict()
+
+
+def encode_gist(g: Gist, net: GistLocaliserNet | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``net.encode(gist_features(g))`` (the question-independent detector maps and size
+    map; default net: the committed weights), cached per gist and network, so that the
+    questions about one page encode it once."""
+    net = net if net is not None else load_model()
+    key = (id(net), g.key, g.rows, g.cols, g.level, g.image_size)
+    if g.key and key in _ENCODED:
+        return _ENCODED[key]
+    with torch.no_grad():
+        out = net.encode(gist_features(g))
+    if g.key:
+        _ENCODED[key] = out
+        while len(_ENCODED) > 32:
+            _ENCODED.popitem(last=False)
+    return out
+
+
+class LearnedLocaliser:
+    """Localiser (b) backed by :class:`GistLocaliserNet`: ``loc(gist, query) -> [B, Gh, Gw]``.
+
+    The output is the answer-location probability moved to the level-0 patch grid (mass
+    per cell, sums to 1 per image). ``query=None`` asks the network's question-agnostic
+    prior (trained with the empty question). Reads nothing but the gist and the question.
+    """
+
+    def __init__(self, path: str | None = None, *, verify: bool = True,
+                 net: GistLocaliserNet | None = None):
+        self.net = net if net is not None else load_model(path, verify=verify)
+
+    def predict(self, g: Gist, query: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(p [B, ceil(h/2), ceil(w/2)], text_px [B])``: the answer-location probability on
+        2 x 2 blocks of gist pixels, and the expected text height of the answer in base
+        pixels (the size map averaged under ``p``, times the gist's pixel)."""
+        maps, size = encode_gist(g, self.net)
+        b = maps.shape[0]
+        q = question_embedding([query] * b)
+        with torch.no_grad():
+            logit = torch.einsum("bk,bkhw->bhw", self.net.select(q), maps)
+        keep = F.max_pool2d(g.inside()[None, None].float(), 2, ceil_mode=True)[0, 0] > 0
+        logit = logit.masked_fill(~keep, float("-inf"))
+        p = torch.softmax(logit.flatten(1), 1).view_as(logit)
+        text_px = torch.exp2((p * size).flatten(1).sum(1)) * g.pixel
+        return p, text_px
+
+    def __call__(self, g: Gist, query: str | None) -> torch.Tensor:
+        return gist_to_grid(self.predict(g, query)[0], g, mode="mass", scale=2)
+
+    def text_px(self, g: Gist, query: str | None) -> torch.Tensor:
+        """Expected text height of the answer ``[B]`` in base pixels."""
+        return self.predict(g, query)[1]

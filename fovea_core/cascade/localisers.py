@@ -1,0 +1,173 @@
+"""Localisers for stage (b) of the cascade: gist (+ question) -> score map ``[B, Gh, Gw]``.
+
+Compared on the same footing in the cascade chapter (same gist, same fovea, same budget):
+
+* ``"learned"`` -- :class:`~fovea_core.cascade.learned.LearnedLocaliser`, the small network
+  trained on synthetic pages (the seeds' supervised Homunculus);
+* ``"learned_prior"`` -- the same network asked *no* question (its question-agnostic prior
+  of where answers sit): what the question adds;
+* ``"gist_query"`` -- today's query scorer (:func:`~fovea_core.importance.query.query_scores`:
+  OCR + MiniLM + spatial words) run on the gist image only, upsampled to the page's size
+  so that the OCR's detector sees text at a usual scale (upsampling adds no information);
+* ``"uniform"`` -- every cell equal (the fovea then reads the page's top-left corner:
+  the floor a localiser must beat);
+* :class:`OracleLocaliser` -- the answer boxes, given: the upper bound of perfect
+  localisation at this budget. It is the only localiser that knows anything but the gist
+  and the question, and it is labelled "oracle" wherever it appears.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fovea_core.cascade.core import Gist, gist_to_grid, page_key
+from fovea_core.pyramid import build_pyramid
+
+__all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "OracleLocaliser",
+           "answer_mass"]
+
+
+def _grid(g: Gist, patch: int | None = None) -> tuple[int, int]:
+    p = g.patch if patch is None else patch
+    h, w = g.image_size
+    return math.ceil(h / p), math.ceil(w / p)
+
+
+def uniform(g: Gist, query: str | None) -> torch.Tensor:
+    """Every level-0 cell the same score ``[B, Gh, Gw]``."""
+    gh, gw = _grid(g)
+    return torch.ones(g.image.shape[0], gh, gw)
+
+
+_SALIENCY: OrderedDict = OrderedDict()   # the upsampled gist and its saliency, per page
+
+
+def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Tensor:
+    """Today's query scorer restricted to what the gist shows.
+
+    The gist image (only its on-page part) is upsampled bicubically to the page's size
+    (longer side at most ``max_side``) and given to
+    :func:`~fovea_core.importance.query.query_scores` with ``coarse_level=0`` (no further
+    downsampling), then ``0.8 query + 0.2 saliency`` as the ``query_saliency`` scorer does;
+    the map is moved to the level-0 grid by area (:func:`gist_to_grid`, mean). Without a
+    question, the saliency part alone.
+    """
+    from fovea_core.importance import score
+
+    h, w = g.image_size
+    s = min(1.0, max_side / max(h, w))
+    cell = 16
+    key = (g.key, g.rows, g.cols, g.level, max_side)
+    if g.key and key in _SALIENCY:
+        big, sal = _SALIENCY[key]
+    else:
+        x = g.image.float()
+        inside = g.inside()
+        rows = torch.nonzero(inside.any(1)).flatten()
+        cols = torch.nonzero(inside.any(0)).flatten()
+        crop = x[:, :, rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+        big = F.interpolate(crop, size=(max(16, round(h * s)), max(16, round(w * s))),
+                            mode="bicubic", align_corners=False).clamp(0, 1)
+        sal = score("saliency", big, patch=cell)
+        if g.key:
+            _SALIENCY[key] = (big, sal)
+            while len(_SALIENCY) > 8:
+                _SALIENCY.popitem(last=False)
+    if query:
+        m = 0.8 * score("query", big, query=query, patch=cell) + 0.2 * sal
+    else:
+        m = sal
+    # the map's cells are `cell` px of the upsampled crop = cell / s base px, from the crop's
+    # first on-page gist pixel (within half a gist pixel of the page's corner)
+    gh, gw = _grid(g)
+    from fovea_core.cascade.core import overlap_matrix
+
+    side = cell / s
+    ay = overlap_matrix(gh, g.patch, 0.0, m.shape[-2], side, 0.0, h)
+    ax = overlap_matrix(gw, g.patch, 0.0, m.shape[-1], side, 0.0, w)
+    num = torch.einsum("yi,bij,xj->byx", ay, m.double(), ax)
+    den = torch.einsum("yi,xj->yx", ay.sum(1, keepdim=True), ax.sum(1, keepdim=True)).clamp(min=1e-12)
+    out = (num / den).float()
+    return out / out.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
+
+
+def answer_mass(boxes: Sequence[tuple[int, int, int, int]], image_size: tuple[int, int],
+                patch: int = 16) -> torch.Tensor:
+    """``[Gh, Gw]``: area share of each level-0 cell covered by the answer's boxes, summed
+    over boxes (:func:`~fovea_core.importance.query.box_coverage`)."""
+    from fovea_core.importance.query import box_coverage
+
+    b = torch.as_tensor(np.asarray(boxes, dtype=np.float32).reshape(-1, 4))
+    return box_coverage(b, image_size, patch).sum(0)
+
+
+class OracleLocaliser:
+    """The answer boxes, given (upper bound of localisation; never a fair method).
+
+    Built from the documents to be evaluated: ``(page, question) -> boxes``. The page is
+    recognised by :func:`~fovea_core.cascade.core.page_key` (a hash of its pyramid's
+    coarsest level), so the oracle fits the allocator interface (it receives the gist and
+    the question). An unknown page or question raises ``KeyError``.
+    """
+
+    def __init__(self, documents: Iterable, patch: int = 16):
+        self.patch = patch
+        self.table: dict[tuple[str, str], tuple] = {}
+        for d in documents:                                    # one pyramid per document
+            key = page_key(build_pyramid(d.image, patch=patch))[0]
+            for q in d.questions:
+                self.table[(key, q.question)] = tuple(q.boxes)
+
+    def __repr__(self) -> str:
+        # stable across runs (it enters cache keys, which also hold the document's hash)
+        return "OracleLocaliser()"
+
+    def add(self, key: str, question: str, boxes) -> None:
+        self.table[(key, question)] = tuple(boxes)
+
+    def __call__(self, g: Gist, query: str | None) -> torch.Tensor:
+        if not g.key:
+            raise KeyError("the oracle needs the gist's page key")
+        maps = []
+        for k in g.key:                                         # images of the batch
+            if (k, query) not in self.table:
+                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
+            maps.append(answer_mass(self.table[(k, query)], g.image_size, self.patch))
+        return torch.stack(maps)
+
+
+def _learned(g: Gist, query: str | None) -> torch.Tensor:
+    from fovea_core.cascade.learned import LearnedLocaliser
+
+    return LearnedLocaliser()(g, query)
+
+
+def _learned_prior(g: Gist, query: str | None) -> torch.Tensor:
+    from fovea_core.cascade.learned import LearnedLocaliser
+
+    return LearnedLocaliser()(g, None)
+
+
+#: named localisers (the oracle is built per evaluation: :class:`OracleLocaliser`)
+LOCALISERS: dict[str, Callable[[Gist, "str | None"], torch.Tensor]] = {
+    "learned": _learned,
+    "learned_prior": _learned_prior,
+    "gist_query": gist_query,
+    "uniform": uniform,
+}
+
+
+def get_localiser(localiser: str | Callable) -> Callable[[Gist, "str | None"], torch.Tensor]:
+    """A localiser by name (:data:`LOCALISERS`) or the callable itself."""
+    if callable(localiser):
+        return localiser
+    if localiser not in LOCALISERS:
+        raise ValueError(f"unknown localiser {localiser!r}; choose one of {sorted(LOCALISERS)} "
+                         "or pass a callable (gist, query) -> [B, Gh, Gw]")
+    return LOCALISERS[localiser]

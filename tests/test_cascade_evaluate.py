@@ -1,0 +1,105 @@
+"""The cascade chapter's evaluation renders only the reader's crops: the crops must be the
+full render's, and the rows the sweep's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fovea_core import build_pyramid
+from fovea_core.allocators import allocate
+from fovea_core.cascade import cascade
+from fovea_core.cascade.evaluate import Method, crop_window, evaluate, read_answer, render_window
+from fovea_core.cascade.localisers import uniform
+from fovea_core.eval.documents import make_document
+from fovea_core.eval.reader import Reader, crop_box, to_uint8
+from fovea_core.importance import score
+from fovea_core.sample import render, sample
+
+
+def _tokens(name: str, pyr, n: int = 273):
+    s = score("saliency", pyr.base)
+    return allocate(name, pyr, s, n)
+
+
+@pytest.mark.parametrize("name", ["resize", "topk", "pyramid", "cascade"])
+def test_window_equals_the_crop_of_the_full_render(name):
+    doc = make_document(21, layout="receipt")
+    pyr = build_pyramid(doc.image)
+    if name == "cascade":
+        tok = cascade(pyr, None, 273, localiser=uniform, level=0.7)
+    else:
+        tok = _tokens(name, pyr)
+    patches = sample(pyr, tok)
+    full = render(tok, patches, background=pyr)
+    h, w = doc.size
+    rng = np.random.default_rng(0)
+    wins = [(0, h, 0, w)] + [tuple(int(v) for v in (y, y + rng.integers(5, 90),
+                                                   x, x + rng.integers(5, 300)))
+                             for y, x in zip(rng.integers(0, h - 90, 6), rng.integers(0, w - 300, 6))]
+    for y0, y1, x0, x1 in wins:
+        win = render_window(tok, patches, (y0, y1, x0, x1), pyr)
+        ref = full[:, :, y0:y1, x0:x1]
+        assert win.shape == ref.shape
+        assert torch.allclose(win, ref, atol=2e-6), (y0, y1, x0, x1)
+        a = to_uint8(win[0].permute(1, 2, 0).numpy())
+        b = to_uint8(ref[0].permute(1, 2, 0).numpy())
+        assert (np.abs(a.astype(int) - b.astype(int)) <= 1).all() and (a == b).mean() > 0.999
+
+
+def test_crop_window_is_the_readers_crop():
+    img = np.arange(200 * 300 * 3, dtype=np.uint8).reshape(200, 300, 3)
+    for box in [(10, 10, 50, 30), (0, 0, 300, 200), (250, 180, 299, 199)]:
+        y0, y1, x0, x1 = crop_window(box, (200, 300), 0.3)
+        assert np.array_equal(img[y0:y1, x0:x1], crop_box(img, box, 0.3))
+
+
+def test_read_answer_reads_what_the_reader_reads_on_the_full_render():
+    doc = make_document(8)
+    pyr = build_pyramid(doc.image)
+    tok = _tokens("resize", pyr)
+    patches = sample(pyr, tok)
+    full = render(tok, patches, background=pyr)[0].permute(1, 2, 0).clamp(0, 1).numpy()
+    reader = Reader(cache_dir=None)
+    for q in doc.questions[:3]:
+        assert read_answer(reader, pyr, tok, patches, q.boxes) == reader.read(full, q.boxes)
+
+
+def test_rows_match_the_sweep(tmp_path):
+    from fovea_core.eval.sweep import run_sweep
+
+    docs = {"synthetic": [make_document(31)]}
+    reader = Reader(cache_dir=tmp_path / "reader")
+    ours = evaluate(docs, [Method("resize", "resize", scorer="saliency", query_aware=False),
+                           Method("topk", "topk", scorer="saliency", query_aware=False)],
+                    273, reader=reader, cache_path=tmp_path / "cells.sqlite")
+    theirs = run_sweep(["resize", "topk"], [273], docs, scorer="saliency", reader=reader,
+                       cache_dir=None, progress=False)
+    cols = ["allocator", "qid", "pred", "anls", "total_tokens"]
+    a = ours[cols].sort_values(["allocator", "qid"]).reset_index(drop=True)
+    b = theirs[cols].sort_values(["allocator", "qid"]).reset_index(drop=True)
+    b["allocator"] = b["allocator"].astype(str)
+    pd_equal = a.equals(b) or (a.drop(columns="total_tokens").equals(b.drop(columns="total_tokens"))
+                               and np.allclose(a.total_tokens, b.total_tokens))
+    assert pd_equal, (a, b)
+    # a second call is served from the cell cache
+    again = evaluate(docs, [Method("resize", "resize", scorer="saliency", query_aware=False)],
+                     273, reader=Reader(cache_dir=None), cache_path=tmp_path / "cells.sqlite")
+    assert again[again.allocator == "resize"].pred.tolist() == \
+        ours[ours.allocator == "resize"].pred.tolist()
+
+
+def test_cascade_rows_carry_localisation(tmp_path):
+    from fovea_core.cascade import OracleLocaliser
+
+    doc = make_document(41)
+    m = Method("cascade_oracle", "cascade", dict(localiser=OracleLocaliser([doc]), level=0.5),
+               cascade=True)
+    rows = evaluate({"synthetic": [doc]}, [m], 273, reader=Reader(cache_dir=tmp_path),
+                    cache_path=tmp_path / "c.sqlite")
+    r = rows[rows.allocator == "cascade_oracle"]
+    assert len(r) == len(doc.questions)
+    assert (r.fovea_share > 0.99).all() and (r.cell_auc > 0.95).all()
+    assert (r.total_tokens == 273).all() and not r.unbudgeted.any()
+    assert (r.anls >= r.ceiling_anls - 0.05).mean() > 0.8

@@ -1,0 +1,106 @@
+"""The learned localiser: committed weights match their record, and the training script
+reproduces the committed run (its first steps) and is deterministic."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fovea_core.cascade.learned import (GistLocaliserNet, LearnedLocaliser, file_sha256,
+                                        load_model, weights_path)
+from fovea_core.cascade.train import TrainConfig, train
+
+WEIGHTS = weights_path()
+RECORD = WEIGHTS.with_suffix(".json")
+needs_weights = pytest.mark.skipif(not WEIGHTS.exists(), reason="no committed weights")
+
+
+def _record() -> dict:
+    return json.loads(RECORD.read_text())
+
+
+@needs_weights
+def test_committed_weights_match_their_record_and_are_small():
+    rec = _record()
+    assert file_sha256(WEIGHTS) == rec["sha256"]
+    assert WEIGHTS.stat().st_size < 1_000_000
+    net = load_model(str(WEIGHTS))
+    assert sum(p.numel() for p in net.parameters()) == rec["parameters"]
+    assert set(rec["validation"]) >= {"paper/heldout", "receipt/heldout", "invoice/heldout"}
+
+
+@needs_weights
+def test_tampered_weights_are_refused(tmp_path):
+    bad = tmp_path / "gist_localiser.pt"
+    shutil.copy(WEIGHTS, bad)
+    shutil.copy(RECORD, tmp_path / "gist_localiser.json")
+    state = torch.load(bad, weights_only=True)
+    k = next(iter(state))
+    state[k] = state[k] + 1e-3
+    torch.save(state, bad)
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_model(str(bad))
+    load_model(str(bad), verify=False)                      # explicit opt-out still loads
+
+
+@needs_weights
+def test_training_script_reproduces_the_committed_run():
+    """Re-run the first steps of the committed configuration: the same pages, gists, initial
+    weights, batches and augmentation give the same losses as the record (to float
+    tolerance across machines)."""
+    rec = _record()
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
+                         for k, v in rec["config"].items()})
+    k = 4
+    _, run = train(cfg, max_steps=k, progress=False)
+    want = np.asarray(rec["train"]["loss"][:k])
+    assert np.allclose(run["loss"], want, rtol=2e-3, atol=2e-3), (run["loss"], want)
+
+
+def test_training_is_deterministic_and_learns():
+    cfg = TrainConfig(pages=6, gists_per_page=1, epochs=3, batch=3, valid_pages=2)
+    a, ra = train(cfg, progress=False)
+    b, rb = train(cfg, progress=False)
+    assert ra["loss"] == rb["loss"]
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    assert np.mean(ra["loss"][-2:]) < np.mean(ra["loss"][:2])            # it learns
+    c, rc = train(TrainConfig(**{**cfg.__dict__, "seed": 1}), progress=False)
+    assert rc["loss"] != ra["loss"]                                       # the seed matters
+
+
+@pytest.mark.skipif(not os.environ.get("FOVEA_RETRAIN"), reason="set FOVEA_RETRAIN=1 to retrain "
+                    "the localiser in full (several minutes) and compare with the committed one")
+@needs_weights
+def test_full_retraining_reproduces_the_weights():
+    rec = _record()
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v
+                         for k, v in rec["config"].items()})
+    net, run = train(cfg, progress=False)
+    ref = load_model(str(WEIGHTS))
+    for (k, v), (_, w) in zip(net.state_dict().items(), ref.state_dict().items()):
+        assert torch.allclose(v, w, rtol=1e-2, atol=1e-3), k
+    assert np.allclose(run["loss"], rec["train"]["loss"], rtol=1e-2, atol=1e-2)
+
+
+@needs_weights
+def test_learned_localiser_gives_a_probability_map():
+    from fovea_core import build_pyramid
+    from fovea_core.cascade import gist
+    from fovea_core.eval.documents import make_document
+
+    doc = make_document(1234)
+    g = gist(build_pyramid(doc.image), 64)
+    loc = LearnedLocaliser()
+    for q in doc.questions[:2]:
+        m = loc(g, q.question)
+        assert m.shape == (1, 64, 64) and (m >= 0).all()
+        assert float(m.sum()) == pytest.approx(1.0, abs=1e-4)
+    assert not torch.allclose(loc(g, doc.questions[0].question), loc(g, doc.questions[6].question))
+    px = loc.text_px(g, doc.questions[1].question)
+    assert 4 < float(px) < 60                                              # a plausible height
