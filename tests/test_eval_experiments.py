@@ -137,3 +137,77 @@ def test_table_helpers_on_a_known_table():
     pm = predicted_vs_measured(summary, {"good": 81.3, "bad": None, "nope": 1.0}, 100)
     assert pm.loc["good"].iloc[0] == "81.3" and pm.loc["bad"].iloc[0] == "none given"
     assert pm.loc["good"].iloc[1].startswith("100.0") and pm.loc["nope"].iloc[1] == "n/a"
+
+
+def _diff_table(diffs, *, a="cand", n_a=150, b="grid", n_b=273, dataset="synthetic"):
+    """Two methods on ``len(diffs)`` documents, one question each: ``b`` reads 0.5, ``a``
+    reads ``0.5 + diff`` (so the per-document paired difference is ``diff``)."""
+    import pandas as pd
+
+    rows = []
+    for i, d in enumerate(diffs):
+        base = dict(dataset=dataset, doc_id=f"doc{i:03d}", qid="q0")
+        rows.append(dict(base, allocator=b, budget=n_b, anls=0.5))
+        rows.append(dict(base, allocator=a, budget=n_a, anls=0.5 + d))
+    return pd.DataFrame(rows)
+
+
+def test_equivalence_family_words_follow_the_margin():
+    from fovea_core.eval.experiments import equivalence_family
+
+    rng = np.random.default_rng(0)
+    pair = [("cand", 150, "grid", 273)]
+    tiny = _diff_table(rng.normal(0.0, 0.01, 40))          # |diff| << margin: equivalent
+    out = equivalence_family(tiny, pair, 0.05).iloc[0]
+    assert out.verdict == "equivalent" and out.p_tost_holm < 0.05 and out.n_docs == 40
+    short = _diff_table(rng.normal(-0.2, 0.02, 40))        # far below: a detectable shortfall
+    out = equivalence_family(short, pair, 0.05).iloc[0]
+    assert out.verdict == "below" and out["diff"] < -0.15 and out.p_tost_holm > 0.5
+    noisy = _diff_table(rng.normal(0.0, 0.3, 40))          # wide CI around 0: inconclusive
+    assert equivalence_family(noisy, pair, 0.05).iloc[0].verdict == "inconclusive"
+    few = _diff_table(rng.normal(0.0, 0.01, 8))
+    assert equivalence_family(few, pair, 0.05).iloc[0].verdict == "too few documents (n = 8)"
+    # the budgets are part of the pair: a pair at a budget that did not run is skipped
+    with pytest.raises(ValueError, match="none of the pairs"):
+        equivalence_family(tiny, [("cand", 273, "grid", 273)], 0.05)
+    with pytest.raises(ValueError, match="margin"):
+        equivalence_family(tiny, pair, 0.0)
+
+
+def test_equivalence_family_holm_counts_the_family():
+    import pandas as pd
+
+    from fovea_core.eval.experiments import equivalence_family
+
+    rng = np.random.default_rng(1)
+    t = pd.concat([_diff_table(rng.normal(0.03, 0.02, 25)),
+                   _diff_table(rng.normal(0.03, 0.02, 25), dataset="sroie")])
+    one = equivalence_family(t[t.dataset == "synthetic"], [("cand", 150, "grid", 273)], 0.05)
+    two = equivalence_family(t, [("cand", 150, "grid", 273)], 0.05)
+    assert len(two) == 2
+    syn = two.set_index("dataset").loc["synthetic"]
+    assert syn.p_tost_holm >= one.iloc[0].p_tost - 1e-12     # correction never lowers a p
+    raw = equivalence_family(t, [("cand", 150, "grid", 273)], 0.05, correct=False)
+    assert np.allclose(raw.p_tost_holm, raw.p_tost)
+
+
+def test_choose_on_select_half_and_report_half():
+    import pandas as pd
+
+    from fovea_core.eval.documents import Document
+    from fovea_core.eval.experiments import choose_on_select_half, report_half
+    from fovea_core.eval.stats import split_halves
+
+    ids = [f"doc{i:03d}" for i in range(30)]
+    sel, rep = split_halves(ids)
+    rows = []
+    for d in ids:   # "a" wins on the select half only, "b" on the report half only
+        a, b = (0.9, 0.1) if d in sel else (0.1, 0.9)
+        rows += [dict(dataset="synthetic", doc_id=d, qid="q", allocator="a", budget=10, anls=a),
+                 dict(dataset="synthetic", doc_id=d, qid="q", allocator="b", budget=10, anls=b)]
+    ch = choose_on_select_half(pd.DataFrame(rows), ["a", "b", "absent"], 10).iloc[0]
+    assert ch.best == "a" and ch.n_select == len(sel) and ch.select_mean == pytest.approx(0.9)
+    docs = [Document(doc_id=d, image=np.zeros((16, 16, 3), np.uint8), questions=())
+            for d in ids]
+    half = report_half({"synthetic": docs})["synthetic"]
+    assert [d.doc_id for d in half] == rep

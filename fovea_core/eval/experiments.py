@@ -10,7 +10,13 @@
   (the "context" a token set keeps);
 * :func:`paired_vs` -- a family of paired differences against one baseline with their
   verdicts (:mod:`fovea_core.eval.stats` holds the one verdict rule and the protocol's
-  statistics; :func:`verdict` and :func:`ci_text` are re-exported from there).
+  statistics; :func:`verdict` and :func:`ci_text` are re-exported from there);
+* the chapter kit: :func:`book_datasets`, :func:`chapter_sweep`, :func:`family_text` /
+  :func:`family_line` (verdict sentences), :func:`select_then_report`,
+  :func:`choose_on_select_half` + :func:`report_half` (choose a variant on the select half
+  of an exploratory ablation, test it on the report half of all documents) and
+  :func:`equivalence_family` ("does A at N_a read as much as B at N_b?", two one-sided
+  tests with a margin).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text",
-           "select_then_report", "load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
+           "family_line", "select_then_report", "choose_on_select_half", "report_half",
+           "equivalence_family", "load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
            "ci_table", "paired_vs", "predicted_vs_measured",
            "ci_text", "SYNTHETIC_SEED"]
 
@@ -313,3 +320,144 @@ def area_resize_rows(datasets, budget: int = N_REF, *, reader=None, patch: int =
                                  allocator="cv2_area_resize", budget=int(budget), pred=pred,
                                  anls=anls(pred, q.answers)))
     return pd.DataFrame(rows)
+
+
+def family_line(fam, dataset: str, *, unit: str = "ANLS points",
+                missing: str = "not measured (no SROIE data)") -> str:
+    """One dataset's rows of a :func:`~fovea_core.eval.stats.paired_family` table as one
+    markdown sentence: ``"`a` better (+3.1 [0.5, 5.6] ANLS points, n = 40); `b` ..."``
+    (:func:`family_text` per row, in the table's order); ``missing`` when the dataset has
+    no row."""
+    words = family_text(fam, unit=unit)
+    rows = [r for r in fam.itertuples() if r.dataset == dataset]
+    if not rows:
+        return missing
+    return "; ".join(f"`{r.method}` {words[(r.dataset, r.method)]}" for r in rows)
+
+
+def choose_on_select_half(table, candidates, budget: int, *, metric: str = "anls"):
+    """Per dataset, the candidate with the highest mean ``metric`` at ``budget`` on the
+    *select* half (:func:`~fovea_core.eval.stats.split_halves`) of the documents it ran on.
+
+    The first half of :func:`select_then_report`, for an ablation that ran on a subset of
+    the documents: the choice is then run on :func:`report_half` of *all* documents and
+    tested there (``paired_family(..., docs=report_ids)``), so the test has the power of
+    half the book's documents and never sees a document the choice was made on.
+
+    Returns a DataFrame ``dataset, best, select_mean, n_select`` plus one column per
+    candidate (its select-half mean; NaN where it did not run). Questions are averaged
+    within a document first (the resampling unit). Ties go to the earlier candidate.
+    """
+    import pandas as pd
+
+    from fovea_core.eval.stats import split_halves
+
+    cands = list(dict.fromkeys(candidates))
+    rows = []
+    for ds, t in table.groupby("dataset", sort=True):
+        sel, _ = split_halves(t["doc_id"].unique())
+        at = t[(t.budget == budget) & t.allocator.isin(cands) & t.doc_id.isin(sel)]
+        if at.empty:
+            continue
+        per = at.groupby(["allocator", "doc_id"])[metric].mean().groupby("allocator").mean()
+        per = per.reindex([c for c in cands if c in per.index])
+        best = str(per.idxmax())
+        rows.append(dict(dataset=ds, best=best, select_mean=float(per.max()),
+                         n_select=int(at.doc_id.nunique()), **per.to_dict()))
+    return pd.DataFrame(rows)
+
+
+def report_half(datasets: dict) -> dict:
+    """``{dataset: documents in the report half}`` (:func:`~fovea_core.eval.stats.split_halves`
+    by document id), in their original order."""
+    from fovea_core.eval.stats import split_halves
+
+    out = {}
+    for name, docs in datasets.items():
+        _, rep = split_halves([d.doc_id for d in docs])
+        keep = set(rep)
+        out[name] = [d for d in docs if d.doc_id in keep]
+    return out
+
+
+def _one_sided_sign_flip(d, *, n_perm: int = 10_000, seed: int = 0) -> float:
+    """One-sided paired randomisation p-value of ``H0: mean(d) <= 0`` against ``mean > 0``:
+    ``(1 + #{mean(s * d) >= mean(d)}) / (1 + n_perm)`` over random signs ``s``."""
+    import numpy as np
+
+    d = np.asarray(d, dtype=float)
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    signs = rng.integers(0, 2, size=(n_perm, len(d))) * 2 - 1
+    null = (signs * d).mean(axis=1)                                       # [n_perm]
+    return float((1 + np.sum(null >= d.mean() - 1e-12)) / (1 + n_perm))
+
+
+def equivalence_family(table, pairs, margin: float, *, metric: str = "anls", seed: int = 0,
+                       correct: bool = True, equivalent: str = "equivalent",
+                       above: str = "above", below: str = "below",
+                       inconclusive: str = "inconclusive"):
+    """Does method ``a`` at budget ``n_a`` read as much as ``b`` at ``n_b``, within
+    ``+-margin``? One family of equivalence tests.
+
+    ``pairs``: ``[(a, n_a, b, n_b), ...]``. Per pair and dataset, the per-document paired
+    difference ``d = metric(a @ n_a) - metric(b @ n_b)`` (questions averaged within a
+    document; documents where both ran), its mean with a 95 % percentile-bootstrap CI
+    (:data:`~fovea_core.eval.stats.N_BOOT` resamples), and two tests:
+
+    * **equivalence**, two one-sided tests [Schuirmann 1987]: ``H0: mean(d) <= -margin``
+      and ``H0: mean(d) >= margin``, each a one-sided sign-flip randomisation test of
+      ``d + margin`` / ``margin - d``; ``p_tost`` is the larger p;
+    * **difference**, the two-sided sign-flip p of ``mean(d) = 0`` (as in
+      :func:`~fovea_core.eval.stats.paired_family`).
+
+    Both p-values are Holm-corrected over the family (all pairs x datasets; ``correct=False``
+    labels it exploratory). The ``verdict``: :func:`~fovea_core.eval.stats.too_few` below
+    ``MIN_DOCS`` documents; ``equivalent`` when the Holm-adjusted ``p_tost < 0.05``;
+    otherwise :func:`~fovea_core.eval.stats.verdict` of the difference (``above`` /
+    ``below`` / ``inconclusive``), so "below" means a detectable shortfall and
+    "inconclusive" neither equivalence nor a difference at this sample size.
+
+    Returns columns ``dataset, a, n_a, b, n_b, diff, diff_lo, diff_hi, n_docs, p_tost,
+    p_tost_holm, p_diff_holm, verdict, text``.
+    """
+    import pandas as pd
+
+    from fovea_core.eval.metrics import bootstrap_ci
+    from fovea_core.eval.stats import ALPHA, N_BOOT, holm, sign_flip_pvalue, too_few
+
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin!r}")
+    per = table.groupby(["dataset", "allocator", "budget", "doc_id"])[metric].mean()
+    rows = []
+    for a, n_a, b, n_b in pairs:
+        for ds in sorted(table["dataset"].unique()):
+            try:
+                pa, pb = per.loc[(ds, a, int(n_a))], per.loc[(ds, b, int(n_b))]
+            except KeyError:
+                continue
+            d = (pa - pb).dropna().to_numpy()
+            if len(d) == 0:
+                continue
+            est, lo, hi = bootstrap_ci(d, n_boot=N_BOOT, seed=seed)
+            p_tost = max(_one_sided_sign_flip(d + margin, seed=seed),
+                         _one_sided_sign_flip(margin - d, seed=seed))
+            rows.append(dict(dataset=ds, a=a, n_a=int(n_a), b=b, n_b=int(n_b), diff=est,
+                             diff_lo=lo, diff_hi=hi, n_docs=len(d), p_tost=p_tost,
+                             p_diff=sign_flip_pvalue(d, seed=seed)))
+    if not rows:
+        raise ValueError(f"none of the pairs {list(pairs)} is in the table")
+    out = pd.DataFrame(rows)
+    out["p_tost_holm"] = holm(out.p_tost.to_numpy()) if correct else out.p_tost
+    out["p_diff_holm"] = holm(out.p_diff.to_numpy()) if correct else out.p_diff
+    words = []
+    for r in out.itertuples():
+        few = too_few(r.n_docs)
+        words.append(few or (equivalent if r.p_tost_holm < ALPHA else
+                             verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_diff_holm,
+                                     better=above, worse=below, same=inconclusive)))
+    out["verdict"] = words
+    out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
+    return out.drop(columns="p_diff")
