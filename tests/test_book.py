@@ -171,7 +171,12 @@ def test_toc_lists_root_first_and_notebooks_in_order():
     files = toc_files(ROOT)
     assert files[0] == "book/intro"
     nbs = [p.stem for p in toc_notebooks(ROOT)]
-    assert nbs == sorted(nbs), "notebooks should appear in the TOC in numeric order"
+
+    def number(stem: str) -> tuple[int, int]:      # "14_5_budgeted_cascade" -> (14, 5)
+        m = re.match(r"(\d+)(?:_(\d+)_)?", stem)
+        return int(m.group(1)), int(m.group(2) or 0)
+
+    assert nbs == sorted(nbs, key=number), "notebooks should appear in the TOC in numeric order"
 
 
 def test_the_cache_key_covers_every_input_and_nothing_else(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fovea_core import build_pyramid
@@ -136,11 +136,9 @@ def test_foveate_context_prefers_neighbours():
        n=st.sampled_from([144, 273]), level=st.sampled_from([0.0, 0.5, 1.3]))
 def test_cascade_spends_exactly_n_tokens_in_two_stages(h, w, gb, n, level):
     pyr = build_pyramid(np.full((h, w, 3), 200, np.uint8))
-    if pyr.grid_shape(16, 0)[0] * pyr.grid_shape(16, 0)[1] < n:
-        return
+    assume(pyr.grid_shape(16, 0)[0] * pyr.grid_shape(16, 0)[1] >= n)
     r, c, glevel = resize_grid((h, w), gb, 16)
-    if level >= glevel:
-        return
+    assume(level <= glevel - 0.5)
     for surround in (0.0, 0.5):
         parts = cascade_parts(pyr, n, query="q", gist_budget=gb, localiser=uniform, level=level,
                               surround=surround)
@@ -239,3 +237,31 @@ def test_cascade_takes_any_budget_and_batch_like_the_other_allocators():
     assert allocator_reads("cascade", pyr) == 0
     pos = mrope_positions(t, merged_grid_shape((256, 256)))
     assert pos is not None
+
+
+def test_cascade_fixates_at_the_shared_rule_on_its_localiser_map():
+    """The cascade ignores the score map it is given; its fixation is the shared rule
+    (:func:`resolve_fixation`) applied to its own localiser's map."""
+    from fovea_core.allocators.base import resolve_fixation
+    from fovea_core.cascade import cascade_parts
+
+    doc = make_document(5)
+    pyr = build_pyramid(doc.image)
+    q = doc.questions[2]
+    parts = cascade_parts(pyr, 273, query=q.question, localiser=OracleLocaliser([doc]))
+    want = resolve_fixation(None, parts.scores)
+    assert torch.allclose(parts.tokens.fixations[:, 0], want, atol=1e-6)
+    flat = torch.ones_like(parts.scores)                 # a different map fixates elsewhere
+    assert not torch.allclose(resolve_fixation(None, flat), want, atol=1e-3)
+
+
+def test_a_fovea_level_near_the_gist_is_refused():
+    """A fovea less than half an octave finer than the gist would re-read its cells."""
+    pyr = build_pyramid(np.full((355, 355, 3), 200, np.uint8))
+    glevel = resize_grid((355, 355), 96, 16)[2]
+    with pytest.raises(ValueError, match="half an octave finer than the gist"):
+        cascade_parts(pyr, 144, query="q", gist_budget=96, localiser=uniform,
+                      level=glevel - 0.2)
+    t = cascade_parts(pyr, 144, query="q", gist_budget=96, localiser=uniform,
+                      level=glevel - 0.5).tokens
+    assert bool(t.is_distinct()[0])

