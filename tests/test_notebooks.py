@@ -154,3 +154,21 @@ def test_no_notebook_imports_the_build_tool():
         code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
                          if c["cell_type"] == "code")
         assert not re.search(r"fovea_core\.book\b|from fovea_core import .*\bbook\b", code), path.name
+
+
+def test_tidy_gives_cells_without_an_id_a_stable_unique_one(tmp_path):
+    """nbformat 4.5 needs cell ids (papermill warns, future versions refuse)."""
+    nb = json.loads((FIXTURES / "untidy.ipynb").read_text())
+    for c in nb["cells"][2:]:
+        del c["id"]
+    nb["cells"].append(json.loads(json.dumps(nb["cells"][-1])))     # same text twice
+    assert any("have no id" in p for p in check_notebook(nb))
+    path = tmp_path / "noid.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    tidy_file(path)
+    ids = [c["id"] for c in json.loads(path.read_text())["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids)
+    assert ids[:2] == ["cell-01", "cell-00"]   # existing ids kept (the title moved first)
+    path.write_text(json.dumps(nb, indent=1))
+    tidy_file(path)
+    assert [c["id"] for c in json.loads(path.read_text())["cells"]] == ids   # deterministic

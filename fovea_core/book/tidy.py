@@ -21,6 +21,7 @@ them (one-space indent, sorted keys), so the diff shows only the changed lines.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -90,6 +91,9 @@ def check_notebook(nb: dict) -> list[str]:
         if is_long_plot(c) and not _HIDDEN & set(_tags(c)):
             problems.append(f"cell {i} is a long plotting cell without '{HIDE_PLOT}' "
                             f"(or '{KEEP_INPUT}' when its code carries the argument)")
+    missing = [i for i, c in enumerate(cells) if not c.get("id")]
+    if missing:
+        problems.append(f"cells {missing} have no id (nbformat 4.5 requires one)")
     spec = nb.get("metadata", {}).get("kernelspec", {})
     if {k: spec.get(k) for k in KERNELSPEC} != KERNELSPEC:
         problems.append(f"kernelspec is {spec or None}, not {KERNELSPEC}")
@@ -120,6 +124,19 @@ def tidy_notebook(nb: dict) -> list[str]:
         if is_long_plot(c) and not _HIDDEN & set(_tags(c)):
             _add_tag(c, HIDE_PLOT)
             changes.append(f"tagged plotting cell {i} {HIDE_PLOT}")
+    taken = {c.get("id") for c in cells}
+    for i, c in enumerate(cells):
+        if not c.get("id"):                 # deterministic: the cell's position and text
+            text = "".join(c.get("source", []))
+            new = hashlib.sha1(f"{i}\0{text}".encode()).hexdigest()[:8]
+            while new in taken:
+                new = hashlib.sha1(new.encode()).hexdigest()[:8]
+            c["id"] = new
+            taken.add(new)
+            changes.append(f"gave cell {i} an id")
+    if cells and (nb.get("nbformat"), nb.get("nbformat_minor", 0)) < (4, 5):
+        nb["nbformat"], nb["nbformat_minor"] = 4, 5
+        changes.append("nbformat 4.5 (cell ids)")
     meta = nb.setdefault("metadata", {})
     spec = meta.get("kernelspec", {})
     if {k: spec.get(k) for k in KERNELSPEC} != KERNELSPEC:
