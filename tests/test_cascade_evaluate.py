@@ -13,9 +13,10 @@ from fovea_core.cascade import cascade
 from fovea_core.cascade.evaluate import Method, evaluate
 from fovea_core.cascade.localisers import uniform
 from fovea_core.eval.documents import make_document
-from fovea_core.eval.reader import Reader, crop_box, crop_window, read_answer, to_uint8
+from fovea_core.eval.reader import (Reader, crop_box, crop_window, read_answer, render_window,
+                                    to_uint8)
 from fovea_core.importance import score
-from fovea_core.sample import render, render_window, sample
+from fovea_core.sample import render, sample
 
 
 def _tokens(name: str, pyr, n: int = 273):
