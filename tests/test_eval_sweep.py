@@ -271,3 +271,16 @@ def test_compare_paired_difference(table):
     assert f[f.budget == 4096]["diff"].iloc[0] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="allocator"):
         compare(table, "nope", "full")
+
+
+def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
+    from fovea_core.eval.sweep import _code_fingerprint
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "book" / "tool.py").write_text("y = 1\n")
+    before = _code_fingerprint(tmp_path)
+    (tmp_path / "book" / "tool.py").write_text("y = 2\n")
+    assert _code_fingerprint.__wrapped__(tmp_path) == before
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert _code_fingerprint.__wrapped__(tmp_path) != before

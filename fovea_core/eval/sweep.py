@@ -170,12 +170,16 @@ def _peak_memory(fn: Callable[[], object], device: torch.device) -> float:
 
 # ----------------------------------------------------------------------------- cache keys
 @functools.lru_cache(maxsize=1)
-def _code_fingerprint() -> str:
-    """SHA-1 of every ``fovea_core`` source file, taken once per process (the code this
-    process imported): a code change invalidates cached rows."""
-    root = Path(__file__).resolve().parent.parent
+def _code_fingerprint(root: Path | None = None) -> str:
+    """SHA-1 of every ``fovea_core`` source file (under ``root``, default this package),
+    taken once per process (the code this process imported): a code change invalidates
+    cached rows. ``fovea_core/book/`` (the build tool, which computes nothing a row holds)
+    is left out, as in the book's cache."""
+    root = Path(__file__).resolve().parent.parent if root is None else root
     h = hashlib.sha1()
     for f in sorted(root.rglob("*.py")):
+        if f.relative_to(root).parts[0] == "book":
+            continue
         h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
     return h.hexdigest()
 
