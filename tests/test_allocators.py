@@ -456,3 +456,25 @@ def test_uniform_footprints_tile_the_whole_image(size, budget):
     for x0, y0, x1, y1 in t.boxes()[0].tolist():      # test-side reference loop over boxes
         covered |= (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
     assert bool(covered.all()), f"{int((~covered).sum())} pixels unseen"
+
+
+@pytest.mark.parametrize("name", [n for n in FIXED if not INFO[n]["uses_scores"]])
+def test_allocators_that_declare_no_use_of_the_scores_ignore_them(name):
+    """``uses_scores=False`` lets the sweep not charge the scorer's reads to the method:
+    its tokens must then be the same for any score map."""
+    pyr = image((128, 128))
+    n = max(min_budget(name, pyr), 20)
+    g = torch.Generator().manual_seed(1)
+    a = allocate(name, pyr, torch.rand(3, 8, 8, generator=g), n)
+    b = allocate(name, pyr, torch.rand(3, 8, 8, generator=g) ** 4, n)
+    assert torch.equal(a.centers, b.centers) and torch.equal(a.levels, b.levels)
+
+
+def test_the_score_using_allocators_do_depend_on_the_scores():
+    # the guard of the test above: on the same two maps top-K moves its tokens
+    pyr = image((128, 128))
+    g = torch.Generator().manual_seed(1)
+    a = allocate("topk", pyr, torch.rand(3, 8, 8, generator=g), 20)
+    b = allocate("topk", pyr, torch.rand(3, 8, 8, generator=g) ** 4, 20)
+    assert not torch.equal(a.centers, b.centers)
+    assert INFO["topk"]["uses_scores"] and not INFO["resize"]["uses_scores"]

@@ -177,24 +177,26 @@ def test_ray_backend_matches_inprocess(reader):
 
 def test_cost_columns_count_what_the_scorer_and_allocator_read(reader):
     docs = synthetic_documents(1, seed=42)
-    t = run_sweep(["resize", "atlas"], [64], {"syn": docs}, scorer="query_saliency",
+    t = run_sweep(["topk", "resize", "atlas"], [64], {"syn": docs}, scorer="query_saliency",
                   query_aware=True, reader=reader, progress=False, cache_dir=None)
     from fovea_core.importance import scorer_cost
 
     h, w = docs[0].size
     want = scorer_cost("query_saliency", (h, w)).tokens             # 512 x 512 OCR + thumb
-    r = t[t.allocator == "resize"].iloc[0]
+    r = t[t.allocator == "topk"].iloc[0]
     assert r.scorer_tokens == want and r.alloc_read_tokens == 0
     assert r.total_tokens == 64 + want and bool(r.unbudgeted)
+    z = t[t.allocator == "resize"].iloc[0]                          # ignores the map: no charge
+    assert z.scorer_tokens == 0 and z.total_tokens == 64 and not bool(z.unbudgeted)
     a = t[t.allocator == "atlas"].iloc[0]
     assert a.alloc_read_tokens == 256                               # SLIC on 256 x 256
     assert a.total_tokens == 64 + want + 256
     f = t[t.allocator == "full"].iloc[0]
     assert f.total_tokens == 64 * 64 and not bool(f.unbudgeted)
     # a budgeted method: saliency reads a 64 x 64 thumbnail (16 tokens) for 64 tokens
-    t2 = run_sweep(["resize"], [64], {"syn": docs}, reader=reader, progress=False,
+    t2 = run_sweep(["topk"], [64], {"syn": docs}, reader=reader, progress=False,
                    cache_dir=None)
-    r2 = t2[t2.allocator == "resize"].iloc[0]
+    r2 = t2[t2.allocator == "topk"].iloc[0]
     assert r2.scorer_tokens == 16 and not bool(r2.unbudgeted)
 
 

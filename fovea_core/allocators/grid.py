@@ -66,7 +66,7 @@ def resize_grid(image_size: tuple[int, int], budget: int, patch: int = 16
     return int(rows[best]), int(cols[best]), math.log2(1.0 / sc)
 
 
-@register("resize", family="grid", version="baseline", coverage="all")
+@register("resize", family="grid", version="baseline", coverage="all", uses_scores=False)
 def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
            patch: int = 16) -> TokenSet:
     """Baseline: the whole page resized at any scale to at most ``budget`` cells (a VLM's view).
@@ -111,7 +111,7 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     return TokenSet(centers, levels.expand(b, n), s[:, br, bc], fix[:, None], (h, w), patch)
 
 
-@register("uniform", family="grid", version="baseline", coverage="uniform")
+@register("uniform", family="grid", version="baseline", coverage="uniform", uses_scores=False)
 def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
             patch: int = 16) -> TokenSet:
     """Pyramid variant of ``resize``: the page on an ``r x c`` grid read at power-of-two levels.
@@ -174,7 +174,7 @@ def random(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
                            resolve_fixation(fixation, s), patch)
 
 
-@register("full", family="grid", version="baseline", coverage="all")
+@register("full", family="grid", version="baseline", coverage="all", uses_scores=False)
 def full(pyramid: Pyramid, scores, budget: int | None = None, *, fixation=None, query=None,
          seed: int = 0, patch: int = 16) -> TokenSet:
     """Upper bound: every level-0 patch. ``budget`` must be ``None`` or exactly ``Gh * Gw``."""

@@ -26,7 +26,8 @@ def _signature_defaults(fn: Callable) -> dict:
 
 def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
              coverage: str | None = None, content: bool = False, learned: bool = False,
-             reads: Callable | None = None, **defaults) -> Callable[[Callable], Callable]:
+             reads: Callable | None = None, uses_scores: bool = True,
+             **defaults) -> Callable[[Callable], Callable]:
     """Decorator adding ``fn`` (optionally with fixed keyword ``defaults``) as ``name``.
 
     Metadata: ``family`` (module), ``version`` (Homunculus variant, e.g. ``"v1"``),
@@ -34,7 +35,9 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     method promises, e.g. ``"stratum"``, ``"logpolar_bin"``; ``None`` = none), ``content``
     (reads image pixels from the pyramid), ``learned`` (has trained parameters),
     ``reads`` (for a ``content`` method: ``reads(pyramid) -> pixels`` it looks at, its cost
-    outside the token budget; see :func:`allocator_reads`).
+    outside the token budget; see :func:`allocator_reads`), ``uses_scores`` (``False``: the
+    tokens' centres and levels do not depend on the score map, so a sweep does not charge
+    the scorer's reads to this method; ``tests/test_allocators.py`` holds it to that).
 
     A keyword bound here with a value that differs from ``fn``'s own default makes ``name``
     a *variant* (e.g. ``"stratified_8x8"`` = ``stratified`` with ``strata=8``): that value
@@ -66,7 +69,7 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
             ALLOCATORS[name] = fn
         INFO[name] = dict(family=family, version=version, kind=kind, coverage=coverage,
                           content=content, learned=learned, params=defaults, fixed=fixed,
-                          reads=reads)
+                          reads=reads, uses_scores=uses_scores)
         return fn
     return deco
 

@@ -244,7 +244,7 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_gist_query", "gist_query", False),
                               ("cascade_prior", "learned_prior", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
-             reads=reads_nothing_else)(_registered(localiser=_loc))
+             reads=reads_nothing_else, uses_scores=False)(_registered(localiser=_loc))
 
 #: the cascade's rows in the book's results chapter: ``(label, registered allocator)``;
 #: the labels are those of chapter 14.5's table

@@ -106,7 +106,7 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
                   reader: Reader, seed: int, patch: int, cache: _Cache | None, code: str
                   ) -> list[dict]:
     from fovea_core.allocators import allocate
-    from fovea_core.eval.sweep import scorer_tokens
+    from fovea_core.eval.sweep import _uses_scores, scorer_tokens
 
     h, w = doc.size
     dh = _fingerprint(doc)
@@ -145,7 +145,7 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
             rows += json.loads(text)
             continue
         pyr = pyramid()
-        s_tok = scorer_tokens(m.scorer, (h, w))
+        s_tok = scorer_tokens(m.scorer, (h, w)) if _uses_scores(m.allocator) else 0.0
         a_tok = _alloc_tokens(m, pyr)
         extra = s_tok + a_tok
         out = []

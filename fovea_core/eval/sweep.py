@@ -96,6 +96,15 @@ def _spec(spec: AllocatorSpec) -> tuple[str, Callable | str, dict]:
                      f"(label, callable); got {spec!r}")
 
 
+def _uses_scores(fn: Callable | str) -> bool:
+    """Whether allocator ``fn`` reads the score map (a callable is assumed to)."""
+    if callable(fn):
+        return True
+    from fovea_core.allocators import INFO
+
+    return bool(INFO[fn].get("uses_scores", True))
+
+
 def _allocate(fn: Callable | str, pyramid, scores, budget: int, **kw) -> TokenSet:
     if callable(fn):
         return fn(pyramid, scores, budget, **kw)
@@ -301,6 +310,7 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                     raise ValueError(f"budget must be in [1, {gh * gw}] for {doc.doc_id} "
                                      f"({h}x{w}), got {budget}")
                 a_tok = alloc_read_tokens(fn, pyr)
+                used_tok = s_tok if _uses_scores(fn) else 0.0   # resize etc. ignore the map
                 out = []
                 for query, qs in groups:
                     if query not in scores:
@@ -322,7 +332,7 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                     cov = float(strata_coverage(tok, strata)[0])
                     disc = float(largest_empty_disc(tok)[0])
                     mem = _peak_memory(call, dev)
-                    extra = s_tok + a_tok
+                    extra = used_tok + a_tok
                     for q, pred in zip(qs, preds):
                         out.append(dict(base, qid=q.qid, field=q.field, size_px=q.size_px,
                                         allocator=label, budget=budget, pred=pred,
@@ -331,7 +341,7 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                                         empty_disc_px=disc,
                                         answer_level=_answer_level(tok, q.union_box),
                                         alloc_ms=alloc_ms, render_ms=render_ms,
-                                        peak_mem_mb=mem, scorer_tokens=s_tok,
+                                        peak_mem_mb=mem, scorer_tokens=used_tok,
                                         alloc_read_tokens=a_tok,
                                         total_tokens=budget + extra,
                                         unbudgeted=bool(extra > budget)
