@@ -7,7 +7,7 @@
     python -m fovea_core.book run --only 07              # execute only, some notebooks
     python -m fovea_core.book build                      # HTML from the executed copies
     python -m fovea_core.book tidy [--check] [NB ...]    # notebook conventions
-    python -m fovea_core.book batch notebooks/07_v1_grid_topk.ipynb -p budgets '[64]' '[273]'
+    python -m fovea_core.book batch notebooks/07_v1_grid_topk.ipynb -p seed 0 1 2
     python -m fovea_core.book check-html                 # every page in headless Chromium
     python -m fovea_core.book lab                        # JupyterLab; prints its URL
 
