@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -38,3 +39,9 @@ def dataset_path(name: str, root: str | Path | None = None) -> Path:
             f"dataset {name!r} not found at {path}. Set FOVEA_DATA (or the notebook's "
             f"data_dir parameter) to the folder that holds {name}/, e.g. ../shared/datasets.")
     return path
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes (read in blocks; ``algorithm``: any ``hashlib`` name)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()

@@ -12,7 +12,7 @@ import math
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        group_best, group_rank, image_rand, largest_remainder,
+                                        group_best, image_rand, largest_remainder,
                                         lex_key, nonneg,
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
 from fovea_core.allocators.registry import register

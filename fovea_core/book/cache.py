@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from fovea_core.paths import file_digest
+
 #: Bump when the runner changes what it writes into an executed copy.
 CACHE_FORMAT = 2
 LOCK_FILE = "requirements.lock"
@@ -44,14 +46,6 @@ TOOL_DIR = "fovea_core/book"
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _digest(obj: object) -> str:
@@ -73,7 +67,7 @@ def sources_fingerprint(root: Path) -> str:
     for folder, suffixes in SOURCE_DIRS.items():
         base = root / folder
         if base.is_dir():
-            items += [(p.relative_to(root).as_posix(), sha256_file(p))
+            items += [(p.relative_to(root).as_posix(), file_digest(p))
                       for p in _walk(base, follow=False) if p.suffix in suffixes
                       and not p.relative_to(root).as_posix().startswith(TOOL_DIR + "/")]
     return _digest(items)
@@ -98,7 +92,7 @@ def data_manifest(root: Path) -> dict[str, object]:
         for p in _walk(root / "data", follow=False):
             rel = p.relative_to(root / "data").as_posix()
             if rel.split("/")[0] not in ("external", "cache"):
-                project.append((rel, sha256_file(p)))
+                project.append((rel, file_digest(p)))
     return {"datasets": str(external.resolve()) if external.exists() else None,
             "datasets_files": _digest(datasets), "project_data": _digest(project)}
 
@@ -120,7 +114,7 @@ def environment_fingerprint(root: Path) -> dict[str, object]:
             installed[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             installed[name] = None
-    return {"lock": sha256_file(lock) if lock.exists() else None,
+    return {"lock": file_digest(lock) if lock.exists() else None,
             "python": platform.python_version(),
             "installed": _digest(installed)}
 
@@ -140,7 +134,7 @@ class Inputs:
 
 def notebook_key(source: Path, profile: str, parameters: dict, shared: Inputs) -> dict[str, object]:
     """Everything the executed copy of ``source`` depends on, and its hash under ``"key"``."""
-    parts = {"format": CACHE_FORMAT, "notebook": sha256_file(source), "profile": profile,
+    parts = {"format": CACHE_FORMAT, "notebook": file_digest(source), "profile": profile,
              "parameters": parameters, "fovea_core": shared.sources, "data": shared.data,
              "environment": shared.environment}
     return {"key": _digest(parts), **parts}
@@ -178,19 +172,19 @@ class CacheRecords:
         """True when ``executed`` was produced from exactly ``inputs`` and is unchanged since."""
         rec = self.records.get(name)
         return bool(rec and rec.get("inputs", {}).get("key") == inputs["key"]
-                    and executed.exists() and sha256_file(executed) == rec.get("output"))
+                    and executed.exists() and file_digest(executed) == rec.get("output"))
 
     def why_stale(self, name: str, inputs: dict[str, object], executed: Path) -> list[str]:
         rec = self.records.get(name)
         if rec and not executed.exists():
             return ["executed copy missing"]
         reasons = changed_inputs(rec.get("inputs") if rec else None, inputs)
-        if not reasons and rec and sha256_file(executed) != rec.get("output"):
+        if not reasons and rec and file_digest(executed) != rec.get("output"):
             reasons = ["executed copy changed"]
         return reasons
 
     def record(self, name: str, inputs: dict[str, object], executed: Path, seconds: float) -> None:
-        self.records[name] = {"inputs": inputs, "output": sha256_file(executed),
+        self.records[name] = {"inputs": inputs, "output": file_digest(executed),
                               "seconds": round(seconds, 2)}
 
     def forget(self, name: str) -> None:

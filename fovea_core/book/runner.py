@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from fovea_core.book.cache import CacheRecords, Inputs, notebook_key, sha256_file
+from fovea_core.book.cache import CacheRecords, Inputs, notebook_key
 from fovea_core.book.tidy import KERNEL_NAME
+from fovea_core.paths import file_digest
 from fovea_core.profiles import PROFILES
 
 #: What the staging tree needs besides the executed notebooks.
@@ -200,7 +201,7 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
     """Copy ``src`` to ``dst`` unless identical: an unchanged page keeps its mtime, so Sphinx
     skips it; a changed one gets a new mtime, so Sphinx re-reads it."""
     if dst.exists() and dst.stat().st_size == src.stat().st_size \
-            and sha256_file(dst) == sha256_file(src):
+            and file_digest(dst) == file_digest(src):
         return
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
@@ -300,10 +301,10 @@ def _html_fingerprint(root: Path) -> str:
     book's own Sphinx extensions. When it changes, every page is written again (``--all``)."""
     from fovea_core.book.cache import LOCK_FILE
 
-    parts = [(p.relative_to(root).as_posix(), sha256_file(p))
+    parts = [(p.relative_to(root).as_posix(), file_digest(p))
              for p in sorted((root / "book" / "_ext").glob("*.py"))]
     lock = root / LOCK_FILE
-    parts.append((LOCK_FILE, sha256_file(lock) if lock.exists() else None))
+    parts.append((LOCK_FILE, file_digest(lock) if lock.exists() else None))
     return json.dumps(parts)
 
 

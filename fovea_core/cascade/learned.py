@@ -33,7 +33,6 @@ answer legible (:func:`~fovea_core.cascade.core.fovea_level`).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -44,6 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fovea_core.cascade.core import Gist, gist_to_grid
+from fovea_core.paths import file_digest as file_sha256  # (SHA-256; a name of this module's API)
 from fovea_core.paths import project_root
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
@@ -187,11 +187,6 @@ def question_embedding(queries: list[str | None]) -> torch.Tensor:
 def weights_path(name: str = "gist_localiser") -> Path:
     """``data/models/<name>.pt`` (the committed weights) in the project."""
     return project_root() / "data" / "models" / f"{name}.pt"
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 hex digest of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @functools.lru_cache(maxsize=4)

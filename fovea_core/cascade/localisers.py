@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core.cascade.core import Gist, gist_to_grid, page_key
+from fovea_core.cascade.core import Gist, page_key
 from fovea_core.pyramid import build_pyramid
 
 __all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "OracleLocaliser",

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fovea_core.paths import project_root
+from fovea_core.paths import file_digest, project_root
 from fovea_core.pyramid import Pyramid
 from fovea_core.sample import _KEY_TOKEN_BITS, sample  # render's priority-key layout
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
@@ -122,14 +122,6 @@ def _dist_version(name: str) -> str:
         return "absent"
 
 
-def _file_sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @functools.lru_cache(maxsize=4)
 def reader_versions(engine: str) -> tuple[tuple[str, str], ...]:
     """What the OCR output of ``engine`` depends on besides the pixels, as sorted
@@ -149,9 +141,9 @@ def reader_versions(engine: str) -> tuple[tuple[str, str], ...]:
         if path is None:   # fall back to every recognition model shipped with the wheel
             root = Path(rec.cfg.model_root_dir)
             files = sorted(root.glob("*rec*.onnx"))
-            model = ",".join(f"{f.name}:{_file_sha1(f)}" for f in files)
+            model = ",".join(f"{f.name}:{file_digest(f, 'sha1')}" for f in files)
         else:
-            model = f"{Path(path).name}:{_file_sha1(Path(path))}"
+            model = f"{Path(path).name}:{file_digest(path, 'sha1')}"
         return tuple(sorted({
             "rapidocr": _dist_version("rapidocr"),
             "onnxruntime": _dist_version("onnxruntime"),
