@@ -265,3 +265,12 @@ def test_a_fovea_level_near_the_gist_is_refused():
     t = cascade_parts(pyr, 144, query="q", gist_budget=96, localiser=uniform,
                       level=glevel - 0.5).tokens
     assert bool(t.is_distinct()[0])
+
+
+def test_a_small_page_that_pushes_core_and_surround_onto_one_grid_reads_it_once():
+    """300 x 398 px, G = 32, core level 1.3: both stages fit only at level ~1.05; the
+    surround is folded into the core instead of re-reading the core's cells."""
+    pyr = build_pyramid(np.full((300, 398, 3), 200, np.uint8))
+    t = cascade_parts(pyr, 273, query="q", gist_budget=32, localiser=uniform, level=1.3,
+                      surround=0.5).tokens
+    assert t.budget == 273 and bool(t.is_distinct()[0])

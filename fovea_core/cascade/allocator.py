@@ -174,9 +174,13 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         lv = float(levels[b])
         lv2 = min(lv + 1.0, g.level - 0.5)                  # the surround's level
         n_sur = int(round(surround * rest)) if lv2 >= lv + 0.25 else 0
+        lv_core = _fitting_level(lv, pyramid.image_size, rest - n_sur, patch)
+        if n_sur:
+            lv2 = _fitting_level(lv2, pyramid.image_size, n_sur, patch)
+            if lv2 < lv_core + 0.25:    # a small page pushed both onto one grid: one stage
+                n_sur, lv_core = 0, _fitting_level(lv, pyramid.image_size, rest, patch)
         n_core = rest - n_sur
-        lv = _fitting_level(lv, pyramid.image_size, n_core, patch)
-        levels[b] = lv
+        lv = levels[b] = lv_core
         kw = dict(image_size=pyramid.image_size, patch=patch, context=context,
                   context_weight=context_weight, stage=STAGE_FOVEA)
         core = foveate(loc[b:b + 1], n_core, level=lv, **kw)
@@ -184,7 +188,6 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         if n_sur:
             # the surround: one octave coarser, where the mass the core left uncovered lies
             left = loc[b:b + 1] * (1 - covered_share(core, (gh, gw), patch))
-            lv2 = _fitting_level(lv2, pyramid.image_size, n_sur, patch)
             stages.append(foveate(left, n_sur, level=lv2, **kw))
         parts.append(combine(stages, fixation=core.fixations))
     tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
