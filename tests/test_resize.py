@@ -74,6 +74,25 @@ def test_resize_tokens_tile_the_page_once(size, budget):
     assert float(box[:, 1].min() + box[:, 3].max()) == pytest.approx(h, abs=1e-2)
 
 
+@pytest.mark.parametrize("size", [(128, 128), (96, 160), (200, 136), (40, 40)])
+def test_resize_accepts_every_budget_on_small_pages(size):
+    """Every budget from the coarsest grid to the full one gives exactly that many distinct
+    tokens. On tiny grids the leftovers outnumber the cells (a 1x1 grid at budget 3 leaves
+    2): they cycle over the cells nearest the centre, each pass one octave finer (found by
+    hypothesis in CI: 128 x 128, budget 3)."""
+    h, w = size
+    pyr = build_pyramid(torch.rand(1, 3, h, w))
+    gh, gw = pyr.grid_shape(16, 0)
+    th, tw = pyr.grid_shape(16, pyr.num_levels - 1)
+    for budget in range(th * tw, gh * gw + 1):
+        ts = allocate("resize", pyr, torch.rand(1, gh, gw), budget)
+        r, c, level = resize_grid(size, budget)
+        assert ts.budget == budget and ts.is_distinct().all(), budget
+        k = torch.arange(budget - r * c)
+        want = (level - 1 - k // (r * c)).clamp(min=0).float()
+        torch.testing.assert_close(ts.levels[0, r * c:], want)
+
+
 def test_resize_ignores_scores_and_fixation():
     pyr = build_pyramid(torch.rand(2, 3, 300, 500))
     gh, gw = pyr.grid_shape(16, 0)

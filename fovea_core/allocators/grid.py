@@ -75,9 +75,10 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     base pixels, ``level`` continuous) is centred on the page (the half-cell of padding that
     rounding leaves is split between the two sides; samples beyond the edge replicate it).
     A VLM would stop there; to keep exactly ``budget`` tokens the ``budget - rows * cols``
-    leftovers (fewer than ``max(rows, cols)``) re-read the grid cells nearest the page
-    centre one octave finer (``level - 1``, not below 0), so the baseline is never weaker
-    than the processor it stands for. Scores: the level-0 score under each centre.
+    leftovers (fewer than ``max(rows, cols)`` except on tiny grids) re-read the grid cells
+    nearest the page centre one octave finer (``level - 1``, not below 0; when there are
+    more leftovers than cells, e.g. a 1x1 grid with budget 3, a second pass reads them
+    another octave finer), so the baseline is never weaker than the processor it stands for. Scores: the level-0 score under each centre.
     Content and ``fixation`` are ignored (the fixation recorded is the resolved one).
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize")
@@ -97,13 +98,15 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     cx = (ox + (cols.double() + 0.5) * side) / w
     cy = (oy + (rows.double() + 0.5) * side) / h
     extra = n - r * c
-    dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
-    near = torch.sort(dist, stable=True).indices[:extra]
-    finer = max(level - 1.0, 0.0)
-    if extra and finer == level:
+    if extra and level <= 0.0:
         raise ValueError(f"resize: a {r}x{c} grid at level 0 leaves {extra} tokens")
+    dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
+    # leftovers cycle over the cells nearest the centre; pass k reads one octave finer than k-1
+    k = torch.arange(extra)
+    near = torch.sort(dist, stable=True).indices[k % (r * c)]
+    finer = (level - 1.0 - (k // (r * c)).double()).clamp(min=0.0)
     level = min(level, pyramid.num_levels - 1.0)
-    levels = torch.cat([torch.full((r * c,), level), torch.full((extra,), finer)]).float()
+    levels = torch.cat([torch.full((r * c,), level, dtype=torch.float64), finer]).float()
     cx, cy = torch.cat([cx, cx[near]]).float(), torch.cat([cy, cy[near]]).float()
     br = (cy * h / patch).long().clamp(0, gh - 1)
     bc = (cx * w / patch).long().clamp(0, gw - 1)
