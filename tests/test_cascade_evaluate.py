@@ -4,6 +4,7 @@ full render's, and the rows the sweep's."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -104,3 +105,21 @@ def test_cascade_rows_carry_localisation(tmp_path):
     assert (r.fovea_share > 0.99).all() and (r.cell_auc > 0.95).all()
     assert (r.total_tokens == 273).all() and not r.unbudgeted.any()
     assert (r.anls >= r.ceiling_anls - 0.05).mean() > 0.8
+
+
+def test_evaluation_over_processes_matches_one_process(tmp_path):
+    from fovea_core.cascade import OracleLocaliser
+    from fovea_core.eval.sweep import TIMING_COLUMNS
+
+    docs = [make_document(51), make_document(52, layout="receipt")]
+    methods = [Method("resize", "resize", scorer="none", query_aware=False),
+               Method("topk", "topk", scorer="saliency", query_aware=False),
+               Method("oracle", "cascade", dict(localiser=OracleLocaliser(docs)), cascade=True)]
+    reader = Reader(cache_dir=None)
+    one = evaluate({"synthetic": docs}, methods, 273, reader=reader, cache_path=None)
+    two = evaluate({"synthetic": docs}, methods, 273, reader=reader, cache_path=None,
+                   workers=2)
+    cols = [c for c in one.columns if c not in TIMING_COLUMNS + ("alloc_ms",)]
+    pd.testing.assert_frame_equal(one[cols], two[cols])
+    with pytest.raises(ValueError, match="workers"):
+        evaluate({"synthetic": docs}, methods, 273, reader=reader, cache_path=None, workers=0)

@@ -87,24 +87,30 @@ def _alloc_tokens(m: Method, pyramid: Pyramid) -> float:
     return alloc_read_tokens(m.allocator, pyramid)
 
 
-def _scores(state: dict, scorer: str, pyr: Pyramid, query: str | None, patch: int
-            ) -> torch.Tensor:
-    """``score(scorer, page, query)``; ``query_saliency`` as its definition,
-    ``normalise(0.8 query + 0.2 saliency)``, with the page's saliency computed once for all
-    its questions (the same numbers as :func:`fovea_core.importance.score`)."""
+def _scores(state: dict, scorer: str, pyr: Pyramid, query: str | None, patch: int,
+            cache: _Cache | None, doc_hash: str) -> torch.Tensor:
+    """``score(scorer, page, query)`` through the sweep's score cache
+    (:func:`~fovea_core.eval.sweep.cached_score`, shared with the other chapters);
+    ``query_saliency`` as its definition, ``normalise(0.8 query + 0.2 saliency)``, with the
+    page's saliency computed once for all its questions (the same numbers as
+    :func:`fovea_core.importance.score`)."""
+    from fovea_core.eval.sweep import cached_score
     from fovea_core.importance import normalise, score
 
-    if scorer == "query_saliency" and query:
-        if ("saliency", None) not in state:
-            state[("saliency", None)] = score("saliency", pyr.base, patch=patch)
-        q = score("query", pyr.base, query=query, patch=patch)
-        return normalise(0.8 * q + 0.2 * state[("saliency", None)])
-    return score(scorer, pyr.base, query=query, patch=patch)
+    def compute() -> torch.Tensor:
+        if scorer == "query_saliency" and query:
+            if ("saliency", None) not in state:
+                state[("saliency", None)] = score("saliency", pyr.base, patch=patch)
+            q = score("query", pyr.base, query=query, patch=patch)
+            return normalise(0.8 * q + 0.2 * state[("saliency", None)])
+        return score(scorer, pyr.base, query=query, patch=patch)
+
+    return cached_score(cache, doc_hash, scorer, pyr.base, query, patch, compute=compute)
 
 
 def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget: int,
-                  reader: Reader, seed: int, patch: int, cache: _Cache | None, code: str
-                  ) -> list[dict]:
+                  reader: Reader, seed: int, patch: int, cache: _Cache | None, code: str,
+                  score_cache: _Cache | None = None) -> list[dict]:
     from fovea_core.allocators import allocate
     from fovea_core.eval.sweep import _uses_scores, scorer_tokens
 
@@ -154,7 +160,7 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
         for query, qs in groups:
             sk = (m.scorer, query)
             if sk not in state and not m.cascade:       # the cascade ignores the scores
-                state[sk] = _scores(state, m.scorer, pyr, query, patch)
+                state[sk] = _scores(state, m.scorer, pyr, query, patch, score_cache, dh)
             t0 = time.perf_counter()
             if m.cascade:
                 from fovea_core.cascade.allocator import cascade_parts, gist_budget_for
@@ -201,33 +207,51 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
     return rows
 
 
+def _evaluate_job(job: tuple) -> list[dict]:
+    """One document's rows (module-level, so a process pool can pickle it)."""
+    doc, name, methods, budget, reader, seed, patch, cache_path, code, score_path = job
+    return _evaluate_doc(doc, name, methods, budget, reader, seed, patch,
+                         None if cache_path is None else _Cache(Path(cache_path)), code,
+                         None if score_path is None else _Cache(Path(score_path)))
+
+
 def evaluate(datasets: Mapping[str, Sequence[Document]], methods: Sequence[Method],
              budget: int = 273, *, reader: Reader | None = None, seed: int = 0,
              patch: int = 16, cache_path: str | Path | None = "default",
-             progress: bool = False) -> pd.DataFrame:
+             workers: int | None = 1, progress: bool = False) -> pd.DataFrame:
     """Rows (one per document x question x method, plus the ``full`` ceiling) with the
     columns of :func:`~fovea_core.eval.sweep.run_sweep` that :func:`~fovea_core.eval.sweep.
     summarize` and :mod:`fovea_core.eval.stats` use; cascade methods add ``fovea_share``,
-    ``cell_auc`` and ``fovea_level``. Cells are cached (see the module docstring)."""
-    from fovea_core.eval.sweep import _code_fingerprint
+    ``cell_auc`` and ``fovea_level``. Cells are cached (see the module docstring); score
+    maps go through the sweep's score cache (:func:`~fovea_core.eval.sweep.cached_score`)
+    when ``cache_path`` is ``"default"``, so chapters share them.
+
+    ``workers``: 1 (default) evaluates in this process; ``None`` (the CPU count) or more
+    spreads the documents over :func:`~fovea_core.eval.sweep.process_pool` (methods and
+    localisers must then pickle: registry names, module-level callables, the oracle).
+    """
+    from fovea_core.eval.sweep import _code_fingerprint, default_cache_dir, map_processes
 
     reader = reader or Reader()
     code = _code_fingerprint()
     path = default_cache_path() if cache_path == "default" else cache_path
-    cache = None if path is None else _Cache(Path(path))
+    score_path = (default_cache_dir() / "rows.sqlite" if cache_path == "default" else path)
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels) or "full" in labels:
         raise ValueError(f"method labels must be unique and not 'full', got {labels}")
-    rows = []
-    items = [(name, d) for name, docs in datasets.items() for d in docs]
-    it = items
-    if progress:
+    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
+        raise ValueError(f"workers must be None or an int >= 1, got {workers!r}")
+    jobs = [(doc, name, list(methods), int(budget), reader, seed, patch,
+             None if path is None else str(path), code,
+             None if score_path is None else str(score_path))
+            for name, docs in datasets.items() for doc in docs]
+    if workers == 1:
         from tqdm.auto import tqdm
 
-        it = tqdm(items, desc="documents")
-    for name, doc in it:                                       # one document at a time
-        rows += _evaluate_doc(doc, name, methods, int(budget), reader, seed, patch, cache, code)
-    df = pd.DataFrame(rows)
+        parts = [_evaluate_job(j) for j in tqdm(jobs, desc="documents", disable=not progress)]
+    else:
+        parts = map_processes(_evaluate_job, jobs, workers, progress)
+    df = pd.DataFrame([r for rows in parts for r in rows])
     df["pred"] = df["pred"].fillna("").astype(str)
     return df.sort_values(["dataset", "doc_id", "allocator", "qid"], kind="stable"
                           ).reset_index(drop=True)

@@ -42,6 +42,8 @@ bag on Ray's dask scheduler, ``ray.util.dask.ray_dask_get``; needs ``ray``).
 
 from __future__ import annotations
 
+import atexit
+import base64
 import functools
 import hashlib
 import json
@@ -120,6 +122,39 @@ def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
     from fovea_core.importance import score
 
     return score(scorer, image, query=query, patch=patch)
+
+
+def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
+                 image: torch.Tensor, query: str | None, patch: int, *,
+                 compute: Callable[[], torch.Tensor] | None = None,
+                 refresh: bool = False) -> torch.Tensor:
+    """The score map ``[1, Gh, Gw]`` of ``scorer`` on a page (and ``query``), through ``cache``.
+
+    A query-aware map costs seconds (OCR of the half-resolution page, sentence embeddings)
+    and several chapters score the same page with the same question, so maps of named
+    scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
+    ``fovea_core`` source, library versions), as the exact float bytes. ``compute``
+    replaces the default :func:`fovea_core.importance.score` call (it must return the same
+    numbers); callables and ``cache=None`` are computed every time.
+    """
+    def run() -> torch.Tensor:
+        return compute() if compute is not None else _score(scorer, image, query, patch)
+
+    if cache is None or callable(scorer):
+        return run()
+    cfg = dict(kind="score", dh=doc_hash, s=scorer, q=query, patch=patch,
+               dev=image.device.type, code=_code_fingerprint(), lib=library_versions())
+    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+    text = None if refresh else cache.get(key)
+    if text is not None:
+        d = json.loads(text)
+        arr = np.frombuffer(base64.b64decode(d["data"]), dtype=d["dtype"]).reshape(d["shape"])
+        return torch.from_numpy(arr.copy()).to(image.device)
+    s = run()
+    arr = s.detach().cpu().numpy()
+    cache.put(key, json.dumps(dict(shape=list(arr.shape), dtype=str(arr.dtype),
+                                   data=base64.b64encode(arr.tobytes()).decode())))
+    return s
 
 
 def _tokens(pixels: float) -> float:
@@ -314,7 +349,8 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                 out = []
                 for query, qs in groups:
                     if query not in scores:
-                        scores[query] = _score(scorer, pyr.base, query, patch).to(dev)
+                        scores[query] = cached_score(cache, ctx["dh"], scorer, pyr.base, query,
+                                                     patch, refresh=refresh).to(dev)
                     call = lambda: _allocate(fn, pyr, scores[query], budget,  # noqa: E731
                                              seed=doc_seed, query=query, **params)
                     t0 = time.perf_counter()
@@ -441,7 +477,7 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
         frames = [_evaluate_job(j) for j in tqdm(jobs, desc="documents",
                                                   disable=not progress or not jobs)]
     elif backend == "processes":
-        frames = _run_processes(jobs, workers, progress)
+        frames = map_processes(_evaluate_job, jobs, workers, progress)
     else:
         frames = _run_dask(_evaluate_job, jobs, backend, scheduler, progress)
     frames = [f for f in frames if len(f)]
@@ -461,23 +497,52 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
     return df
 
 
-def _run_processes(jobs: list, workers: int | None, progress: bool) -> list[pd.DataFrame]:
-    """Documents over a spawn-started process pool (one torch thread per process), in order."""
+_POOLS: dict[int, object] = {}
+
+
+def process_pool(workers: int):
+    """A spawn-started ``ProcessPoolExecutor`` of ``workers`` processes (one torch thread
+    each), kept for the life of this process and reused by every later sweep: the workers
+    import torch, load the OCR model and the sentence encoder once per notebook kernel
+    instead of once per sweep (about 8 s a call on 2 cores). A pool that broke is replaced;
+    :func:`shutdown_pools` ends them (e.g. after editing ``fovea_core`` in a live kernel,
+    since the workers keep the code they imported)."""
     import concurrent.futures as cf
     import multiprocessing as mp
+
+    pool = _POOLS.get(workers)
+    if pool is None or getattr(pool, "_broken", False) or getattr(pool, "_shutdown_thread",
+                                                                  False):
+        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                      initializer=_worker_init)
+        if not _POOLS:          # end them while the interpreter is whole, not in its teardown
+            atexit.register(shutdown_pools)
+        _POOLS[workers] = pool
+    return pool
+
+
+def shutdown_pools() -> None:
+    """End the worker processes :func:`process_pool` keeps."""
+    while _POOLS:
+        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
+
+
+def map_processes(task: Callable, jobs: list, workers: int | None, progress: bool,
+                  desc: str = "documents") -> list:
+    """``[task(j) for j in jobs]`` over :func:`process_pool` (``workers``, default the CPU
+    count), in order, with a progress bar. ``task`` and the jobs
+    must pickle (module-level functions, no notebook lambdas)."""
+    import concurrent.futures as cf
 
     from tqdm.auto import tqdm
 
     if not jobs:
         return []
-    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                initializer=_worker_init) as pool:
-        futs = [pool.submit(_evaluate_job, j) for j in jobs]
-        for _ in tqdm(cf.as_completed(futs), total=len(futs), desc="documents",
-                      disable=not progress):
-            pass
-        return [f.result() for f in futs]
+    pool = process_pool(max(1, workers or os.cpu_count() or 1))
+    futs = [pool.submit(task, j) for j in jobs]
+    for _ in tqdm(cf.as_completed(futs), total=len(futs), desc=desc, disable=not progress):
+        pass
+    return [f.result() for f in futs]
 
 
 def _run_dask(task, jobs, backend: str, scheduler, progress: bool) -> list[pd.DataFrame]:
