@@ -71,6 +71,9 @@ def test_working_notebook_is_executed_with_the_profile_and_built(tmp_path):
     stdout = "".join("".join(o.get("text", "")) for c in executed["cells"]
                      for o in c.get("outputs", []))
     assert "PROFILE=smoke" in stdout
+    # the kernel runs with the runner's malloc settings (a value already set would be kept)
+    want = os.environ.get("MALLOC_MMAP_THRESHOLD_", str(128 * 2**20))
+    assert f"MALLOC_MMAP_THRESHOLD_={want}" in stdout
     html = (root / "_build" / "html" / "notebooks" / "ok.html").read_text()
     assert "PROFILE=smoke" in html          # the page shows papermill's outputs
     timings = json.loads((root / "_build" / "src" / "timings.json").read_text())
