@@ -78,7 +78,8 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     leftovers (fewer than ``max(rows, cols)`` except on tiny grids) re-read the grid cells
     nearest the page centre one octave finer (``level - 1``, not below 0; when there are
     more leftovers than cells, e.g. a 1x1 grid with budget 3, a second pass reads them
-    another octave finer), so the baseline is never weaker than the processor it stands for. Scores: the level-0 score under each centre.
+    another octave finer), so the baseline is never weaker than the processor it stands
+    for. Scores: the level-0 score under each centre.
     Content and ``fixation`` are ignored (the fixation recorded is the resolved one).
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize")

@@ -210,9 +210,10 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
 def _evaluate_job(job: tuple) -> list[dict]:
     """One document's rows (module-level, so a process pool can pickle it)."""
     doc, name, methods, budget, reader, seed, patch, cache_path, code, score_path = job
-    return _evaluate_doc(doc, name, methods, budget, reader, seed, patch,
-                         None if cache_path is None else _Cache(Path(cache_path)), code,
-                         None if score_path is None else _Cache(Path(score_path)))
+    cache = None if cache_path is None else _Cache(Path(cache_path))
+    # one connection when the scores share the cells' file (a cache_path given by the caller)
+    scores = cache if score_path == cache_path else _Cache(Path(score_path))
+    return _evaluate_doc(doc, name, methods, budget, reader, seed, patch, cache, code, scores)
 
 
 def evaluate(datasets: Mapping[str, Sequence[Document]], methods: Sequence[Method],
