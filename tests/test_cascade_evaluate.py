@@ -14,8 +14,14 @@ from fovea_core.cascade import cascade
 from fovea_core.cascade.evaluate import Method, evaluate
 from fovea_core.cascade.localisers import uniform
 from fovea_core.eval.documents import make_document
-from fovea_core.eval.reader import (Reader, crop_box, crop_window, read_answer, render_window,
-                                    to_uint8)
+from fovea_core.eval.reader import (
+    Reader,
+    crop_box,
+    crop_window,
+    read_answer,
+    render_window,
+    to_uint8,
+)
 from fovea_core.importance import score
 from fovea_core.sample import render, sample
 
@@ -123,3 +129,24 @@ def test_evaluation_over_processes_matches_one_process(tmp_path):
     pd.testing.assert_frame_equal(one[cols], two[cols])
     with pytest.raises(ValueError, match="workers"):
         evaluate({"synthetic": docs}, methods, 273, reader=reader, cache_path=None, workers=0)
+
+
+def test_book_methods_are_the_cascade_chapter_rows():
+    """Chapter 17 ranks chapter 14.5's rows through ``book_methods``: the same labels,
+    parameters and flags as the chapter builds with ``cascade_method`` (hence the same
+    cached cells), the gist defaulting to ``DEFAULT_GIST``, the prior-only localiser
+    allocating once per page."""
+    from fovea_core.cascade.allocator import DEFAULT_GIST
+    from fovea_core.cascade.evaluate import (BOOK_LOCALISERS, book_methods, cascade_method,
+                                             unbudgeted_method)
+
+    methods = book_methods()
+    assert [m.label for m in methods] == list(BOOK_LOCALISERS) + [
+        "topk | query_saliency", "pyramid | query_saliency"]
+    for m, (label, loc) in zip(methods, BOOK_LOCALISERS.items()):
+        assert m == cascade_method(label, loc, gist_budget=DEFAULT_GIST)
+        assert m.cascade and m.query_aware and m.params["gist_budget"] == DEFAULT_GIST
+    assert not cascade_method("p", "learned_prior").query_aware
+    q = unbudgeted_method("topk")
+    assert (q.allocator, q.scorer, q.query_aware, q.cascade) == ("topk", "query_saliency",
+                                                                 True, False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from skimage.segmentation import slic
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
                                         group_rank, largest_remainder, nonneg, resolve_fixation,
@@ -55,6 +54,8 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
         arr = x.permute(1, 2, 0).cpu().numpy().astype(np.float64)
 
         def compute(arr: np.ndarray = arr) -> torch.Tensor:
+            from skimage.segmentation import slic    # here: it imports scipy (~0.5 s)
+
             multich = arr.shape[-1] > 1
             lab = slic(arr if multich else arr[..., 0], n_segments=n_segments, slic_zero=True,
                        start_label=0, channel_axis=-1 if multich else None)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pyrtools as pt
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
@@ -68,6 +67,8 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     for g in gray.double().cpu().numpy():                                   # over images
 
         def compute(g: np.ndarray = g) -> list[torch.Tensor]:
+            import pyrtools as pt       # here, not at import: it pulls in scipy.signal (~2 s)
+
             with warnings.catch_warnings():
                 # odd-sized images (receipts) do not reconstruct exactly; we never
                 # reconstruct, we only read band energies: pyrtools' warning does not apply

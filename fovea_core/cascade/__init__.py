@@ -10,10 +10,9 @@ trained by ``python -m fovea_core.cascade.train``; localisation metrics are in
 
 from fovea_core.cascade.core import (STAGE_FOVEA, STAGE_GIST, STAGE_SACCADE, Gist, foveate,
                                      gist, gist_to_grid)
-from fovea_core.cascade.allocator import (BOOK_VARIANTS, cascade, cascade_parts,  # registers
-                                          choose_level)
+from fovea_core.cascade.allocator import cascade, cascade_parts, choose_level  # registers
 from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_localiser
 
-__all__ = ["BOOK_VARIANTS", "STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "foveate",
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "foveate",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
            "OracleLocaliser", "get_localiser"]

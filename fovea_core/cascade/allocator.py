@@ -31,7 +31,7 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
-           "CascadeParts", "cascade_parts", "BOOK_VARIANTS"]
+           "CascadeParts", "cascade_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -248,9 +248,3 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_prior", "learned_prior", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
              reads=reads_nothing_else, uses_scores=False)(_registered(localiser=_loc))
-
-#: the cascade's rows in the book's results chapter: ``(label, registered allocator)``;
-#: the labels are those of chapter 14.5's table
-BOOK_VARIANTS: tuple[tuple[str, str], ...] = (("cascade | learned", "cascade"),
-                                              ("cascade | query scorer on the gist",
-                                               "cascade_gist_query"))

@@ -34,7 +34,8 @@ from fovea_core.eval.reader import Reader, _Cache, read_answer
 from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 
-__all__ = ["Method", "evaluate", "kept_difference"]
+__all__ = ["BOOK_LOCALISERS", "Method", "book_methods", "cascade_method", "evaluate",
+           "kept_difference", "unbudgeted_method"]
 
 # ----------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
@@ -58,6 +59,40 @@ class Method:
     query_aware: bool = True
     key: str = ""
     cascade: bool = False                      # also record the localisation metrics
+
+
+def cascade_method(label: str, localiser: str | Callable, *, gist_budget: int | None = None,
+                   **params) -> Method:
+    """The cascade with ``localiser`` (a :data:`~fovea_core.cascade.localisers.LOCALISERS`
+    name or a localiser object such as the oracle) as a method: one allocation per question,
+    except ``"learned_prior"``, which ignores the question and allocates once per page.
+    ``gist_budget`` defaults to :data:`~fovea_core.cascade.allocator.DEFAULT_GIST`."""
+    from fovea_core.cascade.allocator import DEFAULT_GIST
+
+    return Method(label, "cascade", dict(localiser=localiser, gist_budget=gist_budget or
+                                         DEFAULT_GIST, **params),
+                  cascade=True, query_aware=localiser != "learned_prior")
+
+
+def unbudgeted_method(allocator: str) -> Method:
+    """``allocator`` with the ``query_saliency`` map (OCR of the half-resolution page, outside
+    the budget), labelled ``"<allocator> | query_saliency"``."""
+    return Method(f"{allocator} | query_saliency", allocator, scorer="query_saliency",
+                  query_aware=True)
+
+
+#: the budgeted cascades chapter 17 ranks, as chapter 14.5 labels them: ``{label: localiser}``
+BOOK_LOCALISERS = {"cascade | learned": "learned",
+                   "cascade | query scorer on the gist": "gist_query"}
+
+
+def book_methods() -> list[Method]:
+    """Chapter 14.5's rows that chapter 17 ranks beside the query-agnostic allocators: the
+    cascade with each of :data:`BOOK_LOCALISERS` and top-K / the v2 pyramid with
+    ``query_saliency`` (unbudgeted). Both chapters build them here, so their cells have the
+    same cache keys and chapter 17 re-reads what chapter 14.5 computed."""
+    return ([cascade_method(k, v) for k, v in BOOK_LOCALISERS.items()]
+            + [unbudgeted_method(a) for a in ("topk", "pyramid")])
 
 
 def _fingerprint(doc: Document) -> str:
