@@ -92,10 +92,10 @@ def test_verdict_and_ci_text():
 
 
 def test_load_datasets_missing_receipts_gives_message(tmp_path):
-    data, msg = load_datasets(1, 3, data_dir=tmp_path)
+    data, msg = load_datasets(1, 3, data_dir=tmp_path, cache_dir=None)
     assert list(data) == ["synthetic"] and len(data["synthetic"]) == 1
     assert "SROIE skipped" in msg and "not found" in msg
-    data, msg = load_datasets(1, 0)
+    data, msg = load_datasets(1, 0, cache_dir=None)
     assert list(data) == ["synthetic"] and "n_receipts = 0" in msg
     with pytest.raises(ValueError, match="n_synthetic"):
         load_datasets(0, 0)
@@ -211,3 +211,23 @@ def test_choose_on_select_half_and_report_half():
             for d in ids]
     half = report_half({"synthetic": docs})["synthetic"]
     assert [d.doc_id for d in half] == rep
+
+
+def test_loaded_datasets_are_cached_exactly(tmp_path, monkeypatch):
+    """The second load reads the cache (no page is drawn again) and gives the same documents
+    byte for byte; other arguments are another entry; ``cache_dir=None`` never caches."""
+    import fovea_core.eval.experiments as ex
+
+    first, msg = load_datasets(2, 0, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.pkl"))) == 1
+    monkeypatch.setattr(ex, "synthetic_documents", lambda *a, **k: pytest.fail("drawn again"))
+    again, msg2 = load_datasets(2, 0, cache_dir=tmp_path)
+    assert msg2 == msg
+    for a, b in zip(first["synthetic"], again["synthetic"], strict=True):
+        assert (a.doc_id, a.questions, a.elements, a.source) == \
+            (b.doc_id, b.questions, b.elements, b.source)
+        assert a.image.dtype == b.image.dtype and np.array_equal(a.image, b.image)
+    with pytest.raises(pytest.fail.Exception, match="drawn again"):
+        load_datasets(2, 0, cache_dir=tmp_path, wording="heldout")
+    with pytest.raises(pytest.fail.Exception, match="drawn again"):
+        load_datasets(2, 0, cache_dir=None)
