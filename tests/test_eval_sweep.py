@@ -318,3 +318,25 @@ def test_score_maps_are_cached_exactly(tmp_path):
     # without ``compute`` the named scorer is called
     torch.testing.assert_close(S.cached_score(None, "x", "saliency", img, None, 16), a,
                                rtol=0, atol=0)
+
+
+def test_query_saliency_shares_the_page_saliency_exactly(monkeypatch):
+    """With a per-page dict, ``query_saliency`` maps of a page's questions reuse one saliency
+    map (computed once) and equal ``score("query_saliency")`` bit for bit."""
+    import fovea_core.importance as imp
+    from fovea_core import build_pyramid
+    from fovea_core.eval.sweep import _score
+
+    doc = synthetic_documents(1, seed=3)[0]
+    image = build_pyramid(doc.image).base
+    questions = [q.question for q in doc.questions[:3]]
+    want = {(s, q): imp.score(s, image, query=q) for s in imp.QUERY_SALIENCY_PARTS
+            for q in questions}
+    calls = []
+    saliency = imp.SCORERS["saliency"]
+    monkeypatch.setitem(imp.SCORERS, "saliency",
+                        lambda *a, **k: calls.append(1) or saliency(*a, **k))
+    page: dict = {}
+    for (s, q), w in want.items():
+        assert torch.equal(_score(s, image, q, 16, page), w)
+    assert len(calls) == 1

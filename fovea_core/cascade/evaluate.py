@@ -125,22 +125,11 @@ def _alloc_tokens(m: Method, pyramid: Pyramid) -> float:
 def _scores(state: dict, scorer: str, pyr: Pyramid, query: str | None, patch: int,
             cache: _Cache | None, doc_hash: str) -> torch.Tensor:
     """``score(scorer, page, query)`` through the sweep's score cache
-    (:func:`~fovea_core.eval.sweep.cached_score`, shared with the other chapters);
-    ``query_saliency`` as its definition, ``normalise(0.8 query + 0.2 saliency)``, with the
-    page's saliency computed once for all its questions (the same numbers as
-    :func:`fovea_core.importance.score`)."""
+    (:func:`~fovea_core.eval.sweep.cached_score`, shared with the other chapters), the
+    page's saliency computed once for all its questions (kept in ``state``)."""
     from fovea_core.eval.sweep import cached_score
-    from fovea_core.importance import normalise, score
 
-    def compute() -> torch.Tensor:
-        if scorer == "query_saliency" and query:
-            if ("saliency", None) not in state:
-                state[("saliency", None)] = score("saliency", pyr.base, patch=patch)
-            q = score("query", pyr.base, query=query, patch=patch)
-            return normalise(0.8 * q + 0.2 * state[("saliency", None)])
-        return score(scorer, pyr.base, query=query, patch=patch)
-
-    return cached_score(cache, doc_hash, scorer, pyr.base, query, patch, compute=compute)
+    return cached_score(cache, doc_hash, scorer, pyr.base, query, patch, page=state)
 
 
 def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget: int,

@@ -116,18 +116,26 @@ def _allocate(fn: Callable | str, pyramid, scores, budget: int, **kw) -> TokenSe
 
 
 def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
-           patch: int) -> torch.Tensor:
+           patch: int, page: dict | None = None) -> torch.Tensor:
+    """``score(scorer, image, query)``; with a ``page`` dict (one per page), a
+    ``query_saliency`` map reuses the page's saliency map for every question (the same
+    numbers: :func:`~fovea_core.importance.query_saliency_from` of the same parts)."""
     if callable(scorer):
         return scorer(image, query=query, patch=patch)
-    from fovea_core.importance import score
+    from fovea_core.importance import QUERY_SALIENCY_PARTS, query_saliency_from, score
 
+    if page is not None and query and scorer in QUERY_SALIENCY_PARTS:
+        if "saliency" not in page:
+            page["saliency"] = score("saliency", image, patch=patch)
+        return query_saliency_from(score(QUERY_SALIENCY_PARTS[scorer], image, query=query,
+                                         patch=patch), page["saliency"])
     return score(scorer, image, query=query, patch=patch)
 
 
 def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
                  image: torch.Tensor, query: str | None, patch: int, *,
                  compute: Callable[[], torch.Tensor] | None = None,
-                 refresh: bool = False) -> torch.Tensor:
+                 refresh: bool = False, page: dict | None = None) -> torch.Tensor:
     """The score map ``[1, Gh, Gw]`` of ``scorer`` on a page (and ``query``), through ``cache``.
 
     A query-aware map costs seconds (OCR of the half-resolution page, sentence embeddings)
@@ -135,10 +143,11 @@ def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
     scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
     ``fovea_core`` source, library versions), as the exact float bytes. ``compute``
     replaces the default :func:`fovea_core.importance.score` call (it must return the same
-    numbers); callables and ``cache=None`` are computed every time.
+    numbers); callables and ``cache=None`` are computed every time. ``page``: a dict kept
+    for one page, holding what its questions' maps share (see :func:`_score`).
     """
     def run() -> torch.Tensor:
-        return compute() if compute is not None else _score(scorer, image, query, patch)
+        return compute() if compute is not None else _score(scorer, image, query, patch, page)
 
     if cache is None or callable(scorer):
         return run()
@@ -333,6 +342,7 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
     groups = ([(q.question, [q]) for q in doc.questions] if query_aware
               else [(None, list(doc.questions))])
     scores: dict[str | None, torch.Tensor] = {}
+    page: dict = {}                      # what the page's questions' score maps share
     for spec in allocators:
         label, fn, params = _spec(spec)
         for budget in budgets:
@@ -350,7 +360,7 @@ def evaluate_document(doc: Document, dataset: str, allocators: Sequence[Allocato
                 for query, qs in groups:
                     if query not in scores:
                         scores[query] = cached_score(cache, ctx["dh"], scorer, pyr.base, query,
-                                                     patch, refresh=refresh).to(dev)
+                                                     patch, refresh=refresh, page=page).to(dev)
                     call = lambda: _allocate(fn, pyr, scores[query], budget,  # noqa: E731
                                              seed=doc_seed, query=query, **params)
                     t0 = time.perf_counter()

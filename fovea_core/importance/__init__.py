@@ -78,12 +78,23 @@ def _query(image: ImageLike, *, query: str | None = None, patch: int = 16,
     return query_scores(image, query, patch=patch, prior=prior)
 
 
+def query_saliency_from(query_map: torch.Tensor, saliency_map: torch.Tensor) -> torch.Tensor:
+    """The ``query_saliency`` map ``[B, Gh, Gw]`` from its parts, the ``query`` (or
+    ``query_noprior``) map and the ``saliency`` map: ``0.8 * query + 0.2 * saliency``, peak 1.
+    A page asked several questions needs its saliency once (the sweep keeps it per page)."""
+    return normalise(0.8 * query_map + 0.2 * saliency_map)
+
+
+#: scorers that are :func:`query_saliency_from` of a per-question map: ``{name: query part}``
+QUERY_SALIENCY_PARTS = {"query_saliency": "query", "query_saliency_noprior": "query_noprior"}
+
+
 def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16,
                     prior: bool = True) -> torch.Tensor:
     """``0.8 * query + 0.2 * saliency``, peak 1; needs ``query``."""
     x, _ = prepare(image, patch)
-    return normalise(0.8 * _query(x, query=query, patch=patch, prior=prior)
-                     + 0.2 * _saliency(x, patch=patch))
+    return query_saliency_from(_query(x, query=query, patch=patch, prior=prior),
+                               _saliency(x, patch=patch))
 
 
 def _query_noprior(image: ImageLike, *, query: str | None = None, patch: int = 16
@@ -189,6 +200,7 @@ def score(name: str, image: ImageLike, *, query: str | None = None, patch: int =
     return SCORERS[name](image, query=query, patch=patch)
 
 
-__all__ = ["READS", "SCORERS", "ScorerCost", "scorer_cost", "center_bias", "edge_density", "fixation_from_scores", "normalise",
+__all__ = ["QUERY_SALIENCY_PARTS", "READS", "SCORERS", "ScorerCost", "query_saliency_from",
+           "scorer_cost", "center_bias", "edge_density", "fixation_from_scores", "normalise",
            "pool_to_grid", "query_scores", "read_text", "score", "spatial_prior",
            "spectral_residual", "text_likelihood", "text_probability"]
