@@ -24,7 +24,7 @@ help:
 	@echo "make lab                                  JupyterLab on the project's kernel (prints the URL)"
 	@echo "make lock                                 regenerate $(LOCK) from pyproject.toml (UPGRADE=1: newest versions)"
 	@echo "make clean                                remove _build (keeps .venv and data/cache)"
-	@echo "make clean-cache                          remove data/cache (sweep results, OCR readings)"
+	@echo "make clean-cache                          remove data/cache (sweep results, OCR readings, datasets)"
 
 $(STAMP): $(LOCK) pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,4 +69,4 @@ clean:
 
 clean-cache:
 	rm -rf data/cache
-	@echo "removed data/cache (sweep results and OCR readings; the next book run recomputes them)"
+	@echo "removed data/cache (sweep results, OCR readings, loaded datasets; the next book run recomputes them)"
