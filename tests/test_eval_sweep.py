@@ -288,36 +288,34 @@ def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
     assert _code_fingerprint.__wrapped__(tmp_path) != before
 
 
-def test_score_maps_are_cached_exactly(tmp_path):
+def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):
     """A score map is computed once per (page, scorer, question) and read back bit for bit;
     another question, page or scorer is another entry; no cache (or a callable) computes."""
     from fovea_core.eval import sweep as S
     from fovea_core.eval.reader import _Cache
-    from fovea_core.importance import score
 
     cache = _Cache(tmp_path / "rows.sqlite")
     img = torch.from_numpy(DOC.image).permute(2, 0, 1)[None].float() / 255
     calls = []
+    score = S._score
 
-    def compute(name="saliency", query=None):
-        def run():
-            calls.append((name, query))
-            return score(name, img, query=query)
-        return run
+    def counted(scorer, image, query, patch, page=None):
+        calls.append((scorer, query))
+        return score(scorer, image, query, patch, page)
 
-    a = S.cached_score(cache, "doc1", "saliency", img, None, 16, compute=compute())
-    b = S.cached_score(cache, "doc1", "saliency", img, None, 16, compute=compute())
+    monkeypatch.setattr(S, "_score", counted)
+    a = S.cached_score(cache, "doc1", "saliency", img, None, 16)
+    b = S.cached_score(cache, "doc1", "saliency", img, None, 16)
     assert torch.equal(a, b) and a.dtype == b.dtype and len(calls) == 1
-    S.cached_score(cache, "doc2", "saliency", img, None, 16, compute=compute())
-    S.cached_score(cache, "doc1", "center_bias", img, None, 16, compute=compute("center_bias"))
-    S.cached_score(cache, "doc1", "saliency", img, "what is the total?", 16, compute=compute())
+    S.cached_score(cache, "doc2", "saliency", img, None, 16)
+    S.cached_score(cache, "doc1", "center_bias", img, None, 16)
+    S.cached_score(cache, "doc1", "saliency", img, "what is the total?", 16)
     assert len(calls) == 4
-    S.cached_score(cache, "doc1", "saliency", img, None, 16, compute=compute(), refresh=True)
-    S.cached_score(None, "doc1", "saliency", img, None, 16, compute=compute())
+    S.cached_score(cache, "doc1", "saliency", img, None, 16, refresh=True)
+    S.cached_score(None, "doc1", "saliency", img, None, 16)
     assert len(calls) == 6
-    # without ``compute`` the named scorer is called
-    torch.testing.assert_close(S.cached_score(None, "x", "saliency", img, None, 16), a,
-                               rtol=0, atol=0)
+    # what the cache returns is the named scorer's map
+    torch.testing.assert_close(score("saliency", img, None, 16), a, rtol=0, atol=0)
 
 
 def test_query_saliency_shares_the_page_saliency_exactly(monkeypatch):

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from fovea_core.eval.documents import Document
 from fovea_core.eval.metrics import anls, exact_match, strata_coverage
@@ -122,21 +121,11 @@ def _alloc_tokens(m: Method, pyramid: Pyramid) -> float:
     return alloc_read_tokens(m.allocator, pyramid)
 
 
-def _scores(state: dict, scorer: str, pyr: Pyramid, query: str | None, patch: int,
-            cache: _Cache | None, doc_hash: str) -> torch.Tensor:
-    """``score(scorer, page, query)`` through the sweep's score cache
-    (:func:`~fovea_core.eval.sweep.cached_score`, shared with the other chapters), the
-    page's saliency computed once for all its questions (kept in ``state``)."""
-    from fovea_core.eval.sweep import cached_score
-
-    return cached_score(cache, doc_hash, scorer, pyr.base, query, patch, page=state)
-
-
 def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget: int,
                   reader: Reader, seed: int, patch: int, cache: _Cache | None, code: str,
                   score_cache: _Cache | None = None) -> list[dict]:
     from fovea_core.allocators import allocate
-    from fovea_core.eval.sweep import _uses_scores, scorer_tokens
+    from fovea_core.eval.sweep import _uses_scores, cached_score, scorer_tokens
 
     h, w = doc.size
     dh = _fingerprint(doc)
@@ -184,7 +173,10 @@ def _evaluate_doc(doc: Document, dataset: str, methods: Sequence[Method], budget
         for query, qs in groups:
             sk = (m.scorer, query)
             if sk not in state and not m.cascade:       # the cascade ignores the scores
-                state[sk] = _scores(state, m.scorer, pyr, query, patch, score_cache, dh)
+                # the sweep's score cache (shared with the other chapters); ``state`` keeps
+                # what a page's questions share (its saliency)
+                state[sk] = cached_score(score_cache, dh, m.scorer, pyr.base, query, patch,
+                                         page=state)
             t0 = time.perf_counter()
             if m.cascade:
                 from fovea_core.cascade.allocator import cascade_parts, gist_budget_for

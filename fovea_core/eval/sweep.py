@@ -134,20 +134,18 @@ def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
 
 def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
                  image: torch.Tensor, query: str | None, patch: int, *,
-                 compute: Callable[[], torch.Tensor] | None = None,
                  refresh: bool = False, page: dict | None = None) -> torch.Tensor:
     """The score map ``[1, Gh, Gw]`` of ``scorer`` on a page (and ``query``), through ``cache``.
 
     A query-aware map costs seconds (OCR of the half-resolution page, sentence embeddings)
     and several chapters score the same page with the same question, so maps of named
     scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
-    ``fovea_core`` source, library versions), as the exact float bytes. ``compute``
-    replaces the default :func:`fovea_core.importance.score` call (it must return the same
-    numbers); callables and ``cache=None`` are computed every time. ``page``: a dict kept
-    for one page, holding what its questions' maps share (see :func:`_score`).
+    ``fovea_core`` source, library versions), as the exact float bytes; callables and
+    ``cache=None`` are computed every time. ``page``: a dict kept for one page, holding what
+    its questions' maps share (see :func:`_score`).
     """
     def run() -> torch.Tensor:
-        return compute() if compute is not None else _score(scorer, image, query, patch, page)
+        return _score(scorer, image, query, patch, page)
 
     if cache is None or callable(scorer):
         return run()
