@@ -318,23 +318,33 @@ def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):
     torch.testing.assert_close(score("saliency", img, None, 16), a, rtol=0, atol=0)
 
 
-def test_query_saliency_shares_the_page_saliency_exactly(monkeypatch):
-    """With a per-page dict, ``query_saliency`` maps of a page's questions reuse one saliency
-    map (computed once) and equal ``score("query_saliency")`` bit for bit."""
+def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
+    """With a per-page dict, the query scorers' maps of a page's questions reuse one OCR read
+    and one saliency map (each computed once) and equal ``score(...)`` bit for bit; through
+    ``cached_score``, the page's saliency map is the one a query-agnostic sweep cached."""
     import fovea_core.importance as imp
     from fovea_core import build_pyramid
-    from fovea_core.eval.sweep import _score
+    from fovea_core.eval import sweep as S
+    from fovea_core.eval.reader import _Cache
 
     doc = synthetic_documents(1, seed=3)[0]
     image = build_pyramid(doc.image).base
     questions = [q.question for q in doc.questions[:3]]
-    want = {(s, q): imp.score(s, image, query=q) for s in imp.QUERY_SALIENCY_PARTS
-            for q in questions}
+    want = {(s, q): imp.score(s, image, query=q) for s in imp.PAGE_PARTS for q in questions}
     calls = []
-    saliency = imp.SCORERS["saliency"]
+    saliency, read_page = imp.SCORERS["saliency"], imp.read_page
     monkeypatch.setitem(imp.SCORERS, "saliency",
-                        lambda *a, **k: calls.append(1) or saliency(*a, **k))
+                        lambda *a, **k: calls.append("saliency") or saliency(*a, **k))
+    monkeypatch.setattr(imp, "read_page", lambda *a, **k: calls.append("ocr") or read_page(*a, **k))
     page: dict = {}
     for (s, q), w in want.items():
-        assert torch.equal(_score(s, image, q, 16, page), w)
-    assert len(calls) == 1
+        assert torch.equal(S._score(s, image, q, 16, page), w)
+    assert sorted(calls) == ["ocr", "saliency"]
+    # a cached saliency map (a query-agnostic sweep's) is what the page's questions reuse
+    cache, calls[:] = _Cache(tmp_path / "rows.sqlite"), []
+    sal = S.cached_score(cache, "doc", "saliency", image, None, 16)
+    page = {}
+    for q in questions:
+        got = S.cached_score(cache, "doc", "query_saliency", image, q, 16, page=page)
+        assert torch.equal(got, want[("query_saliency", q)])
+    assert calls == ["saliency", "ocr"] and torch.equal(page["saliency"], sal)

@@ -117,19 +117,23 @@ def _allocate(fn: Callable | str, pyramid, scores, budget: int, **kw) -> TokenSe
 
 def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
            patch: int, page: dict | None = None) -> torch.Tensor:
-    """``score(scorer, image, query)``; with a ``page`` dict (one per page), a
-    ``query_saliency`` map reuses the page's saliency map for every question (the same
-    numbers: :func:`~fovea_core.importance.query_saliency_from` of the same parts)."""
+    """``score(scorer, image, query)``; with a ``page`` dict (one per page), what the page's
+    questions share is computed once (:func:`~fovea_core.importance.score_page`)."""
     if callable(scorer):
         return scorer(image, query=query, patch=patch)
-    from fovea_core.importance import QUERY_SALIENCY_PARTS, query_saliency_from, score
+    from fovea_core.importance import score, score_page
 
-    if page is not None and query and scorer in QUERY_SALIENCY_PARTS:
-        if "saliency" not in page:
-            page["saliency"] = score("saliency", image, patch=patch)
-        return query_saliency_from(score(QUERY_SALIENCY_PARTS[scorer], image, query=query,
-                                         patch=patch), page["saliency"])
-    return score(scorer, image, query=query, patch=patch)
+    if page is None:
+        return score(scorer, image, query=query, patch=patch)
+    return score_page(scorer, image, query=query, patch=patch, page=page)
+
+
+def _uses_saliency(scorer: str) -> bool:
+    """Whether a named scorer's map is built from the page's ``saliency`` map
+    (:data:`~fovea_core.importance.PAGE_PARTS`)."""
+    from fovea_core.importance import PAGE_PARTS
+
+    return "saliency" in PAGE_PARTS.get(scorer, (True, ()))[1]
 
 
 def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
@@ -142,7 +146,8 @@ def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
     scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
     ``fovea_core`` source, library versions), as the exact float bytes; callables and
     ``cache=None`` are computed every time. ``page``: a dict kept for one page, holding what
-    its questions' maps share (see :func:`_score`).
+    its questions' maps share (see :func:`_score`); its saliency map is also read through
+    ``cache``.
     """
     def run() -> torch.Tensor:
         return _score(scorer, image, query, patch, page)
@@ -157,6 +162,10 @@ def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
         d = json.loads(text)
         arr = np.frombuffer(base64.b64decode(d["data"]), dtype=d["dtype"]).reshape(d["shape"])
         return torch.from_numpy(arr.copy()).to(image.device)
+    if page is not None and "saliency" not in page and _uses_saliency(scorer):
+        # the page's saliency map is a cached map too (the query-agnostic sweeps stored it)
+        page["saliency"] = cached_score(cache, doc_hash, "saliency", image, None, patch,
+                                        refresh=refresh)
     s = run()
     arr = s.detach().cpu().numpy()
     cache.put(key, json.dumps(dict(shape=list(arr.shape), dtype=str(arr.dtype),

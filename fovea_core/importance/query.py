@@ -30,12 +30,13 @@ import math
 import os
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fovea_core.importance.base import ImageLike, cell_centres, normalise, prepare
-from fovea_core.importance.text import read_text, to_uint8_bgr
+from fovea_core.importance.base import ImageLike, cell_centres, check_patch, normalise, prepare
+from fovea_core.importance.text import TextRead, read_text, to_uint8_bgr
 from fovea_core.pyramid import Pyramid, pyr_down
 
 ALPHA_TEXT = 0.1    # weight of "there is text here" regardless of meaning
@@ -262,8 +263,6 @@ def _read_text_cached(img: np.ndarray, key: tuple):
     text = None if cache is None else cache.get(k)
     if text is not None:
         d = json.loads(text)
-        from fovea_core.importance.text import TextRead
-
         return TextRead(np.asarray(d["boxes"], np.float32).reshape(-1, 4), tuple(d["texts"]),
                         np.asarray(d["conf"], np.float32))
     r = read_text(img, min_conf=key[2])
@@ -273,16 +272,37 @@ def _read_text_cached(img: np.ndarray, key: tuple):
     return r
 
 
-def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> list:
-    """OCR of the peripheral view of every image: list of :class:`TextRead` in BASE pixels.
+@dataclass(frozen=True)
+class PageText:
+    """What the query scorer's OCR found on a batch of pages (:func:`read_page`).
+
+    ``reads[b]`` is image ``b``'s :class:`TextRead` with boxes in base pixels; ``size`` is
+    the base ``(H, W)``. It does not depend on the question, so a page asked several
+    questions is read once and scored per question with :func:`query_map`.
+    """
+
+    reads: tuple[TextRead, ...]
+    size: tuple[int, int]
+
+
+def read_page(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> PageText:
+    """OCR of the peripheral view of every image of the batch: the question-independent half
+    of :func:`query_scores`.
 
     Reads are cached by a SHA-1 of the coarse view's bytes (LRU, ``READ_CACHE_SIZE``
     entries), so several questions about one page run the OCR once, and on disk
     (:func:`_disk_cache`, keyed also by the OCR libraries' versions), so chapters and
     worker processes share them.
     """
+    if not (isinstance(min_conf, (int, float)) and 0 <= min_conf <= 1):
+        raise ValueError(f"min_conf must be a number in [0, 1], got {min_conf!r}")
+    if isinstance(coarse_level, bool) or not isinstance(coarse_level, int) or coarse_level < 0:
+        raise ValueError(f"coarse_level must be an integer >= 0, got {coarse_level!r}")
     x, _ = prepare(image, 1)
     h, w = x.shape[-2:]
+    if min(h, w) / 2**coarse_level < 8:
+        raise ValueError(f"coarse_level={coarse_level} leaves a view under 8 px for a {h}x{w} "
+                         "image; use a smaller coarse_level")
     small = coarse_view(image if isinstance(image, Pyramid) else x, coarse_level)
     sy, sx = h / small.shape[-2], w / small.shape[-1]
     reads = []
@@ -292,44 +312,26 @@ def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.
             _lru_put(_READ_CACHE, key, _read_text_cached(img, key), READ_CACHE_SIZE)
         r = _READ_CACHE[key]
         reads.append(type(r)(r.boxes * np.float32([sx, sy, sx, sy]), r.texts, r.conf))
-    return reads
+    return PageText(tuple(reads), (int(h), int(w)))
 
 
-def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level: int = 1,
-                 min_conf: float = 0.5, rows: bool = True, prior: bool = True,
-                 return_reads: bool = False):
-    """Query-aware score map ``[B, Gh, Gw]`` (see the module docstring for the formula).
+def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> list:
+    """OCR of the peripheral view of every image: list of :class:`TextRead` in BASE pixels
+    (:func:`read_page`'s reads)."""
+    return list(read_page(image, coarse_level=coarse_level, min_conf=min_conf).reads)
 
-    Args:
-        image: image batch or :class:`~fovea_core.Pyramid`.
-        query: the question (non-empty); the answer is never an input.
-        patch: cell side in pixels.
-        coarse_level: pyramid level read by the peripheral OCR (1 = half resolution).
-        min_conf: drop recognised lines below this recognition confidence.
-        rows: paint each line's weight also over the rest of its row to the right
-            (:func:`extend_along_rows`: the value next to a matching label).
-        prior: multiply by the spatial prior of the question's words
-            (:func:`spatial_prior`); ``False`` is the ablation without it (its word lists
-            were written knowing the evaluation's question templates, so chapter 07 measures
-            what it adds on reworded questions).
-        return_reads: also return the per-image OCR reads and their similarities.
 
-    Returns:
-        ``[B, Gh, Gw]`` float32 peak-normalised map, or ``(map, reads, sims)`` with
-        ``sims[b]`` the ``[K_b]`` cosine similarities of image ``b``'s lines to the query.
-    """
+def query_map(page: PageText, query: str, *, patch: int = 16, rows: bool = True,
+              prior: bool = True, return_reads: bool = False):
+    """The per-question half of :func:`query_scores`: the map ``[B, Gh, Gw]`` of ``query``
+    on pages already read by :func:`read_page` (arguments and return as there)."""
     q = check_query(query)
-    if not (isinstance(min_conf, (int, float)) and 0 <= min_conf <= 1):
-        raise ValueError(f"min_conf must be a number in [0, 1], got {min_conf!r}")
-    if isinstance(coarse_level, bool) or not isinstance(coarse_level, int) or coarse_level < 0:
-        raise ValueError(f"coarse_level must be an integer >= 0, got {coarse_level!r}")
-    x, (gh, gw) = prepare(image, patch)
-    h, w = x.shape[-2:]
-    if min(h, w) / 2**coarse_level < 8:
-        raise ValueError(f"coarse_level={coarse_level} leaves a view under 8 px for a {h}x{w} "
-                         "image; use a smaller coarse_level")
-    reads = read_coarse(image if isinstance(image, Pyramid) else x, coarse_level=coarse_level,
-                        min_conf=min_conf)
+    h, w = page.size
+    patch = check_patch(patch)
+    if h < patch or w < patch:
+        raise ValueError(f"image {h}x{w} is smaller than one {patch}px patch")
+    gh, gw = math.ceil(h / patch), math.ceil(w / patch)
+    reads = list(page.reads)
     all_texts = [t for r in reads for t in r.texts]
     emb = embed([q] + all_texts)
     sims_all = emb[1:] @ emb[0] if all_texts else np.zeros(0, np.float32)
@@ -352,3 +354,36 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
         maps.append(mask * (sem + ALPHA_TEXT * presence + BETA_FLOOR))
     out = normalise(torch.stack(maps))
     return (out, reads, sims) if return_reads else out
+
+
+def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level: int = 1,
+                 min_conf: float = 0.5, rows: bool = True, prior: bool = True,
+                 return_reads: bool = False):
+    """Query-aware score map ``[B, Gh, Gw]`` (see the module docstring for the formula).
+
+    ``query_map(read_page(image), query)``: several questions about one page can share the
+    :func:`read_page` half (the sweep does, through :func:`fovea_core.importance.score_page`).
+
+    Args:
+        image: image batch or :class:`~fovea_core.Pyramid`.
+        query: the question (non-empty); the answer is never an input.
+        patch: cell side in pixels.
+        coarse_level: pyramid level read by the peripheral OCR (1 = half resolution).
+        min_conf: drop recognised lines below this recognition confidence.
+        rows: paint each line's weight also over the rest of its row to the right
+            (:func:`extend_along_rows`: the value next to a matching label).
+        prior: multiply by the spatial prior of the question's words
+            (:func:`spatial_prior`); ``False`` is the ablation without it (its word lists
+            were written knowing the evaluation's question templates, so chapter 07 measures
+            what it adds on reworded questions).
+        return_reads: also return the per-image OCR reads and their similarities.
+
+    Returns:
+        ``[B, Gh, Gw]`` float32 peak-normalised map, or ``(map, reads, sims)`` with
+        ``sims[b]`` the ``[K_b]`` cosine similarities of image ``b``'s lines to the query.
+    """
+    q = check_query(query)
+    x, _ = prepare(image, patch)                # the patch and image checks, before the OCR
+    page = read_page(image if isinstance(image, Pyramid) else x, coarse_level=coarse_level,
+                     min_conf=min_conf)
+    return query_map(page, q, patch=patch, rows=rows, prior=prior, return_reads=return_reads)
