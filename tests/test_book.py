@@ -7,6 +7,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -249,3 +252,171 @@ def test_kernels_are_not_interrupted_at_shutdown():
 
     assert signal.SIGINT in asyncio.run(signals_sent(AsyncKernelManager))   # the cause
     assert signal.SIGINT not in asyncio.run(signals_sent(kernel_manager_class()))
+
+
+# --- several notebooks at once (runner.schedule, runner.notebook_order) -------------------
+# The scheduler takes a begin(item) -> Future, so its order is tested with threads that sleep
+# instead of kernels; run_all is tested with the pool and the execution swapped the same way.
+
+
+class FakeNotebooks:
+    """A ``begin`` for :func:`schedule`: item ``x`` works ``seconds[x]`` s in a thread.
+
+    Records ``("start", x)`` / ``("end", x)`` events and the most items working at once;
+    the thread pool is larger than any ``jobs``, so only the scheduler limits concurrency.
+    """
+
+    def __init__(self, seconds: dict):
+        self.seconds, self.events, self.working, self.peak = seconds, [], 0, 0
+        self.lock, self.pool = threading.Lock(), ThreadPoolExecutor(max_workers=8)
+
+    def begin(self, item):
+        with self.lock:
+            self.events.append(("start", item))
+            self.working += 1
+            self.peak = max(self.peak, self.working)
+        return self.pool.submit(self._work, item)
+
+    def _work(self, item):
+        time.sleep(self.seconds[item])
+        with self.lock:
+            self.working -= 1
+            self.events.append(("end", item))
+        return item
+
+    def at(self, kind: str, item) -> int:
+        return self.events.index((kind, item))
+
+
+def scheduled(items, after, jobs, seconds) -> tuple[FakeNotebooks, list]:
+    """Run ``items`` through :func:`schedule` with fakes; the fakes and the yield order."""
+    from fovea_core.book.runner import schedule
+
+    fake = FakeNotebooks(seconds)
+    try:
+        order = [item for item, future in schedule(items, after, jobs, fake.begin)
+                 if future.result() == item]
+    finally:
+        fake.pool.shutdown()
+    return fake, order
+
+
+def order_project(tmp_path: Path, after: dict) -> Path:
+    """A book whose notebooks (``{stem: after or None}``, in TOC order) are metadata only."""
+    (tmp_path / "notebooks").mkdir(parents=True)
+    for stem, value in after.items():
+        meta = {"kernelspec": {"name": "fovea"}, **({"fovea": {"after": value}}
+                                                    if value is not None else {})}
+        nb = {"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}
+        (tmp_path / "notebooks" / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
+    chapters = "".join(f"  - file: notebooks/{stem}\n" for stem in after)
+    (tmp_path / "_toc.yml").write_text(f"format: jb-book\nroot: intro\nchapters:\n{chapters}")
+    return tmp_path
+
+
+def test_never_more_than_jobs_notebooks_at_once():
+    items = list("abcdef")
+    for jobs in (2, 3):
+        fake, order = scheduled(items, {}, jobs, dict.fromkeys(items, 0.03))
+        assert fake.peak == jobs, fake.events         # the slots are used, and no more
+        assert sorted(order) == items
+
+
+def test_a_notebook_waits_for_its_after_but_does_not_hold_back_a_ready_one():
+    # c comes after a (slow); d, later in the TOC, is ready and takes the free slot
+    fake, order = scheduled(list("abcd"), {"c": ["a"]}, 2,
+                            {"a": 0.3, "b": 0.02, "c": 0.02, "d": 0.02})
+    assert fake.at("start", "c") > fake.at("end", "a"), fake.events
+    assert fake.at("start", "d") < fake.at("end", "a"), fake.events
+    assert order == ["b", "d", "a", "c"]
+    # a notebook outside this build (--only) is not waited for; a cycle is an error
+    _, order = scheduled(list("cd"), {"c": ["a"]}, 2, dict.fromkeys("cd", 0.01))
+    assert sorted(order) == ["c", "d"]
+    with pytest.raises(ValueError, match="wait for each other"):
+        scheduled(list("ab"), {"a": ["b"], "b": ["a"]}, 2, dict.fromkeys("ab", 0.01))
+
+
+def test_star_waits_for_every_earlier_notebook(tmp_path):
+    from fovea_core.book.runner import notebook_order
+
+    root = order_project(tmp_path, {"a": None, "b": None, "c": "*", "d": None})
+    toc = toc_notebooks(root)
+    order = notebook_order(root, toc)
+    a, b, c, d = toc
+    assert order == {a: [], b: [], c: [a, b], d: []}
+    fake, _ = scheduled(toc, order, 2, {a: 0.02, b: 0.2, c: 0.02, d: 0.02})
+    assert fake.at("start", c) > max(fake.at("end", a), fake.at("end", b)), fake.events
+    assert fake.at("start", d) < fake.at("end", b), fake.events     # d took the free slot
+
+
+def test_an_unknown_or_later_after_is_an_error_before_anything_runs(tmp_path, monkeypatch):
+    from fovea_core.book import runner
+
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("ran"))
+    root = order_project(tmp_path, {"a": None, "b": ["a", "07_typo"]})
+    with pytest.raises(ValueError, match=r"notebooks/b\.ipynb.*'07_typo'"):
+        runner.run_all(root, "smoke", jobs=2)
+    assert not (root / "_build").exists()
+    root = order_project(tmp_path / "later", {"a": ["b"], "b": None})
+    with pytest.raises(ValueError, match=r"notebooks/a\.ipynb.*'b'.*not come before"):
+        runner.run_all(root, "smoke", jobs=2)
+
+
+def test_one_job_runs_in_toc_order_one_at_a_time_in_this_process(tmp_path, monkeypatch):
+    from fovea_core.book import runner
+
+    items = list("abcd")
+    fake, order = scheduled(items, {"c": ["a"]}, 1, {"a": 0.05, "b": 0.01, "c": 0.01, "d": 0.01})
+    assert fake.events == [(kind, x) for x in items for kind in ("start", "end")]
+    assert order == items and fake.peak == 1
+    # run_all(jobs=1): no pool, each notebook executed in this thread, in TOC order
+    ran = []
+
+    def fake_run(src: Path, dst: Path, profile: str, label: str) -> tuple[bool, float, str]:
+        ran.append((src.stem, threading.current_thread() is threading.main_thread()))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        return True, 0.0, ""
+
+    monkeypatch.setattr(runner, "run_notebook", fake_run)
+    monkeypatch.setattr(runner, "_pool", lambda jobs: pytest.fail("a pool for one job"))
+    monkeypatch.setenv("FOVEA_DATA", str(tmp_path / "datasets"))
+    root = order_project(tmp_path, {"a": None, "b": None, "c": "*", "d": ["a"]})
+    runner.run_all(root, "smoke", jobs=1)
+    assert ran == [(x, True) for x in items]
+
+
+def test_a_failure_does_not_stop_the_others_and_is_reported(tmp_path, monkeypatch, capsys):
+    """run_all with two jobs, threads for processes and a fake papermill: b's cell raises;
+    c (after b) and d still run, the failure is printed, returned and in timings.json, and
+    only the notebooks that ran get a cache record."""
+    from fovea_core.book import runner
+
+    def fake_run(src: Path, dst: Path, profile: str, label: str) -> tuple[bool, float, str]:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+        if src.stem == "b":
+            return False, 0.01, f"{label}: cell 1 ('boom') raised ValueError: deliberate"
+        return True, 0.01, ""
+
+    monkeypatch.setattr(runner, "run_notebook", fake_run)
+    monkeypatch.setattr(runner, "_pool", lambda jobs: ThreadPoolExecutor(max_workers=jobs))
+    monkeypatch.setenv("FOVEA_DATA", str(tmp_path / "datasets"))
+    root = order_project(tmp_path, {"a": None, "b": None, "c": ["b"], "d": None})
+    runs = runner.run_all(root, "smoke", jobs=2)
+    assert [(Path(r.notebook).stem, r.status) for r in runs] == [
+        ("a", "ran"), ("b", "failed"), ("c", "ran"), ("d", "ran")]     # TOC order
+    assert "deliberate" in runs[1].error
+    out = capsys.readouterr().out
+    assert re.search(r"^started notebooks/c\.ipynb$", out, re.MULTILINE), out
+    assert re.search(r"^\[\d/4\] notebooks/b\.ipynb\s+failed .*\n    notebooks/b\.ipynb: cell 1",
+                     out, re.MULTILINE), out
+    assert re.search(r"^4 notebooks: 3 ran, 0 cached, 1 failed", out, re.MULTILINE), out
+    timings = json.loads((root / "_build" / "src" / "timings.json").read_text())
+    assert timings["jobs"] == 2
+    assert [r["ok"] for r in timings["runs"]] == [True, False, True, True]
+    assert all(0 <= r["started"] <= r["total"] for r in timings["runs"])
+    records = json.loads((root / "_build" / "executed" / "smoke" / ".cache.json").read_text())
+    assert sorted(records) == ["notebooks/a.ipynb", "notebooks/c.ipynb", "notebooks/d.ipynb"]
+    assert [r.status for r in runner.run_all(root, "smoke", jobs=2)] == [
+        "cached", "failed", "cached", "cached"]

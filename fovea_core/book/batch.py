@@ -29,6 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from fovea_core.book.cache import CacheRecords, Inputs, notebook_key
+from fovea_core.book.runner import run_notebook
 
 GLUE_PREFIX = "application/papermill.record/"
 _NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool_?|complex)\w*\((.*)\)$|^np\.(True|False)_$")
@@ -127,18 +128,6 @@ def _worker_init(threads: int) -> None:
         os.environ[var] = str(threads)
 
 
-def _execute(src: str, dst: str, profile: str, params: dict, timeout: int) -> tuple[bool, float, str]:
-    from fovea_core.book.runner import NotebookFailed, execute_notebook
-
-    t0 = time.perf_counter()
-    try:
-        execute_notebook(Path(src), Path(dst), profile, parameters=params, timeout=timeout,
-                         label=Path(dst).name)
-        return True, time.perf_counter() - t0, ""
-    except NotebookFailed as exc:
-        return False, time.perf_counter() - t0, str(exc)
-
-
 def run_batch(root: Path, notebook: Path, params: list[list[str]], *, profile: str = "default",
               jobs: int | None = None, out: Path | None = None, force: bool = False,
               timeout: int = 3600, echo=print) -> tuple[list[BatchRun], Path]:
@@ -171,8 +160,9 @@ def run_batch(root: Path, notebook: Path, params: list[list[str]], *, profile: s
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"),
                                  initializer=_worker_init,
                                  initargs=(_threads_per_job(jobs),)) as pool:
-            futures = {pool.submit(_execute, str(src), str(folder / f"{name}.ipynb"), profile,
-                                   p, timeout): (name, p, inputs) for name, p, inputs in todo}
+            futures = {pool.submit(run_notebook, src, folder / f"{name}.ipynb", profile, p,
+                                   timeout, f"{name}.ipynb"): (name, p, inputs)
+                       for name, p, inputs in todo}
             for fut in as_completed(futures):
                 name, p, inputs = futures[fut]
                 ok, seconds, error = fut.result()

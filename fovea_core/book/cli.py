@@ -5,13 +5,17 @@
     python -m fovea_core.book all --profile smoke        # execute (incrementally) + HTML
     python -m fovea_core.book all --force                # re-execute every notebook
     python -m fovea_core.book run --only 07              # execute only, some notebooks
+    python -m fovea_core.book all --jobs 1               # one notebook at a time
     python -m fovea_core.book build                      # HTML from the executed copies
     python -m fovea_core.book tidy [--check] [NB ...]    # notebook conventions
     python -m fovea_core.book batch notebooks/07_v1_grid_topk.ipynb -p seed 0 1 2
     python -m fovea_core.book check-html                 # every page in headless Chromium
     python -m fovea_core.book lab                        # JupyterLab; prints its URL
 
-A cell that raises fails ``run``/``all``, naming the notebook and the cell.
+``run``/``all`` execute up to ``--jobs`` notebooks at once (default: ``$FOVEA_BOOK_JOBS``,
+else two where there are two cores), each waiting for the notebooks its metadata names
+(:mod:`fovea_core.book.runner`). A cell that raises fails ``run``/``all``, naming the
+notebook and the cell.
 """
 
 from __future__ import annotations
@@ -31,12 +35,20 @@ def _root(path: Path | None) -> Path:
     return (path or Path.cwd()).resolve()
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number of notebooks at once, at least one."""
+    jobs = int(text)
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {jobs}")
+    return jobs
+
+
 def cmd_execute(args: argparse.Namespace) -> int:
     from fovea_core.book.runner import build_html, run_all
 
     root = _root(args.root)
     if args.command in ("run", "all"):
-        runs = run_all(root, args.profile, only=args.only, force=args.force)
+        runs = run_all(root, args.profile, only=args.only, force=args.force, jobs=args.jobs)
         failed = [r for r in runs if not r.ok]
         if failed:
             print("Failed notebooks:\n" + "\n".join(f"  {r.error}" for r in failed),
@@ -161,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--only", nargs="*",
                        help="execute only notebooks whose file name contains one of these")
         p.add_argument("--force", action="store_true", help="re-execute even if cached")
+        if name != "build":
+            p.add_argument("--jobs", type=_jobs, default=os.environ.get("FOVEA_BOOK_JOBS") or None,
+                           help="notebooks executed at once, each in its own process; 1: one "
+                                "after another in this process (default: $FOVEA_BOOK_JOBS, else "
+                                "2, or 1 on a single core)")
         p.add_argument("--verbose", action="store_true", help="show Sphinx's status output")
         p.set_defaults(func=cmd_execute)
     p = sub.add_parser("tidy", parents=[common],

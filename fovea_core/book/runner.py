@@ -8,7 +8,17 @@ stages the executed copies in ``_build/src/``. :func:`build_html` builds the HTM
 tree with ``jupyter-book build -W -n --keep-going`` (execution is *off* in ``_config.yml``:
 the book shows exactly what papermill produced; Sphinx re-reads only the pages that changed).
 
-A cell that raises fails the command, naming the notebook and the cell.
+Up to ``jobs`` notebooks execute at once (default :func:`default_jobs`: two where there
+are two cores), each in its own spawned process; with ``jobs=1`` they run one after another
+in this process. Notebooks start in ``_toc.yml`` order, except that a notebook can declare,
+in its own metadata, notebooks that must have *finished* (ran, cached or failed) before it
+starts: ``metadata["fovea"]["after"]``, a list of file stems of earlier notebooks, or
+``"*"`` for every earlier one (:func:`notebook_order`). The order is about reusing the disk
+caches an earlier chapter fills (``data/cache``), not about correctness; a notebook still
+waiting does not hold back a later one that is ready (:func:`schedule`).
+
+A cell that raises fails the command, naming the notebook and the cell; the other notebooks
+still run.
 """
 
 from __future__ import annotations
@@ -19,8 +29,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from multiprocessing import get_context
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -42,6 +57,10 @@ HIDE_INJECTED = "hide-cell"
 #: only); other C libraries ignore the variables; a value already set is kept.
 KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 2**20),
               "MALLOC_TRIM_THRESHOLD_": str(512 * 2**20)}
+#: Notebook metadata key of the build's settings; ``after`` is the ordering constraint.
+METADATA_KEY = "fovea"
+#: ``after`` value meaning every notebook before this one in ``_toc.yml``.
+AFTER_ALL = "*"
 
 
 @dataclass
@@ -55,6 +74,7 @@ class NotebookRun:
     ran_seconds: float     # how long its executed copy took to produce
     error: str = ""
     reason: str = ""       # why it ran (the inputs that changed)
+    started: float = 0.0   # seconds from the build's start to this notebook's turn
 
     @property
     def ok(self) -> bool:
@@ -88,6 +108,105 @@ def toc_notebooks(root: Path) -> list[Path]:
     """Notebooks (relative paths) listed in ``_toc.yml``, in reading order."""
     return [Path(f).with_suffix(".ipynb") for f in toc_files(root)
             if (root / Path(f).with_suffix(".ipynb")).exists()]
+
+
+def notebook_order(root: Path, toc: Sequence[Path]) -> dict[Path, list[Path]]:
+    """For each notebook of ``toc``, the notebooks that must finish before it starts.
+
+    Read (as JSON, no kernel) from the notebook's ``metadata["fovea"]["after"]``: file stems
+    of notebooks, or ``"*"`` for every notebook before it in ``toc``. A stem that is not a
+    notebook *before* it in ``toc`` raises ValueError naming it, before anything runs: a
+    constraint on a later notebook would change the order with ``jobs=1`` (and could wait
+    forever), an unknown one is a typo that would silently order nothing.
+    """
+    index = {nb.stem: i for i, nb in enumerate(toc)}
+    order: dict[Path, list[Path]] = {}
+    for i, nb in enumerate(toc):
+        meta = json.loads((root / nb).read_text(encoding="utf-8")).get("metadata", {})
+        after = meta.get(METADATA_KEY, {}).get("after", [])
+        if after == AFTER_ALL:
+            order[nb] = list(toc[:i])
+            continue
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after must be a list of notebook "
+                             f"stems or {AFTER_ALL!r}, not {after!r}")
+        unknown = [a for a in after if a not in index]
+        if unknown:
+            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after names unknown notebooks "
+                             f"{unknown} (not in _toc.yml)")
+        later = [a for a in after if index[a] >= i]
+        if later:
+            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after names {later}, which do "
+                             "not come before it in _toc.yml")
+        order[nb] = [toc[index[a]] for a in after]
+    return order
+
+
+T = TypeVar("T", bound=Hashable)
+
+
+def schedule(items: Sequence[T], after: Mapping[T, Collection[T]], jobs: int,
+             begin: Callable[[T], Future]) -> Iterator[tuple[T, Future]]:
+    """Start each of ``items`` once, at most ``jobs`` at a time; yield ``(item, future)`` as
+    each finishes.
+
+    ``begin(item)`` starts one and returns its future; a future already done when ``begin``
+    returns (a cached notebook, or one executed in the caller's thread) takes no slot and is
+    yielded at once. An item may start when every item it comes ``after`` (those of
+    ``items``) has finished, whatever its outcome; the first such in ``items`` order starts
+    next, so an item that waits does not hold back a later one that is ready. ``begin``
+    runs, and the items are yielded, in the caller's thread, and an item counts as finished
+    only once the caller takes it, so whatever the caller does with a finished item (cache
+    records, staging) is done before its dependents start. Kept apart from papermill so
+    that the order can be tested with fakes.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    needs = {x: set(after.get(x, ())) & set(items) for x in items}   # others are not run here
+    waiting, finished = list(items), set()
+    running: dict[Future, T] = {}
+    while waiting or running:
+        ready = next((x for x in waiting if needs[x] <= finished), None)
+        if ready is not None and len(running) < jobs:
+            waiting.remove(ready)
+            future = begin(ready)
+            if not future.done():
+                running[future] = ready
+                continue
+            done = [(ready, future)]
+        elif running:
+            futures, _ = wait(running, return_when=FIRST_COMPLETED)
+            done = sorted(((running.pop(f), f) for f in futures), key=lambda d: items.index(d[0]))
+        else:
+            raise ValueError(f"{[str(x) for x in waiting]} wait for each other")
+        for item, future in done:
+            finished.add(item)
+            yield item, future
+
+
+def default_jobs() -> int:
+    """Notebooks at once unless told: two, or one on a single core.
+
+    The light chapters run on one core and the heavy ones have serial phases, so a second
+    notebook uses the core that would idle; more would only compete for the same cores.
+    """
+    return min(2, os.cpu_count() or 1)
+
+
+def _pool(jobs: int) -> Executor:
+    """The processes that execute notebooks when ``jobs > 1`` (one notebook each at a time).
+
+    Spawned, as in :mod:`~fovea_core.book.batch`, but with the environment unchanged: the
+    notebooks set their own thread counts, and other counts could change float rounding.
+    """
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
+
+
+def _done(result: object) -> Future:
+    """A future that already holds ``result`` (for work done without a pool)."""
+    future: Future = Future()
+    future.set_result(result)
+    return future
 
 
 def kernel_config():
@@ -180,6 +299,21 @@ def execute_notebook(src: Path, dst: Path, profile: str, *, kernel: str = KERNEL
     hide_injected_cell(dst)
 
 
+def run_notebook(src: Path, dst: Path, profile: str, parameters: dict | None = None,
+                 timeout: int = 1800, label: str | None = None) -> tuple[bool, float, str]:
+    """:func:`execute_notebook` as a task for a process pool: ``(ok, seconds, error)``.
+
+    A failing cell comes back as a value (``ok`` False, the :class:`NotebookFailed` text),
+    so the caller, which alone writes the cache records, keeps going with the others.
+    """
+    t0 = time.perf_counter()
+    try:
+        execute_notebook(src, dst, profile, parameters=parameters, timeout=timeout, label=label)
+        return True, time.perf_counter() - t0, ""
+    except NotebookFailed as exc:
+        return False, time.perf_counter() - t0, str(exc)
+
+
 def _describe_failure(executed: Path, exc: Exception) -> str:
     """'cell K ('first line') raised E: msg', K being the cell's index in the *source* notebook.
 
@@ -224,6 +358,11 @@ def _line(i: int, n: int, run: NotebookRun, width: int) -> str:
             f"{run.seconds:7.1f} s   total {run.total:7.1f} s{extra}")
 
 
+def _build_seconds(runs: list[NotebookRun]) -> float:
+    """Seconds from the build's start to its last notebook's end."""
+    return max((r.total for r in runs), default=0.0)
+
+
 def summary_table(runs: list[NotebookRun]) -> str:
     """The end-of-build table: one row per notebook, then the counts."""
     width = max([len(r.notebook) for r in runs] + [8])
@@ -233,66 +372,88 @@ def summary_table(runs: list[NotebookRun]) -> str:
     counts = {s: sum(r.status == s for r in runs) for s in ("ran", "cached", "failed")}
     rows.append("-" * (width + 32))
     rows.append(f"{len(runs)} notebooks: {counts['ran']} ran, {counts['cached']} cached, "
-                f"{counts['failed']} failed; {runs[-1].total if runs else 0:.1f} s")
+                f"{counts['failed']} failed; {_build_seconds(runs):.1f} s")
     return "\n".join(rows)
 
 
 def run_all(root: Path, profile: str, *, out: Path | None = None,
-            only: list[str] | None = None, force: bool = False) -> list[NotebookRun]:
+            only: list[str] | None = None, force: bool = False,
+            jobs: int | None = None) -> list[NotebookRun]:
     """Execute the ``_toc.yml`` notebooks of ``root`` whose inputs changed; stage them in ``out``.
 
-    Keeps going after a failure so that one run reports every broken notebook; the
-    caller decides the exit status. One line per notebook while it runs, a table at the
-    end; both also go to ``out/timings.json``.
+    Up to ``jobs`` at once (default :func:`default_jobs`; ``1``: one after another in this
+    process), in the order of :func:`schedule` and :func:`notebook_order`. Keeps going after
+    a failure so that one run reports every broken notebook; the caller decides the exit
+    status. Only this process writes the cache records and ``out/timings.json``. One line
+    per notebook as it finishes (and, with ``jobs > 1``, one as it starts), a table in TOC
+    order at the end; both also go to ``out/timings.json``.
     """
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     out = out or root / "_build" / "src"
     store = store_dir(root, profile)
-    notebooks = toc_notebooks(root)
-    if only:
-        notebooks = [nb for nb in notebooks if any(key in nb.name for key in only)]
+    toc = toc_notebooks(root)
+    order = notebook_order(root, toc)              # a bad constraint fails before anything runs
+    notebooks = [nb for nb in toc if not only or any(key in nb.name for key in only)]
     records = CacheRecords.load(store / ".cache.json")
     shared = Inputs.of(root)
-    runs: list[NotebookRun] = []
+    runs: dict[Path, NotebookRun] = {}
+    turns: dict[Path, tuple[float, dict, str]] = {}     # started at, inputs, why it runs
     width = max([len(str(nb)) for nb in notebooks] + [8])
     rel = lambda p: os.path.relpath(p, Path.cwd())  # noqa: E731
-    print(f"Executing {len(notebooks)} notebooks (profile={profile}{', forced' if force else ''})"
-          f" into {rel(store)}", flush=True)
+    print(f"Executing {len(notebooks)} notebooks (profile={profile}{', forced' if force else ''}"
+          f"{f', {jobs} at once' if jobs > 1 else ''}) into {rel(store)}", flush=True)
+    pool = _pool(jobs) if jobs > 1 else None
     start = time.perf_counter()
-    for i, nb in enumerate(notebooks, 1):
-        t0 = time.perf_counter()
+
+    def begin(nb: Path) -> Future:
+        """Resolve a cached notebook at once; else start executing it (in ``pool`` if any)."""
         executed = store / nb
         inputs = notebook_key(root / nb, profile, {}, shared)
-        if not force and records.fresh(str(nb), inputs, executed):
-            rec = records.records[str(nb)]
-            run = NotebookRun(str(nb), "cached", 0.0, 0.0, rec.get("seconds", 0.0))
-        else:
-            reason = "forced" if force else ", ".join(records.why_stale(str(nb), inputs, executed))
-            records.forget(str(nb))
-            records.save()
-            try:
-                execute_notebook(root / nb, executed, profile, label=str(nb))
-                seconds = time.perf_counter() - t0
-                records.record(str(nb), inputs, executed, seconds)
-                records.save()
-                run = NotebookRun(str(nb), "ran", 0.0, 0.0, seconds, reason=reason)
-            except NotebookFailed as exc:
-                run = NotebookRun(str(nb), "failed", 0.0, 0.0, time.perf_counter() - t0,
-                                  error=str(exc), reason=reason)
-        if run.ok:
-            _copy_if_changed(executed, out / nb)
-        run.seconds = time.perf_counter() - t0
-        run.total = time.perf_counter() - start
-        runs.append(run)
-        print(_line(i, len(notebooks), run, width), flush=True)
-        if run.error:
-            print(f"    {run.error}", flush=True)
+        fresh = not force and records.fresh(str(nb), inputs, executed)
+        reason = "" if fresh else "forced" if force else \
+            ", ".join(records.why_stale(str(nb), inputs, executed))
+        turns[nb] = (time.perf_counter(), inputs, reason)
+        if fresh:
+            return _done(None)
+        records.forget(str(nb))
+        records.save()
+        if pool is None:
+            return _done(run_notebook(root / nb, executed, profile, label=str(nb)))
+        print(f"started {nb}", flush=True)
+        return pool.submit(run_notebook, root / nb, executed, profile, label=str(nb))
+
+    with pool or nullcontext():
+        for nb, future in schedule(notebooks, order, jobs, begin):
+            t0, inputs, reason = turns[nb]
+            if future.result() is None:
+                run = NotebookRun(str(nb), "cached", 0.0, 0.0,
+                                  records.records[str(nb)].get("seconds", 0.0))
+            else:
+                ok, seconds, error = future.result()
+                if ok:
+                    records.record(str(nb), inputs, store / nb, seconds)
+                    records.save()
+                run = NotebookRun(str(nb), "ran" if ok else "failed", 0.0, 0.0, seconds,
+                                  error=error, reason=reason)
+            if run.ok:
+                _copy_if_changed(store / nb, out / nb)
+            now = time.perf_counter()
+            run.started, run.seconds, run.total = t0 - start, now - t0, now - start
+            runs[nb] = run
+            print(_line(len(runs), len(notebooks), run, width), flush=True)
+            if run.error:
+                print(f"    {run.error}", flush=True)
+    ordered = [runs[nb] for nb in notebooks]
     out.mkdir(parents=True, exist_ok=True)
     (out / "timings.json").write_text(json.dumps(
-        {"profile": profile, "forced": force, "total_seconds": round(runs[-1].total, 2) if runs else 0,
-         "runs": [{**asdict(r), "ok": r.ok} for r in runs]}, indent=1))
-    if runs:
-        print(summary_table(runs), flush=True)
-    return runs
+        {"profile": profile, "forced": force, "jobs": jobs,
+         "total_seconds": round(_build_seconds(ordered), 2),
+         "runs": [{**asdict(r), "ok": r.ok} for r in ordered]}, indent=1))
+    if ordered:
+        print(summary_table(ordered), flush=True)
+    return ordered
 
 
 def stage(root: Path, out: Path) -> None:
