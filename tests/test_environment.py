@@ -146,11 +146,12 @@ def test_the_running_environment_is_the_locked_one():
 def test_setup_installs_from_the_lock():
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^\$\(STAMP\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
-    assert "pip install --quiet -r $(LOCK)" in recipe
+    assert "$(UV) pip install" in recipe and "-r $(LOCK)" in recipe
+    assert "--compile-bytecode" in recipe      # else every kernel compiles its imports again
     assert "--no-deps" in recipe and "-e ." in recipe
     assert re.search(r"^LOCK := requirements\.lock$", makefile, re.M)
     lock_recipe = re.search(r"^lock:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
-    assert "uv pip compile pyproject.toml" in lock_recipe and "--generate-hashes" in lock_recipe
+    assert "$(UV) pip compile pyproject.toml" in lock_recipe and "--generate-hashes" in lock_recipe
     readme = (ROOT / "README.md").read_text()
     assert "pip install -r requirements.lock" in readme
     assert "pip install --no-deps -e ." in readme
