@@ -30,14 +30,18 @@ help:
 	@echo "make clean                                remove _build (keeps .venv and data/cache)"
 	@echo "make clean-cache                          remove data/cache (sweep results, OCR readings, datasets)"
 
-# uv (pinned, in its own venv) installs the locked wheels: 1 min 16 s from a cold cache on the
-# 2-core machine where pip took 3 min 45 s. --compile-bytecode writes the .pyc files pip writes
-# (with PYTHONDONTWRITEBYTECODE set, as on these machines, nothing else would, and every kernel
-# would compile its imports again).
+# Python's bytecode caches (.pyc) are written on first import, Python's default, even where
+# the environment turns them off (PYTHONDONTWRITEBYTECODE, as on these machines): otherwise
+# every kernel and sweep worker would compile the modules it imports again.
+unexport PYTHONDONTWRITEBYTECODE
+
+# uv (pinned, in its own venv) installs the locked wheels: 27 s from a cold cache on the 2-core
+# machine where pip took 3 min 45 s; it does not byte-compile all 2 GB of packages up front
+# (--compile-bytecode: 76 s), the first import of a module does (above).
 $(STAMP): $(LOCK) pyproject.toml
 	$(GET_UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(UV) pip install --quiet --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
+	$(UV) pip install --quiet --python $(PY) --index-strategy unsafe-best-match \
 	  $(TORCH_SOURCE) -r $(LOCK)
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name fovea --display-name "Python (fovea)" >/dev/null

@@ -274,3 +274,24 @@ def test_a_small_page_that_pushes_core_and_surround_onto_one_grid_reads_it_once(
     t = cascade_parts(pyr, 273, query="q", gist_budget=32, localiser=uniform, level=1.3,
                       surround=0.5).tokens
     assert t.budget == 273 and bool(t.is_distinct()[0])
+
+
+def test_gist_query_reads_each_gist_once_with_the_query_scorers_numbers(monkeypatch):
+    """A page's questions share the OCR of its upsampled gist; each map is the ``query``
+    scorer's on that image, bit for bit."""
+    import fovea_core.importance as imp
+    from fovea_core.cascade import localisers as L
+    from fovea_core.cascade.core import gist
+
+    doc = make_document(3)
+    g = gist(build_pyramid(doc.image), 64)
+    L._SALIENCY.clear()
+    calls = []
+    read_page = imp.read_page
+    monkeypatch.setattr(imp, "read_page", lambda *a, **k: calls.append(1) or read_page(*a, **k))
+    questions = [q.question for q in doc.questions[:3]]
+    maps = [L.gist_query(g, q) for q in questions]
+    assert len(calls) == 1 and all(torch.isfinite(m).all() for m in maps)
+    (big, _, text), = L._SALIENCY.values()
+    for q in questions:
+        assert torch.equal(imp.query_map(text, q, patch=16), imp.score("query", big, query=q))

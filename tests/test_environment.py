@@ -147,7 +147,8 @@ def test_setup_installs_from_the_lock():
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(r"^\$\(STAMP\):.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "$(UV) pip install" in recipe and "-r $(LOCK)" in recipe
-    assert "--compile-bytecode" in recipe      # else every kernel compiles its imports again
+    # uv does not byte-compile: the first import must write the .pyc, or every kernel compiles
+    assert re.search(r"^unexport PYTHONDONTWRITEBYTECODE$", makefile, re.M)
     assert "--no-deps" in recipe and "-e ." in recipe
     assert re.search(r"^LOCK := requirements\.lock$", makefile, re.M)
     lock_recipe = re.search(r"^lock:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)

@@ -45,7 +45,7 @@ def uniform(g: Gist, query: str | None) -> torch.Tensor:
     return torch.ones(g.image.shape[0], gh, gw)
 
 
-_SALIENCY: OrderedDict = OrderedDict()   # the upsampled gist and its saliency, per page
+_SALIENCY: OrderedDict = OrderedDict()   # the upsampled gist, its saliency and OCR, per page
 
 
 def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Tensor:
@@ -58,14 +58,14 @@ def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Ten
     the map is moved to the level-0 grid by area (:func:`gist_to_grid`, mean). Without a
     question, the saliency part alone.
     """
-    from fovea_core.importance import score
+    from fovea_core.importance import query_map, read_page, score
 
     h, w = g.image_size
     s = min(1.0, max_side / max(h, w))
     cell = 16
     key = (g.key, g.rows, g.cols, g.level, max_side)
     if g.key and key in _SALIENCY:
-        big, sal = _SALIENCY[key]
+        big, sal, text = _SALIENCY[key]
     else:
         x = g.image.float()
         inside = g.inside()
@@ -74,13 +74,16 @@ def gist_query(g: Gist, query: str | None, *, max_side: int = 2048) -> torch.Ten
         crop = x[:, :, rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
         big = F.interpolate(crop, size=(max(16, round(h * s)), max(16, round(w * s))),
                             mode="bicubic", align_corners=False).clamp(0, 1)
-        sal = score("saliency", big, patch=cell)
-        if g.key:
-            _SALIENCY[key] = (big, sal)
-            while len(_SALIENCY) > 8:
-                _SALIENCY.popitem(last=False)
+        sal, text = score("saliency", big, patch=cell), None
+    if query and text is None:
+        text = read_page(big)           # the OCR half of score("query", big): once per page
+    if g.key:
+        _SALIENCY[key] = (big, sal, text)
+        _SALIENCY.move_to_end(key)
+        while len(_SALIENCY) > 8:
+            _SALIENCY.popitem(last=False)
     if query:
-        m = 0.8 * score("query", big, query=query, patch=cell) + 0.2 * sal
+        m = 0.8 * query_map(text, query, patch=cell) + 0.2 * sal
     else:
         m = sal
     # the map's cells are `cell` px of the upsampled crop = cell / s base px, from the crop's
