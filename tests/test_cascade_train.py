@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -13,11 +14,18 @@ import torch
 
 from fovea_core.cascade.learned import (GistLocaliserNet, LearnedLocaliser, file_sha256,
                                         load_model, weights_path)
-from fovea_core.cascade.train import TrainConfig, train
+from fovea_core.cascade import train as train_module
+from fovea_core.cascade.train import (TrainConfig, build_parser, default_output, output_path,
+                                      train)
 
 WEIGHTS = weights_path()
 RECORD = WEIGHTS.with_suffix(".json")
 needs_weights = pytest.mark.skipif(not WEIGHTS.exists(), reason="no committed weights")
+
+#: SHA-256 of the committed data/models/gist_localiser.pt. Pinned here, not only in the JSON
+#: beside the weights, which a retraining rewrites together with them: a run that replaced
+#: the weights (``--replace-committed``) fails this test until the new hash is copied here.
+COMMITTED_SHA256 = "7b772896be963403fa1c4137093668a43808ed5e2346a8e8d6ad2732c7f7c01a"
 
 
 def _record() -> dict:
@@ -32,6 +40,82 @@ def test_committed_weights_match_their_record_and_are_small():
     net = load_model(str(WEIGHTS))
     assert sum(p.numel() for p in net.parameters()) == rec["parameters"]
     assert set(rec["validation"]) >= {"paper/heldout", "receipt/heldout", "invoice/heldout"}
+
+
+@needs_weights
+def test_committed_weights_have_the_pinned_hash():
+    """A silent retraining rewrites the weights *and* the JSON beside them, so the loader's
+    check (weights vs JSON) accepts it; the hash pinned in this file does not."""
+    assert file_sha256(WEIGHTS) == COMMITTED_SHA256
+    assert _record()["sha256"] == COMMITTED_SHA256
+
+
+def _committed_config() -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in _record()["config"].items()}
+
+
+@needs_weights
+def test_the_defaults_are_the_committed_configuration():
+    """``TrainConfig()`` and every option of the command line default to what the committed
+    record says was used (the record once said 5 epochs while the default trained 8)."""
+    assert asdict(TrainConfig()) == _committed_config()
+    defaults = vars(build_parser().parse_args([]))
+    fields = {k: v for k, v in defaults.items() if k in _committed_config()}
+    assert fields and fields == {k: _committed_config()[k] for k in fields}
+    assert set(defaults) - set(fields) == {"out", "replace_committed", "threads"}
+    assert defaults["threads"] == _record()["environment"]["threads"]
+    assert defaults["out"] is None and defaults["replace_committed"] is False
+
+
+def test_by_default_the_committed_weights_are_not_the_output():
+    parser = build_parser()
+    out = output_path(parser.parse_args([]))
+    assert out == default_output() and out.parent.name == "models"
+    assert out.parent.parent.name == "_build" and out != WEIGHTS
+    assert output_path(parser.parse_args(["--replace-committed"])) == WEIGHTS
+    assert output_path(parser.parse_args(["--replace-committed", "--out", str(WEIGHTS)])) == WEIGHTS
+    with pytest.raises(ValueError, match="--replace-committed"):
+        output_path(parser.parse_args(["--out", str(WEIGHTS)]))
+    rel = os.path.relpath(WEIGHTS.with_suffix(".json"))          # its record, relatively
+    with pytest.raises(ValueError, match="--replace-committed"):
+        output_path(parser.parse_args(["--out", rel[:-len(".json")] + ".pt"]))
+    with pytest.raises(ValueError, match="drop --out"):
+        output_path(parser.parse_args(["--replace-committed", "--out", "x.pt"]))
+    with pytest.raises(ValueError, match="--epochs must be at least 1"):
+        output_path(parser.parse_args(["--epochs", "0"]))
+
+
+def test_main_refuses_the_committed_path_before_training(monkeypatch, capsys):
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before checking where the weights go")
+
+    monkeypatch.setattr(train_module, "train", no_training)
+    with pytest.raises(SystemExit) as exc:
+        train_module.main(["--out", str(WEIGHTS)])
+    assert exc.value.code == 2 and "--replace-committed" in capsys.readouterr().err
+
+
+def test_main_writes_weights_and_record_where_told(tmp_path, monkeypatch):
+    """The full command with a tiny run (training and validation replaced by small stand-ins):
+    the weights and their record go to ``--out``, and the loader's hash check accepts them."""
+    small = TrainConfig(pages=2, gists_per_page=1, epochs=1, batch=2, valid_pages=1)
+    seen = {}
+
+    def tiny_train(cfg, **kwargs):
+        seen["cfg"] = cfg
+        return train(TrainConfig(**{**asdict(small), "seed": cfg.seed}), progress=False)
+
+    monkeypatch.setattr(train_module, "train", tiny_train)
+    monkeypatch.setattr(train_module, "validation_samples", lambda cfg, layout: [])
+    monkeypatch.setattr(train_module, "evaluate", lambda net, samples, wording: {})
+    before = file_sha256(WEIGHTS) if WEIGHTS.exists() else None
+    out = tmp_path / "run" / "loc.pt"
+    assert train_module.main(["--out", str(out), "--seed", "3"]) == 0
+    assert seen["cfg"] == TrainConfig(seed=3)                        # the committed config, seed 3
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["sha256"] == file_sha256(out) and meta["config"]["seed"] == 3
+    load_model(str(out))                                              # the check passes
+    assert (file_sha256(WEIGHTS) if WEIGHTS.exists() else None) == before
 
 
 @needs_weights

@@ -17,10 +17,25 @@ between the softmax over the page's gist pixels and the answer boxes' area on th
 
 Reproducibility: one seed fixes the pages, the gist budgets, the initial weights, the
 batch order and the augmentation; page ``i`` is a pure function of ``(seed, i)``, so the
-first steps can be re-run without generating the whole set. The run writes
-``data/models/gist_localiser.pt`` (float32 state dict) and ``gist_localiser.json`` (its
-SHA-256, the configuration, the loss of every step, validation metrics, the time it took);
-``tests/test_cascade_train.py`` re-runs the first steps and compares them with the record.
+first steps can be re-run without generating the whole set. The defaults of
+:class:`TrainConfig` and of every command-line option are the configuration of the
+committed run (``data/models/gist_localiser.json`` records it; a test compares them).
+
+Output: ``<name>.pt`` (float32 state dict) and ``<name>.json`` beside it (its SHA-256, the
+configuration, the loss of every step, validation metrics, the time it took). By default
+they go to ``_build/models/gist_localiser.pt``, never over the committed weights;
+``--replace-committed`` writes ``data/models/gist_localiser.pt`` and its record, which the
+book loads (and whose SHA-256 ``tests/test_cascade_train.py`` pins, so a replacement must
+be committed with the new hash on purpose). ``--out`` naming the committed file without
+that flag is refused before anything is trained. ``tests/test_cascade_train.py`` also
+re-runs the first steps and compares them with the record.
+
+Examples::
+
+    python -m fovea_core.cascade.train                      # -> _build/models/ (minutes)
+    python -m fovea_core.cascade.train --epochs 8 --out _build/models/e8.pt
+    python -m fovea_core.cascade.train --replace-committed  # -> data/models/ (then commit
+                                                            #    it with the new hash)
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -41,10 +57,12 @@ from fovea_core.cascade.core import Gist, gist
 from fovea_core.cascade.learned import (GistLocaliserNet, file_sha256, gist_features,
                                         pool_target, question_embedding, weights_path)
 from fovea_core.eval.documents import Document, make_document
+from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
 
 __all__ = ["TRAIN_SEED", "VALID_SEED", "TrainConfig", "Sample", "make_sample",
-           "training_samples", "train", "evaluate", "main"]
+           "training_samples", "train", "evaluate", "default_output", "build_parser",
+           "output_path", "main"]
 
 #: first seed of the training pages (chapters evaluate seeds 1000 + k)
 TRAIN_SEED = 10_000_000
@@ -54,7 +72,8 @@ VALID_SEED = 20_000_000
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines the trained weights."""
+    """Everything that determines the trained weights. The defaults are the committed run's
+    configuration (``config`` in ``data/models/gist_localiser.json``; tested)."""
 
     seed: int = 0
     pages: int = 400                      # training pages
@@ -62,7 +81,7 @@ class TrainConfig:
     receipt_share: float = 0.6            # share of receipts among them (rest: paper)
     gists: tuple[int, ...] = (48, 64, 96)
     null_share: float = 0.25              # pages with an extra question-agnostic target
-    epochs: int = 8
+    epochs: int = 5
     batch: int = 8                        # pages per step
     lr: float = 3e-3
     weight_decay: float = 1e-4
@@ -400,21 +419,72 @@ def evaluate(net: GistLocaliserNet, samples: list[Sample], wording: str = "heldo
                 top1=float(np.mean(top1)), size_rmse=float(np.sqrt(np.mean(np.square(serr)))))
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_output() -> Path:
+    """Where a training run writes by default: ``_build/models/gist_localiser.pt`` (scratch,
+    ignored by git), never the committed :func:`~fovea_core.cascade.learned.weights_path`."""
+    return project_root() / "_build" / "models" / weights_path().name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line. Every option that sets the configuration defaults to the committed
+    run's value (:class:`TrainConfig`'s defaults; ``--threads`` to the record's 1)."""
+    cfg = TrainConfig()
     parser = argparse.ArgumentParser(prog="python -m fovea_core.cascade.train",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=weights_path(),
-                        help="where to write the weights (the JSON record goes beside them)")
-    parser.add_argument("--pages", type=int, default=None, help="override TrainConfig.pages")
-    parser.add_argument("--epochs", type=int, default=None, help="override TrainConfig.epochs")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write the weights (the JSON record goes beside them); "
+                             f"default: {os.path.relpath(default_output(), project_root())}")
+    parser.add_argument("--replace-committed", action="store_true",
+                        help=f"write the committed weights {weights_path().name} and their "
+                             "record under data/models (the book's; their SHA-256 is pinned "
+                             "in tests/test_cascade_train.py)")
+    parser.add_argument("--pages", type=int, default=cfg.pages,
+                        help="training pages (default: %(default)s, the committed run's)")
+    parser.add_argument("--epochs", type=int, default=cfg.epochs,
+                        help="epochs (default: %(default)s, the committed run's)")
+    parser.add_argument("--seed", type=int, default=cfg.seed,
+                        help="seed of pages, weights and batches (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: deterministic and fastest on a shared machine)")
+                        help="torch threads (default %(default)s: deterministic and fastest on "
+                             "a shared machine; the committed run used 1)")
+    return parser
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """The weights file a run will write, checked before anything is trained: the committed
+    file only with ``--replace-committed`` (which takes no other ``--out``). Raises
+    ``ValueError`` naming the option otherwise."""
+    for name in ("pages", "epochs", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    committed = weights_path()
+    if args.replace_committed:
+        if args.out is not None and Path(args.out).resolve() != committed.resolve():
+            raise ValueError(f"--replace-committed writes {committed}; drop --out "
+                             f"({args.out}) or drop --replace-committed")
+        return committed
+    out = Path(args.out) if args.out is not None else default_output()
+    if out.suffix != ".pt":
+        raise ValueError(f"--out must name a .pt file (its record goes beside it as .json), "
+                         f"got {out}")
+    if out.resolve() == committed.resolve() or \
+            out.with_suffix(".json").resolve() == committed.with_suffix(".json").resolve():
+        raise ValueError(f"--out {out} is the committed weights (and their record); pass "
+                         "--replace-committed to replace them on purpose")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    over = {k: v for k, v in dict(pages=args.pages, epochs=args.epochs).items() if v is not None}
-    cfg = TrainConfig(seed=args.seed, **over)
-    print(f"training the gist localiser: {cfg}", flush=True)
+    try:
+        out = output_path(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs)
+    where = "the COMMITTED weights " if out == weights_path() else ""
+    print(f"training the gist localiser into {where}{out}: {cfg}", flush=True)
     net, rec = train(cfg, threads=args.threads)
     t0 = time.perf_counter()
     vs = {layout: validation_samples(cfg, layout) for layout in ("paper", "receipt", "invoice")}
@@ -422,19 +492,22 @@ def main(argv: list[str] | None = None) -> int:
              for layout, wording in (("paper", "heldout"), ("receipt", "heldout"),
                                      ("invoice", "heldout"), ("paper", "train"),
                                      ("receipt", "train"))}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
-    torch.save(state, args.out)
-    meta = dict(sha256=file_sha256(args.out), arch=dict(width=cfg.width, maps=cfg.maps),
+    torch.save(state, out)
+    meta = dict(sha256=file_sha256(out), arch=dict(width=cfg.width, maps=cfg.maps),
                 parameters=int(sum(v.numel() for v in state.values())),
                 config=asdict(cfg), train=rec, validation=valid,
                 validation_seconds=time.perf_counter() - t0,
                 environment=dict(torch=torch.__version__, python=platform.python_version(),
                                  machine=platform.machine(), threads=args.threads))
-    args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps({k: meta[k] for k in ("sha256", "parameters", "validation")}, indent=1))
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB) in "
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB) in "
           f"{rec['seconds']:.0f} s of training")
+    if out == weights_path():
+        print("replaced the committed weights: update COMMITTED_SHA256 in "
+              "tests/test_cascade_train.py to the new hash above, and commit both")
     return 0
 
 
