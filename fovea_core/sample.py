@@ -18,6 +18,30 @@ Coordinate conventions (shared with :mod:`fovea_core.tokens` and ``cuda/fovea_ke
   token it reads exactly the level-``l`` pixels of its cell (no interpolation).
   A fractional ``lod`` (trilinear mode) samples the same base positions in levels
   ``floor(lod)`` and ``floor(lod) + 1`` and blends them linearly (OpenGL-style mip mapping).
+
+Two filters read a token (``sample(..., filter=...)``):
+
+* ``"area"`` (the default): sample ``k`` is the **mean of the base image over the square of
+  side** ``2**lod`` centred on ``X_k``, i.e. the page resampled at scale ``2**-lod`` the way a
+  VLM processor resamples it (``cv2.INTER_AREA``, a box filter with exact fractional pixel
+  coverage), at any fractional level. Computed from a summed-area table [Crow 1984] of the
+  replicate-padded base image, interpolated bilinearly (which is exact for a box filter of a
+  piecewise-constant image), so a sample costs four table reads whatever its level.
+* ``"mip"``: the Gaussian-pyramid read above (bilinear at integer levels, trilinear between
+  them). Blurrier than an area resample at the same scale (a fractional level blends two
+  low-passed levels), so coarse tokens (``resize``, every periphery) read less than a
+  processor's resize would give them; kept because it is what the CUDA/g++ kernels compute
+  (:func:`sample_reference` is their bit-exact definition).
+
+Two painters reconstruct a page from tokens (``render(..., painter=...)``):
+
+* ``"smooth"`` (the default; what readers and the OCR see): the tokens of one level are
+  samples of a grid at that level's pixel pitch; each level's grid is reconstructed with
+  bicubic interpolation across patch edges (no seams), and levels are composited coarse to
+  fine with soft (bilinear) edges. ``resize``'s tokens reconstruct to an area-down,
+  bicubic-up resize of the page (``tests/test_sample.py`` holds it to that).
+* ``"blocks"``: every sample painted as a ``2**l`` square (nearest neighbour), the finest
+  token on top: shows the token structure, for figures only.
 """
 
 from __future__ import annotations
@@ -30,8 +54,13 @@ import torch.nn.functional as F
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["check_sample_args", "remap", "remap_fast", "remap_reference", "sample", "sample_reference",
-           "sample_positions", "render"]
+__all__ = ["FILTERS", "PAINTERS", "check_sample_args", "remap", "remap_fast", "remap_reference",
+           "render", "sample", "sample_area", "sample_positions", "sample_reference"]
+
+#: the ways :func:`sample` reads a token (see the module docstring)
+FILTERS = ("area", "mip")
+#: the ways :func:`render` paints tokens (see the module docstring)
+PAINTERS = ("smooth", "blocks")
 
 
 # --------------------------------------------------------------------------- remap (LUT)
@@ -262,8 +291,14 @@ def _gather_level(flat: torch.Tensor, tab: torch.Tensor, inv: torch.Tensor, bidx
     return top.mul_(wy0).add_(bot.mul_(fy))
 
 
-def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torch.Tensor:
-    """Read every token's ``p x p`` patch from the pyramid: ``[B, N, C, p, p]``.
+def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
+           filter: str = "area") -> torch.Tensor:
+    """Read every token's ``p x p`` patch: ``[B, N, C, p, p]``.
+
+    ``filter="area"`` (default): :func:`sample_area`, the page resampled at scale
+    ``2**-level`` as a VLM processor resamples it. ``filter="mip"``: the Gaussian-pyramid
+    read described below (what the kernels compute; :func:`sample_reference` is its exact
+    definition).
 
     Token ``n`` of image ``b`` at level ``l`` and centre ``(x, y)`` samples a ``p x p`` grid
     with spacing ``2**l`` base pixels (one level-``l`` pixel; ``p * 2**l`` base pixels in
@@ -297,6 +332,10 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torc
     normalised grid's round trip; measured in ``tests/test_sample.py``).
     """
     p = check_sample_args(pyramid, tokens, patch)
+    if filter == "area":
+        return sample_area(pyramid, tokens, p)
+    if filter != "mip":
+        raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
     b, n = tokens.levels.shape
     nl = pyramid.num_levels
     dev = pyramid.base.device
@@ -337,6 +376,90 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torc
         hi = read((lo + 1).clamp(max=nl - 1))
         out = torch.lerp(out, hi, frac[:, None, :, None, None])
     return out.permute(0, 2, 1, 3, 4)
+
+
+# --------------------------------------------------------------------------- area read
+def _summed_area(pyramid: Pyramid, device: torch.device) -> torch.Tensor:
+    """Summed-area table of the base image padded by one replicated pixel on every side:
+    ``[B, C, H + 3, W + 3]`` float64, ``S[..., i, j]`` = sum of padded pixels above-left of
+    corner ``(i, j)`` (cached on the pyramid per device). float64 keeps a box sum exact to
+    ~1e-9 on any page size (float32 would lose ~0.5 / area)."""
+    cache = pyramid.__dict__.setdefault("_summed_area", {})
+    if device not in cache:
+        base = pyramid.base.to(device)
+        pad = F.pad(base.to(torch.float64), (1, 1, 1, 1), mode="replicate")
+        sat = pad.new_zeros(*pad.shape[:2], pad.shape[2] + 1, pad.shape[3] + 1)
+        sat[..., 1:, 1:] = pad.cumsum(-1).cumsum(-2)
+        cache[device] = sat
+    return cache[device]
+
+
+#: sub-pixel resolution of :func:`sample_area`'s box edges (1/1024 base pixel)
+_SNAP = 1024.0
+
+
+def _table_weights(coord: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index and weight of the linear read of a summed-area axis with ``size + 3`` corners
+    at padded coordinates ``coord``: the lower corner clamped to ``[0, size + 1]`` and the
+    weight left unclamped, so that beyond the padded image the integral is extrapolated
+    linearly, which is exactly the integral of the replicate-extended image."""
+    i0 = torch.floor(coord).clamp(0, size + 1)
+    return i0.long(), coord - i0
+
+
+def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torch.Tensor:
+    """Every token's patch as an **area resample** of the base image: ``[B, N, C, p, p]``.
+
+    Sample ``k`` of a token at level ``l`` (module docstring: ``X_k = x W + (k - (p-1)/2)
+    2**l``) is the mean of the base image over the square ``[X_k - 2**l / 2, X_k + 2**l / 2)
+    x [Y_k - 2**l / 2, Y_k + 2**l / 2)``, pixels weighted by the fraction of them the square
+    covers, the image extended by its edge pixels (clamp-to-edge). For a grid of tokens at
+    one level this is ``cv2.resize(..., INTER_AREA)`` of the page to scale ``2**-l``, the
+    antialiased resample of a VLM processor, at any fractional ``l`` (at level 0 on the
+    pixel grid it reads pixels exactly; off the grid, a 1-px box is a bilinear read).
+
+    Implementation: the ``p + 1`` box edges of each axis (neighbouring samples share an
+    edge) are looked up in the summed-area table [F. Crow, "Summed-area tables for texture
+    mapping", SIGGRAPH 1984] of the replicate-padded base image, bilinearly (the integral of
+    a piecewise-constant image is bilinear between pixel corners, so the read is exact),
+    and the box sums are the table's second differences: ``4 (p + 1)**2`` reads per token
+    and channel, a fixed number of tensor operations for any mix of levels. float64 table,
+    float32 result.
+
+    Args:
+        pyramid: the :class:`~fovea_core.pyramid.Pyramid` whose base (level 0) is read; its
+            other levels are not used.
+        tokens: :class:`~fovea_core.tokens.TokenSet` with the same ``B`` and ``image_size``.
+        patch: samples per side; default ``tokens.patch``.
+    """
+    p = check_sample_args(pyramid, tokens, patch)
+    dev = pyramid.base.device
+    sat = _summed_area(pyramid, dev)                                       # [B, C, H+3, W+3]
+    b, c, hs, ws = sat.shape
+    h, w = tokens.image_size
+    n = tokens.levels.shape[1]
+    step = torch.exp2(tokens.levels.to(dev, torch.float64))[..., None]     # [B, N, 1]
+    cen = tokens.centers.to(dev, torch.float64)
+    e = torch.arange(p + 1, device=dev, dtype=torch.float64) - p / 2       # box edges
+    # padded coordinates, snapped to 1/1024 px: float32 centres carry ~1e-5 px of rounding,
+    # which would blend ~1e-6 of a neighbour into a grid-aligned read
+    ex = torch.round((cen[..., 0:1] * w + e * step + 1.0) * _SNAP) / _SNAP  # [B, N, p+1]
+    ey = torch.round((cen[..., 1:2] * h + e * step + 1.0) * _SNAP) / _SNAP
+    x0, fx = _table_weights(ex, w)
+    y0, fy = _table_weights(ey, h)
+    flat = sat.reshape(b, c, hs * ws)
+
+    def rows(yi: torch.Tensor, wy: torch.Tensor) -> torch.Tensor:          # [B, C, N, p+1, p+1]
+        def tap(xi: torch.Tensor) -> torch.Tensor:
+            idx = (yi[..., :, None] * ws + xi[..., None, :]).reshape(b, 1, -1)
+            return torch.gather(flat, 2, idx.expand(b, c, -1)).view(b, c, n, p + 1, p + 1)
+        fxx = fx[:, None, :, None, :]
+        return (tap(x0) * (1 - fxx) + tap(x0 + 1) * fxx) * wy[:, None, :, :, None]
+
+    corner = rows(y0, 1 - fy) + rows(y0 + 1, fy)                           # integral at edges
+    box = corner[..., 1:, 1:] - corner[..., :-1, 1:] - corner[..., 1:, :-1] + corner[..., :-1, :-1]
+    out = box / (step * step)[:, None, :, :, None]
+    return out.to(pyramid.base.dtype).permute(0, 2, 1, 3, 4).contiguous()
 
 
 def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device
@@ -484,49 +607,28 @@ def _check_size(size: tuple[int, int] | None, default: tuple[int, int]) -> tuple
     return ho, wo
 
 
-def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None = None, *,
-           background: Pyramid | torch.Tensor | None = None) -> torch.Tensor:
-    """Foveated reconstruction: paint every token's patch over its footprint, ``[B, C, H, W]``.
+def _check_window(window, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``window`` as ``(y0, y1, x0, x1)`` inside an output of ``size``; the whole output when
+    ``None``. ValueError naming ``window`` otherwise."""
+    ho, wo = size
+    if window is None:
+        return 0, ho, 0, wo
+    try:
+        y0, y1, x0, x1 = (operator.index(v) for v in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be (y0, y1, x0, x1) ints, got {window!r}") from None
+    if not (0 <= y0 < y1 <= ho and 0 <= x0 < x1 <= wo):
+        raise ValueError(f"window must lie in the {ho}x{wo} output with y0 < y1, x0 < x1, "
+                         f"got {window!r}")
+    return y0, y1, x0, x1
 
-    Token ``n`` (centre ``(X, Y)`` in base pixels, level ``l``, footprint ``f = p 2**l``)
-    covers the base-pixel square ``[X - f/2, X + f/2) x [Y - f/2, Y + f/2)``; sample
-    ``(k_y, k_x)`` of its patch fills the sub-square of side ``2**l`` at
-    ``k = floor((coord - (X - f/2)) / 2**l)`` (nearest-neighbour upsampling; any level,
-    integer or not, and off-grid centres are placed exactly). An output pixel shows the
-    covering token of the **finest level** (among equal levels the lowest index), so coarse
-    context lies under fine detail. Pixels no token covers show the background.
 
-    Implementation: on the CPU the painter of :mod:`fovea_core.kernels` (C++, a z-buffer of
-    the priority keys over every (token, covered pixel), then one write per pixel; the same
-    float operations as below, so the same pixels: ``tests/test_sample.py`` compares them).
-    Elsewhere (or without a C++ compiler) the vectorised torch painter: every (token,
-    covered output pixel) pair is enumerated once (``repeat_interleave`` over the
-    footprints), a priority key (level, then index) is reduced per pixel with
-    ``scatter_reduce(amin)``, and the winner's sample is gathered. Work ``O(sum of
-    footprint areas)`` in output pixels (a few times ``H W`` for the allocators here).
-
-    Args:
-        tokens: the :class:`TokenSet` (``B`` images, ``N`` tokens).
-        patches: ``[B, N, C, p, p]`` from :func:`sample` (or a kernel), ``p = tokens.patch``.
-        size: output ``(H, W)`` (positive ints); default ``tokens.image_size``. Footprints
-            are scaled to it.
-        background: fills the gaps. A :class:`Pyramid` of the same images (its levels must
-            include every token's level): its **coarsest level**, bilinearly upsampled; a
-            tensor ``[B, C, h, w]``: resized bilinearly; ``None``: each image's mean token
-            colour.
-    """
-    if not isinstance(patches, torch.Tensor) or patches.ndim != 5 \
-            or tuple(patches.shape[:2]) != tuple(tokens.levels.shape):
-        shape = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches)
-        raise ValueError(f"patches must be [B, N, C, p, p] with [B, N] = "
-                         f"{tuple(tokens.levels.shape)}, got {shape}")
-    b, n, c, p, p2 = patches.shape
-    if p != p2 or p != tokens.patch:
-        raise ValueError(f"patches must be p x p with p = tokens.patch = {tokens.patch}, "
-                         f"got {p}x{p2}")
+def _background_source(background, tokens: TokenSet, patches: torch.Tensor) -> torch.Tensor:
+    """The background image ``[B, C, hb, wb]`` that :func:`render` upsamples bilinearly under
+    the tokens (a Pyramid's coarsest level, a tensor as given, or each image's mean token
+    colour as ``[B, C, 1, 1]``)."""
+    b, _, c = patches.shape[:3]
     h, w = tokens.image_size
-    ho, wo = _check_size(size, (h, w))
-    dev = patches.device
     if isinstance(background, Pyramid):
         if background.batch_size != b or tuple(background.image_size) != (h, w):
             raise ValueError(f"background pyramid must hold the same {b} image(s) of size "
@@ -538,32 +640,214 @@ def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None
                              f"(the background pyramid's levels), got a level {lmax:g}")
         background = background.levels[-1]
     if background is None:
-        out = patches.mean(dim=(1, 3, 4))[:, :, None, None].expand(b, c, ho, wo).clone()
-    else:
-        if not isinstance(background, torch.Tensor) or background.ndim != 4 \
-                or tuple(background.shape[:2]) != (b, c):
-            shape = tuple(background.shape) if isinstance(background, torch.Tensor) else \
-                type(background)
-            raise ValueError(f"background must be a Pyramid or [B, C, h, w] = [{b}, {c}, ...], "
-                             f"got {shape}")
-        out = F.interpolate(background.to(dev, patches.dtype), size=(ho, wo), mode="bilinear",
-                            align_corners=False)
+        return patches.mean(dim=(1, 3, 4))[:, :, None, None]
+    if not isinstance(background, torch.Tensor) or background.ndim != 4 \
+            or tuple(background.shape[:2]) != (b, c):
+        shape = tuple(background.shape) if isinstance(background, torch.Tensor) else \
+            type(background)
+        raise ValueError(f"background must be a Pyramid or [B, C, h, w] = [{b}, {c}, ...], "
+                         f"got {shape}")
+    return background.to(patches.device, patches.dtype)
+
+
+def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None = None, *,
+           background: Pyramid | torch.Tensor | None = None, painter: str = "smooth",
+           window: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Foveated reconstruction of the page from its tokens, ``[B, C, H, W]``.
+
+    ``painter="smooth"`` (default; what a reader sees): the tokens of each level are the
+    samples of a grid at that level's pitch (sample ``k`` of a token at level ``l`` sits at
+    base position ``X_k``, module docstring). Each level's samples are placed on their grid
+    (one canvas per level, tokens of nearly equal levels, within 1/4 octave, share the
+    coarsest of their levels' grids; coincident samples are averaged) and reconstructed
+    with **bicubic** interpolation across patch edges, so a grid of tokens shows no seams.
+    Levels are composited **coarse to fine**; a level covers the pixels within one of its
+    samples' pitch of its samples, with a soft (bilinear) edge, and the pixels around a
+    level's samples that its bicubic reads but no token holds take the coarser composite
+    there. For ``resize``'s tokens the result is an area-down, bicubic-up resize of the page.
+    Bicubic interpolation may overshoot ``[0, 1]`` by a few per cent near sharp edges: clamp
+    for display. Work: ``O(H W)`` per level present plus ``O(N p**2)``.
+
+    ``painter="blocks"`` (figures of the token structure only): token ``n`` (centre
+    ``(X, Y)``, level ``l``, footprint ``f = p 2**l``) paints sample ``(k_y, k_x)`` of its patch
+    over the sub-square of side ``2**l`` at ``k = floor((coord - (X - f/2)) / 2**l)`` of the
+    square ``[X - f/2, X + f/2) x [Y - f/2, Y + f/2)`` (nearest neighbour); a pixel shows the
+    covering token of the **finest level** (among equal levels the lowest index). On the
+    CPU it is painted by the C++ painter of :mod:`fovea_core.kernels` (same pixels as the
+    vectorised torch painter, ``tests/test_sample.py``).
+
+    Pixels no token reaches show the background (both painters).
+
+    Args:
+        tokens: the :class:`TokenSet` (``B`` images, ``N`` tokens).
+        patches: ``[B, N, C, p, p]`` from :func:`sample` (or a kernel), ``p = tokens.patch``.
+        size: output ``(H, W)`` (positive ints); default ``tokens.image_size``. Token positions
+            are scaled to it.
+        background: fills the gaps. A :class:`Pyramid` of the same images (its levels must
+            include every token's level): its **coarsest level**, bilinearly upsampled; a
+            tensor ``[B, C, h, w]``: resized bilinearly; ``None``: each image's mean token
+            colour.
+        painter: ``"smooth"`` or ``"blocks"`` (:data:`PAINTERS`).
+        window: ``(y0, y1, x0, x1)`` of the output to compute (default: all of it); the
+            result is ``[B, C, y1 - y0, x1 - x0]``, equal to that crop of the whole render
+            (the smooth painter computes only the window's pixels).
+    """
+    if not isinstance(patches, torch.Tensor) or patches.ndim != 5 \
+            or tuple(patches.shape[:2]) != tuple(tokens.levels.shape):
+        shape = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches)
+        raise ValueError(f"patches must be [B, N, C, p, p] with [B, N] = "
+                         f"{tuple(tokens.levels.shape)}, got {shape}")
+    b, n, c, p, p2 = patches.shape
+    if p != p2 or p != tokens.patch:
+        raise ValueError(f"patches must be p x p with p = tokens.patch = {tokens.patch}, "
+                         f"got {p}x{p2}")
+    if painter not in PAINTERS:
+        raise ValueError(f"painter must be one of {PAINTERS}, got {painter!r}")
+    if not bool(torch.isfinite(patches).all()):
+        raise ValueError("patches contain NaN or inf values (a sampler fed a NaN image?)")
+    h, w = tokens.image_size
+    ho, wo = _check_size(size, (h, w))
+    win = _check_window(window, (ho, wo))
+    bg = _background_source(background, tokens, patches)
+    if painter == "smooth":
+        return _render_smooth(tokens, patches, bg, (ho, wo), win)
+    y0, y1, x0, x1 = win
+    dev = patches.device
+    out = F.interpolate(bg, size=(ho, wo), mode="bilinear", align_corners=False)
     if n >= 2**_KEY_TOKEN_BITS:
         raise ValueError(f"render supports N < {2**_KEY_TOKEN_BITS} tokens, got {n}")
-    if dev.type == "cpu" and _fast_painter:
-        try:
-            from fovea_core import kernels
+    from fovea_core import kernels
 
-            out = out.to(torch.float32).contiguous()
-            kernels.render_into(out, tokens, patches)      # the same pixels, in C++
-            return out.to(patches.dtype)
-        except RuntimeError:                               # no C++ compiler: torch below
-            pass
-    return _render_pairs(tokens, patches, out, (h, w), (ho, wo))
+    if dev.type == "cpu" and _fast_painter and "cpu" in kernels.available_backends():
+        out = out.to(torch.float32).contiguous()
+        kernels.render_into(out, tokens, patches)      # the same pixels, in C++
+        return out.to(patches.dtype)[..., y0:y1, x0:x1]
+    return _render_pairs(tokens, patches, out, (h, w), (ho, wo))[..., y0:y1, x0:x1]
 
 
-#: use the C++ painter of :mod:`fovea_core.kernels` for CPU tensors (tests switch it off to
-#: compare it with the torch painter below, which defines the result)
+# --------------------------------------------------------------------------- smooth painter
+#: levels within 1/LEVEL_BINS octave share one canvas in the smooth painter
+LEVEL_BINS = 4
+#: canvas pixels kept around a level's samples: bicubic reads 2 beyond a point that a
+#: sample's bilinear coverage reaches, 1 more for rounding
+_CANVAS_MARGIN = 3
+
+
+def _read_points(img: torch.Tensor, u: torch.Tensor, v: torch.Tensor, mode: str,
+                 padding: str) -> torch.Tensor:
+    """``img [C, hh, ww]`` read at index coordinates ``(u, v) [K]`` (pixel ``i``'s centre at
+    ``i``) by ``grid_sample`` (``mode``: bilinear / bicubic): ``[K, C]``."""
+    hh, ww = img.shape[-2:]
+    grid = torch.stack([(u + 0.5) * (2.0 / ww) - 1, (v + 0.5) * (2.0 / hh) - 1], -1)
+    out = F.grid_sample(img[None], grid.view(1, 1, -1, 2).to(img.dtype), mode=mode,
+                        padding_mode=padding, align_corners=False)
+    return out[0, :, 0].T
+
+
+class _Canvas:
+    """One level's samples on their grid: values ``[C, hc, wc]`` (holes that the bicubic may
+    read filled from the coarser composite), ``valid [1, hc, wc]`` float (1 where a sample
+    lies), the grid pitch ``step`` in base pixels and the base position of canvas pixel
+    ``(0, 0)``'s centre, ``(x, y) = ((origin + 0.5) * step)``."""
+
+    def __init__(self, values: torch.Tensor, valid: torch.Tensor, step: float,
+                 origin: tuple[float, float]) -> None:
+        self.values, self.valid, self.step, self.origin = values, valid, step, origin
+
+    def coords(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Canvas index coordinates of base positions ``x, y [K]``."""
+        return x / self.step - 0.5 - self.origin[0], y / self.step - 0.5 - self.origin[1]
+
+
+def _composite(canvases: list[_Canvas], bg: torch.Tensor, image_size: tuple[int, int],
+               x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The smooth reconstruction at base positions ``x, y [K]``: ``[K, C]``, the background
+    ``bg [C, hb, wb]`` (bilinear) under ``canvases`` (coarse to fine; bicubic, alpha = the
+    bilinear read of ``valid``)."""
+    h, w = image_size
+    hb, wb = bg.shape[-2:]
+    val = _read_points(bg, x * (wb / w) - 0.5, y * (hb / h) - 0.5, "bilinear", "border")
+    for cv in canvases:
+        u, v = cv.coords(x, y)
+        alpha = _read_points(cv.valid, u, v, "bilinear", "zeros")[:, 0]
+        sel = (alpha > 0).nonzero().squeeze(1)
+        if sel.numel() == 0:
+            continue
+        a = alpha.index_select(0, sel)[:, None].clamp(max=1)
+        ours = _read_points(cv.values, u.index_select(0, sel), v.index_select(0, sel),
+                            "bicubic", "border")
+        val.index_copy_(0, sel, torch.lerp(val.index_select(0, sel), ours, a))
+    return val
+
+
+def _canvases(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor, b: int
+              ) -> list[_Canvas]:
+    """Image ``b``'s tokens as per-level canvases, coarse to fine (see :func:`render`)."""
+    h, w = tokens.image_size
+    p = tokens.patch
+    dev = patches.device
+    lev = tokens.levels[b].to(dev, torch.float64)                          # [N]
+    cx = tokens.centers[b, :, 0].to(dev, torch.float64) * w
+    cy = tokens.centers[b, :, 1].to(dev, torch.float64) * h
+    k = torch.arange(p, device=dev, dtype=torch.float64) - (p - 1) / 2
+    bins = torch.round(lev * LEVEL_BINS)
+    out: list[_Canvas] = []
+    for key in torch.unique(bins).flip(0).tolist():                      # coarse to fine
+        mem = (bins == key).nonzero().squeeze(1)
+        step = float(torch.exp2(lev.index_select(0, mem).max()))
+        own = torch.exp2(lev.index_select(0, mem))[:, None]
+        u = (cx.index_select(0, mem)[:, None] + k * own) / step - 0.5      # [M, p] canvas coords
+        v = (cy.index_select(0, mem)[:, None] + k * own) / step - 0.5
+
+        def phase(t: torch.Tensor) -> float:                             # the grid's offset
+            ang = 2 * torch.pi * t
+            return float(torch.atan2(ang.sin().mean(), ang.cos().mean()) / (2 * torch.pi))
+
+        ox, oy = phase(u), phase(v)
+        iu, iv = torch.round(u - ox).long(), torch.round(v - oy).long()
+        x0, y0 = int(iu.min()) - _CANVAS_MARGIN, int(iv.min()) - _CANVAS_MARGIN
+        wc = int(iu.max()) - x0 + _CANVAS_MARGIN + 1
+        hc = int(iv.max()) - y0 + _CANVAS_MARGIN + 1
+        lin = ((iv - y0)[:, :, None] * wc + (iu - x0)[:, None, :]).reshape(-1)     # [M p p]
+        vals = patches[b].index_select(0, mem).permute(1, 0, 2, 3).reshape(patches.shape[2], -1)
+        c = vals.shape[0]
+        acc = vals.new_zeros(c, hc * wc).index_add_(1, lin, vals)
+        cnt = vals.new_zeros(hc * wc).index_add_(0, lin, torch.ones_like(lin, dtype=vals.dtype))
+        valid = cnt > 0
+        acc = acc / cnt.clamp(min=1)
+        near = F.max_pool2d(valid.view(1, 1, hc, wc).to(vals.dtype), 2 * 2 + 1, 1, 2)
+        holes = ((near.view(-1) > 0) & ~valid).nonzero().squeeze(1)
+        origin = (x0 + ox, y0 + oy)
+        if holes.numel():
+            hx = ((holes % wc).double() + origin[0] + 0.5) * step
+            hy = (torch.div(holes, wc, rounding_mode="floor").double() + origin[1] + 0.5) * step
+            fill = _composite(out, bg[b], (h, w), hx.to(vals.dtype), hy.to(vals.dtype))
+            acc.index_copy_(1, holes, fill.T.to(acc.dtype))
+        out.append(_Canvas(acc.view(c, hc, wc), valid.view(1, hc, wc).to(vals.dtype), step,
+                           origin))
+    return out
+
+
+def _render_smooth(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor,
+                   size: tuple[int, int], window: tuple[int, int, int, int]) -> torch.Tensor:
+    """The smooth painter of :func:`render` over ``window`` of an output of ``size``."""
+    h, w = tokens.image_size
+    ho, wo = size
+    y0, y1, x0, x1 = window
+    dev = patches.device
+    ys = (torch.arange(y0, y1, device=dev, dtype=patches.dtype) + 0.5) * (h / ho)
+    xs = (torch.arange(x0, x1, device=dev, dtype=patches.dtype) + 0.5) * (w / wo)
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    imgs = []
+    for b in range(patches.shape[0]):                                    # images of the batch
+        cvs = _canvases(tokens, patches, bg, b)
+        val = _composite(cvs, bg[b], (h, w), gx.reshape(-1), gy.reshape(-1))
+        imgs.append(val.T.reshape(-1, y1 - y0, x1 - x0))
+    return torch.stack(imgs)
+
+
+#: use the C++ painter of :mod:`fovea_core.kernels` for CPU tensors where it is built (tests
+#: switch it off to compare it with the torch painter below, which defines the result)
 _fast_painter = True
 
 

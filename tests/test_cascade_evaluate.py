@@ -19,7 +19,6 @@ from fovea_core.eval.reader import (
     crop_box,
     crop_window,
     read_answer,
-    render_window,
     to_uint8,
 )
 from fovea_core.importance import score
@@ -47,7 +46,7 @@ def test_window_equals_the_crop_of_the_full_render(name):
                                                    x, x + rng.integers(5, 300)))
                              for y, x in zip(rng.integers(0, h - 90, 6), rng.integers(0, w - 300, 6))]
     for y0, y1, x0, x1 in wins:
-        win = render_window(tok, patches, (y0, y1, x0, x1), pyr)
+        win = render(tok, patches, background=pyr, window=(y0, y1, x0, x1))
         ref = full[:, :, y0:y1, x0:x1]
         assert win.shape == ref.shape
         assert torch.allclose(win, ref, atol=2e-6), (y0, y1, x0, x1)

@@ -30,8 +30,8 @@ import torch
 
 from fovea_core.paths import file_digest, project_root
 from fovea_core.pyramid import Pyramid
-from fovea_core.sample import _KEY_TOKEN_BITS, sample  # render's priority-key layout
-from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
+from fovea_core.sample import render, sample
+from fovea_core.tokens import TokenSet
 
 Box = tuple[int, int, int, int]
 
@@ -236,124 +236,21 @@ def crop_window(box: tuple[int, int, int, int], size: tuple[int, int], margin: f
     return max(0, by0 - m), min(h, by1 + m), max(0, bx0 - m), min(w, bx1 + m)
 
 
-def tokens_over(tokens: TokenSet, windows: Sequence[tuple[int, int, int, int]]) -> torch.Tensor:
-    """``[N]`` bool: tokens of image 0 whose footprint meets one of the ``(y0, y1, x0, x1)``
-    windows (only those can paint a window's pixels)."""
-    b = tokens.boxes()[0]                                                  # [N, 4]
-    w = torch.as_tensor(windows, dtype=b.dtype).reshape(-1, 4)             # [K, 4]
-    meet = ((b[:, None, 0] < w[None, :, 3]) & (b[:, None, 2] > w[None, :, 2])
-            & (b[:, None, 1] < w[None, :, 1]) & (b[:, None, 3] > w[None, :, 0]))
-    return meet.any(1)
-
-
-def subset(tokens: TokenSet, keep: torch.Tensor) -> TokenSet:
-    """The tokens of image 0 where ``keep`` (order kept, so render's tie rule -- the lowest
-    index wins -- picks the same token)."""
-    return TokenSet(tokens.centers[:1, keep], tokens.levels[:1, keep], tokens.scores[:1, keep],
-                    tokens.fixations[:1], tokens.image_size, tokens.patch,
-                    None if tokens.stage is None else tokens.stage[:1, keep])
-
-
 def read_answer(reader: Reader, pyramid: Pyramid, tokens: TokenSet,
                 patches: torch.Tensor | None, boxes: Sequence[tuple[int, int, int, int]]) -> str:
-    """What :meth:`Reader.read` returns on the reconstruction for an answer's ``boxes``,
-    rendering only the crops it reads. ``patches``: the sampled patches of all tokens, or
-    ``None`` to sample only the tokens that meet the crops (what a crop needs)."""
+    """What :meth:`Reader.read` returns on the reconstruction for an answer's ``boxes``
+    (:func:`fovea_core.sample.render`, the smooth painter over the pyramid's coarsest level),
+    rendering only the crops it reads (``render(..., window=...)``, the same pixels as the
+    crop of the whole render). ``patches``: the sampled patches of the tokens, or ``None`` to
+    sample them here."""
     wins = [crop_window(bx, tokens.image_size, reader.margin) for bx in boxes]
     wins = [w for w in wins if w[1] > w[0] and w[3] > w[2]]
-    if patches is None and wins:
-        keep = tokens_over(tokens, wins)
-        if not bool(keep.any()):
-            keep[0] = True                                  # background only; one dummy token
-        tokens = subset(tokens, keep)
+    if not wins:
+        return ""
+    if patches is None:
         patches = sample(pyramid, tokens)
     texts = []
     for win in wins:                                        # one line crop per box
-        crop = render_window(tokens, patches, win, pyramid)[0].permute(1, 2, 0)
+        crop = render(tokens, patches, background=pyramid, window=win)[0].permute(1, 2, 0)
         texts.append(reader.read_crop(to_uint8(crop.clamp(0, 1).numpy())))
     return " ".join(t for t in texts if t)
-
-
-# ----------------------------------------------------------------------------- crops of a render
-def _background_window(top: torch.Tensor, size: tuple[int, int], window: tuple[int, int, int, int]
-                       ) -> torch.Tensor:
-    """Rows ``y0:y1``, columns ``x0:x1`` of ``F.interpolate(top, size, "bilinear",
-    align_corners=False)`` ``[B, C, y1-y0, x1-x0]``, computed only there (same source
-    coordinates ``(i + .5) in / out - .5`` clamped at 0, same weights; equal up to float
-    rounding)."""
-    y0, y1, x0, x1 = window
-    hb, wb = top.shape[-2:]
-    h, w = size
-
-    def axis(i0: int, i1: int, n_in: int, n_out: int):
-        scale = n_in / n_out
-        src = ((torch.arange(i0, i1, dtype=torch.float32) + 0.5) * scale - 0.5).clamp(min=0)
-        lo = src.floor().long().clamp(max=n_in - 1)
-        hi = (lo + 1).clamp(max=n_in - 1)
-        lam = (src - lo.float()).clamp(0, 1)
-        return lo, hi, lam
-
-    ylo, yhi, ly = axis(y0, y1, hb, h)
-    xlo, xhi, lx = axis(x0, x1, wb, w)
-    rows = top[:, :, ylo] * (1 - ly)[:, None] + top[:, :, yhi] * ly[:, None]     # [B,C,h',wb]
-    return rows[..., xlo] * (1 - lx) + rows[..., xhi] * lx
-
-
-def render_window(tokens: TokenSet, patches: torch.Tensor, window: tuple[int, int, int, int],
-                  background: Pyramid) -> torch.Tensor:
-    """The window ``(y0, y1, x0, x1)`` (base pixels) of
-    ``render(tokens, patches, background=background)`` at the page's size:
-    ``[B, C, y1 - y0, x1 - x0]``.
-
-    The same painting rule as :func:`fovea_core.sample.render`, evaluated only on the
-    window's pixels: each token's footprint is intersected with the window, every (token,
-    pixel) pair of the intersection is enumerated (``repeat_interleave``), the finest level
-    (then the lowest token index) wins per pixel (``scatter_reduce(amin)``), and the winner's
-    sample is the one whose sub-square holds the pixel centre. Work ``O(window area x
-    overlapping footprints)`` instead of ``O(page area)``.
-    """
-    b, n, c, p, _ = patches.shape
-    h, w = tokens.image_size
-    y0, y1, x0, x1 = (int(v) for v in window)
-    if not (0 <= y0 < y1 <= h and 0 <= x0 < x1 <= w):
-        raise ValueError(f"window must lie in the page {h}x{w}, got {window}")
-    hw, ww = y1 - y0, x1 - x0
-    out = _background_window(background.levels[-1].to(patches.dtype), (h, w), window)
-    step = torch.exp2(tokens.levels).flatten()                            # [B*N]
-    half = p * step / 2
-    cx, cy = tokens.centers[..., 0].flatten() * w, tokens.centers[..., 1].flatten() * h
-    tx0, ty0 = cx - half, cy - half
-    # covered page pixels (as in render, output scale 1), intersected with the window
-    j0 = torch.ceil(tx0 * 1.0 - 0.5).clamp(0, w).long().clamp(x0, x1)
-    j1 = torch.ceil((cx + half) * 1.0 - 0.5).clamp(0, w).long().clamp(x0, x1)
-    i0 = torch.ceil(ty0 * 1.0 - 0.5).clamp(0, h).long().clamp(y0, y1)
-    i1 = torch.ceil((cy + half) * 1.0 - 0.5).clamp(0, h).long().clamp(y0, y1)
-    nx = (j1 - j0).clamp(min=0)
-    cnt = nx * (i1 - i0).clamp(min=0)
-    img = torch.arange(b).repeat_interleave(n)
-    start = (img * hw + (i0 - y0)) * ww + (j0 - x0)
-    lq = torch.round(tokens.levels.flatten() * LEVEL_QUANTUM).long()
-    tkey = lq * 2**_KEY_TOKEN_BITS + torch.arange(n).repeat(b)
-    owner = torch.repeat_interleave(torch.arange(b * n), cnt)
-    sel = lambda t: t.index_select(0, owner)                            # noqa: E731
-    off = torch.arange(owner.numel()) - sel(torch.cumsum(cnt, 0) - cnt)
-    rowlen = sel(nx.clamp(min=1))
-    r = torch.div(off, rowlen, rounding_mode="floor")
-    pix = sel(start) + r * ww + (off - r * rowlen)
-    best = torch.full((b * hw * ww,), torch.iinfo(torch.int64).max, dtype=torch.int64)
-    best.scatter_reduce_(0, pix, sel(tkey), reduce="amin", include_self=True)
-    hit = (best != torch.iinfo(torch.int64).max).nonzero().squeeze(1)
-    win = best.index_select(0, hit) % 2**_KEY_TOKEN_BITS
-    pb = torch.div(hit, hw * ww, rounding_mode="floor")
-    rem = hit - pb * (hw * ww)
-    prow = torch.div(rem, ww, rounding_mode="floor") + y0
-    pcol = rem - (prow - y0) * ww + x0
-    flat = pb * n + win
-    stp = step.index_select(0, flat)
-    kx = torch.floor(((pcol.float() + 0.5) / 1.0 - tx0.index_select(0, flat)) / stp)
-    ky = torch.floor(((prow.float() + 0.5) / 1.0 - ty0.index_select(0, flat)) / stp)
-    src = (flat * p + ky.long().clamp(0, p - 1)) * p + kx.long().clamp(0, p - 1)
-    vals = patches.permute(0, 1, 3, 4, 2).reshape(-1, c).index_select(0, src)
-    flat_out = out.permute(0, 2, 3, 1).reshape(-1, c).clone()
-    flat_out.index_copy_(0, hit, vals.to(flat_out.dtype))
-    return flat_out.reshape(b, hw, ww, c).permute(0, 3, 1, 2).contiguous()
