@@ -401,7 +401,8 @@ def element_mask(elements: tuple[TextElement, ...] | list[TextElement],
 
 
 # ============================================================================ question wordings
-#: the wording sets of :func:`make_document` and :func:`fovea_core.eval.sroie.load_sroie`
+#: the wording sets of :func:`make_document`, :func:`fovea_core.eval.sroie.load_sroie` and
+#: :func:`fovea_core.eval.funsd.load_funsd`
 WORDING_SETS = ("default", "train", "heldout")
 
 #: ``WORDINGS[set][field]``: the phrasings of a question about ``field`` (``{item}`` is the
@@ -493,6 +494,27 @@ WORDINGS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+#: the pseudo-field of :func:`phrase` for a form's question (FUNSD): its templates, in
+#: :data:`FORM_WORDINGS`, have a ``{key}`` slot (the form's own label, e.g. ``DATE``)
+FORM_FIELD = "form"
+
+#: ``FORM_WORDINGS[set]``: the phrasings of a question about a form's key (a FUNSD question
+#: entity's text without its trailing colon). Forms have an open set of keys, so the templates
+#: are key-agnostic, with a ``{key}`` slot. Kept apart from :data:`WORDINGS`, whose pools the
+#: cascade's training vocabulary enumerates with an ``{item}`` slot only. ``"train"`` and
+#: ``"heldout"`` are disjoint, so a model trained on one is tested on wordings it has never
+#: seen, as for the receipts.
+FORM_WORDINGS: dict[str, tuple[str, ...]] = {
+    "default": ("What is the {key}?",),
+    "train": ("What is written next to {key}?", "What was entered for {key}?",
+              "Which value is given for {key}?", "Read the entry for {key}.",
+              "What does the field {key} contain?", "Give the value of {key}.",
+              "What has been filled in for {key}?", "Tell me the {key} on this form."),
+    "heldout": ("What does the form say for {key}?", "{key}: what is written?",
+                "Which answer does the form give to {key}?", "Find {key} on the form."),
+}
+
+
 def _check_wording(wording: str) -> None:
     if wording not in WORDING_SETS:
         raise ValueError(f"wording must be one of {WORDING_SETS}, got {wording!r}")
@@ -500,9 +522,10 @@ def _check_wording(wording: str) -> None:
 
 def phrase(field: str, wording: str, pick: int, **slots: str) -> str:
     """The question about ``field`` in wording set ``wording``: template ``pick`` (modulo the
-    pool size) with its ``{slots}`` filled."""
+    pool size) with its ``{slots}`` filled. ``field`` :data:`FORM_FIELD` takes a template
+    of :data:`FORM_WORDINGS` (slot ``key``)."""
     _check_wording(wording)
-    pool = WORDINGS[wording].get(field)
+    pool = FORM_WORDINGS[wording] if field == FORM_FIELD else WORDINGS[wording].get(field)
     if not pool:
         raise ValueError(f"no {wording!r} wording for field {field!r}")
     return pool[pick % len(pool)].format(**slots)
@@ -510,7 +533,10 @@ def phrase(field: str, wording: str, pick: int, **slots: str) -> str:
 
 def _wording_key(field: str, source: str) -> str:
     """The key of :data:`WORDINGS` for a question field (receipt/invoice ``date`` and
-    ``total`` are phrased as in SROIE, not as the paper's header date and table total)."""
+    ``total`` are phrased as in SROIE, not as the paper's header date and table total; every
+    form question, ``source == "funsd"``, is phrased from :data:`FORM_WORDINGS`)."""
+    if source == "funsd":
+        return FORM_FIELD
     if source in ("receipt", "invoice", "sroie") and field in ("date", "total"):
         return f"receipt_{field}"
     return field
@@ -520,7 +546,9 @@ def reword(questions, wording: str, seed: int, source: str = "synthetic") -> tup
     """``questions`` with their text replaced by a phrasing of ``wording`` (answers and
     boxes unchanged). ``"default"`` returns them as they are. The template of each question
     is drawn from its own stream (seeded by ``seed``, the field and the wording set), so
-    the page, its answers and the other questions do not change with the wording."""
+    the page, its answers and the other questions do not change with the wording.
+    ``source == "funsd"``: each question's ``field`` is its form key, the ``{key}`` slot of
+    :data:`FORM_WORDINGS`."""
     import zlib
     from dataclasses import replace
 
@@ -532,7 +560,9 @@ def reword(questions, wording: str, seed: int, source: str = "synthetic") -> tup
         key = _wording_key(q.field, source)
         pick = zlib.crc32(f"{seed}:{q.qid}:{wording}".encode())
         slots = {}
-        if q.field == "amount":
+        if key == FORM_FIELD:
+            slots["key"] = q.field
+        elif q.field == "amount":
             slots["item"] = q.question.removeprefix("What is the amount for ").rstrip("?")
         out.append(replace(q, question=phrase(key, wording, pick, **slots)))
     return tuple(out)

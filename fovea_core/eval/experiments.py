@@ -1,8 +1,9 @@
 """Shared set-up of the experiment chapters (notebooks 08-11): data, an ablation, verdicts.
 
 * :func:`load_datasets` -- the synthetic pages and the SROIE receipts of chapter 07 (same
-  seeds, same order, so the reader's crop cache is shared between chapters), with a clear
-  message instead of an error when the receipts folder is missing;
+  seeds, same order, so the reader's crop cache is shared between chapters), optionally the
+  FUNSD dev forms (``n_forms``), with a clear message instead of an error when a dataset
+  folder is missing;
 * :func:`foveal_ratio_pyramid` -- the v2.5 ablation "foveal ratio": a foveated pyramid
   whose share of full-resolution (level-0) tokens is a parameter instead of a consequence
   of the budget;
@@ -74,44 +75,53 @@ def book_datasets(profile: str, *, data_dir=None, seed: int = 0, wording: str = 
 
 
 def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int = 0,
-                  wording: str = "default", cache_dir: str | Path | None = "default"
-                  ) -> tuple[dict[str, list[Document]], str]:
-    """``({"synthetic": pages, "sroie": receipts}, message)`` for an experiment chapter.
+                  wording: str = "default", cache_dir: str | Path | None = "default",
+                  n_forms: int = 0) -> tuple[dict[str, list[Document]], str]:
+    """``({"synthetic": pages, "sroie": receipts, "funsd": forms}, message)`` for an
+    experiment chapter.
 
     Pages are ``synthetic_documents(n_synthetic, seed=SYNTHETIC_SEED + seed)``; receipts are
-    the first ``n_receipts`` of ``dataset_path("sroie-dev", data_dir)`` (sorted by id).
-    ``wording`` phrases the questions (``"default"``, or a held-out set of templates; see
-    :mod:`fovea_core.eval.documents`); the pages and answers do not change with it.
-    When that folder is missing (:class:`~fovea_core.paths.DatasetNotFound`) or
-    ``n_receipts == 0`` the ``"sroie"`` key is absent and ``message`` says why, so a
-    notebook prints it and carries on with the synthetic pages.
+    the first ``n_receipts`` of ``dataset_path("sroie-dev", data_dir)`` (sorted by id);
+    forms the first ``n_forms`` of ``dataset_path("funsd-dev", data_dir)``
+    (:func:`fovea_core.eval.funsd.load_funsd`, sorted by name; default 0: no forms, as
+    before this keyword existed). ``wording`` phrases the questions (``"default"``, or a
+    held-out set of templates; see :mod:`fovea_core.eval.documents`); the pages and answers
+    do not change with it. When a folder is missing
+    (:class:`~fovea_core.paths.DatasetNotFound`) or its count is 0 the ``"sroie"`` /
+    ``"funsd"`` key is absent and ``message`` says why, so a notebook prints it and carries
+    on with the other sets; what the forms' loader skipped (entities, links) is in
+    ``message`` too.
 
     Every experiment chapter loads the same sets (about 10 s: drawing the pages' text,
     matching the receipts' fields to their boxes), so the result is kept in
     ``cache_dir`` (``"default"``: ``data/cache/datasets``; ``None``: no cache), the pages as
     lossless PNG (40 MB for the default profile instead of 0.8 GB of raw pixels; ~3 s to
-    read back), keyed by the arguments, the ``fovea_core`` source and the receipts' files
-    (names, sizes, mtimes): a read-back is the same documents, byte for byte.
+    read back), keyed by the arguments, the ``fovea_core`` source and the receipts' and
+    forms' files (names, sizes, mtimes): a read-back is the same documents, byte for byte.
     """
     if n_synthetic < 1:
         raise ValueError(f"n_synthetic must be >= 1, got {n_synthetic}")
     if n_receipts < 0:
         raise ValueError(f"n_receipts must be >= 0, got {n_receipts}")
+    if isinstance(n_forms, bool) or not isinstance(n_forms, int) or n_forms < 0:
+        raise ValueError(f"n_forms must be an int >= 0, got {n_forms!r}")
     if cache_dir is None:
-        return _load_datasets(n_synthetic, n_receipts, data_dir, seed, wording)
+        return _load_datasets(n_synthetic, n_receipts, data_dir, seed, wording, n_forms)
     from fovea_core.eval.sweep import _code_fingerprint
 
     root = project_root() / "data" / "cache" / "datasets" if cache_dir == "default" \
         else Path(cache_dir)
-    key = hashlib.sha1(json.dumps(dict(
-        v=1, n=[n_synthetic, n_receipts], seed=seed, wording=wording, code=_code_fingerprint(),
-        files=_receipt_files(data_dir) if n_receipts else None)).encode()).hexdigest()
+    spec = dict(v=1, n=[n_synthetic, n_receipts], seed=seed, wording=wording,
+                code=_code_fingerprint(), files=_receipt_files(data_dir) if n_receipts else None)
+    if n_forms:                                 # absent when 0: the keys of before n_forms
+        spec.update(forms=n_forms, funsd_files=_dataset_files("funsd-dev", data_dir))
+    key = hashlib.sha1(json.dumps(spec).encode()).hexdigest()
     path = root / f"{key[:20]}.pkl"
     if path.exists():
         with open(path, "rb") as f:
             packed, msg = pickle.load(f)
         return {k: [_unpack(d) for d in v] for k, v in packed.items()}, msg
-    datasets, msg = _load_datasets(n_synthetic, n_receipts, data_dir, seed, wording)
+    datasets, msg = _load_datasets(n_synthetic, n_receipts, data_dir, seed, wording, n_forms)
     root.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -123,8 +133,13 @@ def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int
 
 def _receipt_files(data_dir) -> list | str:
     """``[(relative path, size, mtime_ns)]`` of the SROIE dev folder, or why it is missing."""
+    return _dataset_files("sroie-dev", data_dir)
+
+
+def _dataset_files(name: str, data_dir) -> list | str:
+    """``[(relative path, size, mtime_ns)]`` of dataset ``name``, or why it is missing."""
     try:
-        base = dataset_path("sroie-dev", data_dir)
+        base = dataset_path(name, data_dir)
     except DatasetNotFound as err:
         return f"missing: {err}"
     return sorted((p.relative_to(base).as_posix(), st.st_size, st.st_mtime_ns)
@@ -149,22 +164,45 @@ def _unpack(doc: Document) -> Document:
 
 
 def _load_datasets(n_synthetic: int, n_receipts: int, data_dir, seed: int,
-                   wording: str) -> tuple[dict[str, list[Document]], str]:
+                   wording: str, n_forms: int = 0) -> tuple[dict[str, list[Document]], str]:
     from fovea_core.eval.sroie import load_sroie
 
     kw = {} if wording == "default" else {"wording": wording}
     datasets = {"synthetic": synthetic_documents(n_synthetic, seed=SYNTHETIC_SEED + seed, **kw)}
     if n_receipts == 0:
-        return datasets, "SROIE skipped: n_receipts = 0 in this profile."
+        msg = "SROIE skipped: n_receipts = 0 in this profile."
+    else:
+        try:
+            receipts = load_sroie(dataset_path("sroie-dev", data_dir), limit=n_receipts, **kw)
+        except DatasetNotFound as err:
+            receipts, msg = [], (f"SROIE skipped (dataset not found): "
+                                 f"{str(err).rstrip('.')}. The real-data rows below are "
+                                 "absent; the synthetic results stand alone.")
+        else:
+            msg = f"SROIE: {len(receipts)} receipts loaded."
+        if receipts:
+            datasets["sroie"] = receipts
+    if n_forms == 0:
+        return datasets, msg
+    return datasets, f"{msg} {_load_forms(datasets, n_forms, data_dir, wording)}"
+
+
+def _load_forms(datasets: dict, n_forms: int, data_dir, wording: str) -> str:
+    """Add the first ``n_forms`` FUNSD dev forms to ``datasets["funsd"]``; the message
+    (how many forms and questions, what the loader skipped, or why there are none)."""
+    from fovea_core.eval.funsd import load_funsd
+
+    notes: list[str] = []
     try:
-        receipts = load_sroie(dataset_path("sroie-dev", data_dir), limit=n_receipts, **kw)
+        forms = load_funsd("funsd-dev", data_dir=data_dir, limit=n_forms, wording=wording,
+                           log=notes.append)
     except DatasetNotFound as err:
-        return datasets, (f"SROIE skipped (dataset not found): {str(err).rstrip('.')}. "
-                          "The real-data rows below are absent; the synthetic results "
-                          "stand alone.")
-    if receipts:
-        datasets["sroie"] = receipts
-    return datasets, f"SROIE: {len(receipts)} receipts loaded."
+        return (f"FUNSD skipped (dataset not found): {str(err).rstrip('.')}. The form rows "
+                "below are absent.")
+    if forms:
+        datasets["funsd"] = forms
+    n_q = sum(len(d.questions) for d in forms)
+    return " ".join([f"FUNSD: {len(forms)} forms, {n_q} questions loaded.", *notes])
 
 
 def foveal_ratio_pyramid(pyramid: Pyramid, scores, budget: int, *, ratio: float = 0.3,
