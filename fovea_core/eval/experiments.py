@@ -401,9 +401,10 @@ def area_resize_rows(datasets, budget: int = N_REF, *, reader=None, patch: int =
     """The reader on a *direct* resize of each page, as sweep-shaped rows
     (``allocator="cv2_area_resize"``): the page scaled by ``2**-level`` of
     :func:`~fovea_core.allocators.grid.resize_grid` with ``cv2.resize(INTER_AREA)`` (what an
-    image processor does), blown back up with nearest-neighbour blocks, read at the answer
-    boxes. Paired with the ``resize`` rows of a sweep it checks that the TokenSet baseline
-    (pyramid + trilinear sampler) sees what a plain resize sees."""
+    image processor does), blown back up bicubically (``INTER_CUBIC``: a continuous
+    reconstruction, no blocks), read at the answer boxes. Paired with the ``resize`` rows
+    of a sweep it checks that the TokenSet baseline (area sampler + smooth painter of
+    :mod:`fovea_core.sample`) sees what a plain resize sees."""
     import cv2
     import pandas as pd
 
@@ -420,7 +421,7 @@ def area_resize_rows(datasets, budget: int = N_REF, *, reader=None, patch: int =
             s = 2.0 ** -level
             small = cv2.resize(doc.image, (max(1, round(w * s)), max(1, round(h * s))),
                                interpolation=cv2.INTER_AREA)
-            up = cv2.resize(small, (w, h), interpolation=cv2.INTER_NEAREST)
+            up = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
             for q in doc.questions:
                 pred = reader.read(up, q.boxes)
                 rows.append(dict(dataset=name, doc_id=doc.doc_id, qid=q.qid, field=q.field,
