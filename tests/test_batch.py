@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book.batch import glue_scalar, grid, parse_value, run_name
+from fovea_core.book import batch
+from fovea_core.book.batch import (check_grid, glue_scalar, grid, notebook_parameters,
+                                   parse_parameter, parse_value, run_name, run_path, slug)
+from fovea_core.book.cli import main
+from fovea_core.book.runner import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
+BATCH = FIXTURES / "batch.ipynb"
 
 
 def test_values_parse_as_literals_else_text():
@@ -83,3 +88,95 @@ def test_batch_runs_the_grid_collects_the_table_and_resumes(tmp_path):
     assert [r["product"] for r in rows] == ["10", "20", "30", ""]
     assert (folder / "a=1,label=q.ipynb").stat().st_mtime_ns == mtime
     assert "a=x,label=q.ipynb: cell 2" in second.stdout and "ValueError" in second.stdout
+
+
+# --- checked before anything runs (issue 21, item 8) ---------------------------------------
+
+def _write_notebook(path: Path, *sources: tuple[str, list[str]]) -> Path:
+    cells = [{"cell_type": "code", "metadata": {"tags": tags}, "source": src, "outputs": [],
+              "execution_count": None} for src, tags in sources]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+def test_the_parameters_cell_is_read_without_a_kernel(tmp_path):
+    params = notebook_parameters(BATCH)
+    assert list(params) == ["profile", "a", "b", "label"]
+    assert params["a"].default == 1 and params["label"].text_default
+    assert not params["a"].text_default
+    nb = _write_notebook(tmp_path / "nb.ipynb",
+                         ("x = 1\n", []),                                 # not tagged
+                         ("n: int = 3\nsizes = None  # per profile\nk, m = 1, 2\n"
+                          "root = Path('.') / 'x'\nif True:\n    hidden = 1\n", ["parameters"]))
+    params = notebook_parameters(nb)
+    assert list(params) == ["n", "sizes", "k", "m", "root"]
+    assert params["n"].default == 3 and params["sizes"].literal and params["sizes"].default is None
+    assert not params["root"].literal and params["root"].source == "Path('.') / 'x'"
+    assert notebook_parameters(_write_notebook(tmp_path / "none.ipynb", ("x = 1", []))) == {}
+    with pytest.raises(UsageError, match="does not parse"):
+        notebook_parameters(_write_notebook(tmp_path / "bad.ipynb", ("x = (", ["parameters"])))
+
+
+def test_unknown_names_are_refused_with_the_valid_ones():
+    with pytest.raises(UsageError, match=r"no parameter 'zzz'.*defines: a, b, label$"):
+        check_grid(BATCH, [["zzz", "5"]])
+    with pytest.raises(UsageError, match=r"no parameter '\.\./\.\./x'"):
+        check_grid(BATCH, [["../../x", "1"]])
+    with pytest.raises(UsageError, match="--profile"):
+        check_grid(BATCH, [["profile", "full"]])
+    with pytest.raises(UsageError, match="twice"):
+        check_grid(BATCH, [["a", "1"], ["a", "2"]])
+    with pytest.raises(UsageError, match="at least one value"):
+        check_grid(BATCH, [["a"]])
+    assert check_grid(BATCH, [["a", "1", "2"], ["b", "0.5"]]) == [{"a": 1, "b": 0.5},
+                                                                 {"a": 2, "b": 0.5}]
+    assert check_grid(BATCH, []) == [{}]
+
+
+def test_values_are_literals_or_text_only_where_the_default_is_text():
+    params = notebook_parameters(BATCH)
+    assert parse_parameter(params["a"], "[64, 144]") == [64, 144]
+    assert parse_parameter(params["a"], "'x'") == "x"                 # quoted: a string
+    assert parse_parameter(params["label"], "dask") == "dask"         # default "x": text
+    assert parse_parameter(params["label"], "a b") == "a b"
+    assert parse_parameter(params["label"], "7") == 7
+    with pytest.raises(UsageError, match=r"-p a 'foo': not a Python literal \(it reads as a "
+                                         r"variable name\); the default of a is 1"):
+        parse_parameter(params["a"], "foo")
+    with pytest.raises(UsageError, match=r"'\[1,'.*was never closed"):
+        parse_parameter(params["a"], "[1,")
+    with pytest.raises(UsageError, match=r"Call expression"):
+        parse_parameter(params["b"], "open('x')")
+
+
+def test_run_files_stay_in_the_output_folder(tmp_path):
+    assert slug("../../x") == "x" and slug("..") == "empty" and slug("a/b") == "a_b"
+    assert slug("/etc/passwd") == "etc_passwd" and slug(0.5) == "0.5"
+    assert run_name({"../x": "../../y"}) == "x=y"                     # even unchecked names
+    assert run_path(tmp_path, "a=1,b=x") == tmp_path / "a=1,b=x.ipynb"
+    for bad in ("../x", "a/../../x", "a=1/b", "/tmp/x"):
+        with pytest.raises(UsageError, match="outside"):
+            run_path(tmp_path, bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-p", "zzz", "5"], "no parameter 'zzz'; its parameters cell defines: a, b, label"),
+    (["-p", "../../x", "1"], "no parameter '../../x'"),
+    (["-p", "a", "foo"], "-p a 'foo': not a Python literal"),
+    (["-p", "a", "1", "-p", "label", "q", "-p", "zzz", "1"], "no parameter 'zzz'"),
+])
+def test_the_command_refuses_before_running_anything(tmp_path, monkeypatch, capsys, args,
+                                                     message):
+    """The typo once ran the defaults for minutes, exited 0 and labelled them zzz=5; a name
+    with '..' wrote outside _build/runs. Now: exit 2, the reason, nothing run or written."""
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
+    nb = tmp_path / "project" / "batch.ipynb"
+    nb.parent.mkdir()
+    shutil.copy(BATCH, nb)
+    code = main(["batch", "--root", str(nb.parent), str(nb), "--profile", "smoke", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["batch.ipynb", "project"]
+    assert main(["batch", "--root", str(nb.parent), str(nb.parent / "typo.ipynb")]) == 2
+    assert "no such notebook" in capsys.readouterr().err

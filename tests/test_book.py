@@ -420,3 +420,24 @@ def test_a_failure_does_not_stop_the_others_and_is_reported(tmp_path, monkeypatc
     assert sorted(records) == ["notebooks/a.ipynb", "notebooks/c.ipynb", "notebooks/d.ipynb"]
     assert [r.status for r in runner.run_all(root, "smoke", jobs=2)] == [
         "cached", "failed", "cached", "cached"]
+
+
+def test_only_with_a_name_that_matches_no_notebook_fails_before_anything_runs(
+        tmp_path, monkeypatch, capsys):
+    """`book run --only typo` once ran nothing and exited 0; now it exits 2 naming the typo
+    and listing the notebooks, and a valid --only still selects by name."""
+    from fovea_core.book import runner
+    from fovea_core.book.cli import main
+
+    monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("ran"))
+    root = order_project(tmp_path, {"07_v1_grid_topk": None, "08_v2_pyramid": None})
+    with pytest.raises(runner.UsageError, match=r"'typo'.*07_v1_grid_topk\.ipynb, "
+                                                r"08_v2_pyramid\.ipynb"):
+        runner.run_all(root, "smoke", only=["07", "typo"], jobs=1)
+    assert not (root / "_build").exists()
+    assert main(["run", "--root", str(root), "--profile", "smoke", "--only", "typo"]) == 2
+    err = capsys.readouterr().err
+    assert "--only 'typo' matches no notebook" in err and "08_v2_pyramid.ipynb" in err
+    assert runner.select_notebooks(runner.toc_notebooks(root), ["08"]) == [
+        Path("notebooks/08_v2_pyramid.ipynb")]
+    assert len(runner.select_notebooks(runner.toc_notebooks(root), None)) == 2

@@ -6,8 +6,19 @@ copy of ``NOTEBOOK`` per combination of the values into
 the machine has the cores), then collects every glued scalar (numbers, booleans and text
 glued with ``myst_nb.glue``; figures and tables are skipped) of every run into one table,
 ``_build/runs/<notebook>/glued.csv`` (one row per run: its parameters, status, seconds,
-then one column per glue key), and prints it. Values are read as Python literals when
-they parse (``64``, ``0.5``, ``True``, ``[64, 144]``), else as text.
+then one column per glue key), and prints it.
+
+Checked before anything runs (:func:`check_grid`; a :class:`~fovea_core.book.runner.UsageError`
+otherwise, which the command prints and exits 2 on):
+
+* every ``NAME`` is assigned in the notebook's cell tagged ``parameters`` (read with
+  :mod:`ast`, no kernel; :func:`notebook_parameters`), and is not ``profile`` (that is
+  ``--profile``): a typo would otherwise run the defaults for minutes and label them with it;
+* every value is a Python literal (``64``, ``0.5``, ``True``, ``[64, 144]``, ``'"text"'``),
+  or, only where the parameter's default is a string, plain text (``-p backend dask``);
+  anything else is refused with the parser's reason (:func:`parse_parameter`);
+* every run's file stays inside ``<out>/<notebook>/``: names are identifiers, values are
+  reduced to ``[A-Za-z0-9._+-]`` (:func:`slug`), and the resolved path is checked.
 
 Resumable: a run whose executed copy exists and whose inputs (notebook, ``fovea_core``,
 data manifest, environment, parameters; see :mod:`fovea_core.book.cache`) are unchanged
@@ -29,39 +40,159 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from fovea_core.book.cache import CacheRecords, Inputs, notebook_key
-from fovea_core.book.runner import run_notebook
+from fovea_core.book.runner import UsageError, run_notebook
+
+#: Tag of the cell whose assignments are a notebook's parameters (papermill's convention).
+PARAMETERS_TAG = "parameters"
+#: Set by ``--profile``, never by ``-p``.
+PROFILE_PARAMETER = "profile"
 
 GLUE_PREFIX = "application/papermill.record/"
 _NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint|bool_?|complex)\w*\((.*)\)$|^np\.(True|False)_$")
 
 
 def parse_value(text: str) -> object:
-    """A command-line value: a Python literal when it parses, else the text itself."""
+    """A value as text: a Python literal when it parses, else the text itself (used to
+    read back the table's columns; command-line values go through :func:`parse_parameter`)."""
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
         return text
 
 
+@dataclass(frozen=True)
+class Parameter:
+    """One assignment of a notebook's ``parameters`` cell."""
+
+    name: str
+    source: str                # the default as written (``None``, ``"processes"``, ...)
+    default: object = None     # its value, when ``literal``
+    literal: bool = False      # whether the default is a Python literal
+
+    @property
+    def text_default(self) -> bool:
+        """Whether the default is a string (so that plain text is a valid value)."""
+        return self.literal and isinstance(self.default, str)
+
+
+def notebook_parameters(path: Path) -> dict[str, Parameter]:
+    """The names assigned in the cells of ``path`` tagged ``parameters``, in order, with
+    their defaults (read with :mod:`ast`; no kernel starts). A notebook without such a cell
+    has none; one whose cell does not parse raises :class:`UsageError`."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found: dict[str, Parameter] = {}
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code" or \
+                PARAMETERS_TAG not in cell.get("metadata", {}).get("tags", []):
+            continue
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            raise UsageError(f"{path.name}: its parameters cell does not parse ({exc.msg}, "
+                             f"line {exc.lineno})") from None
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+            for target in targets:
+                names = [target] if isinstance(target, ast.Name) else \
+                    list(target.elts) if isinstance(target, ast.Tuple) else []
+                for name in (n for n in names if isinstance(n, ast.Name)):
+                    found[name.id] = _parameter(name.id, node.value, len(names) == 1)
+    return found
+
+
+def _parameter(name: str, value: ast.expr, single: bool) -> Parameter:
+    source = ast.unparse(value)
+    if single:
+        try:
+            return Parameter(name, source, ast.literal_eval(value), True)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return Parameter(name, source)
+
+
+def parse_parameter(param: Parameter, text: str) -> object:
+    """A command-line value of ``param``: the Python literal ``text`` spells; else, where the
+    default is a string, ``text`` itself; else :class:`UsageError` with the reason."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        if param.text_default:
+            return text
+        raise UsageError(
+            f"-p {param.name} {text!r}: not a Python literal ({_why_not_literal(text)}); "
+            f"the default of "
+            f"{param.name} is {param.source}, not a string, so text is not taken as it is: "
+            f"quote it to pass a string (-p {param.name} '\"{text}\"')") from None
+
+
+def _why_not_literal(text: str) -> str:
+    """Why :func:`ast.literal_eval` refuses ``text``, in words."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        return exc.msg if exc.msg.startswith("invalid syntax") else f"invalid syntax: {exc.msg}"
+    except (ValueError, MemoryError, RecursionError) as exc:
+        return type(exc).__name__
+    if isinstance(node, ast.Name):
+        return "it reads as a variable name"
+    return f"it is a {type(node).__name__} expression, not a constant"
+
+
+def check_grid(notebook: Path, params: list[list[str]]) -> list[dict[str, object]]:
+    """:func:`grid` of ``params`` with every name checked against ``notebook``'s
+    ``parameters`` cell and every value parsed by :func:`parse_parameter`; raises
+    :class:`UsageError` (naming the notebook's parameters) before anything runs."""
+    known = notebook_parameters(notebook)
+    bad = [p for p in params if len(p) < 2]
+    if bad:
+        raise UsageError(f"-p needs a name and at least one value: {bad}")
+    names = [p[0] for p in params]
+    valid = ", ".join(n for n in known if n != PROFILE_PARAMETER) or "(none)"
+    if PROFILE_PARAMETER in names:
+        raise UsageError(f"-p {PROFILE_PARAMETER}: the profile is set with --profile")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"{notebook.name} has no parameter {', '.join(map(repr, unknown))}; "
+                         f"its parameters cell defines: {valid}")
+    return grid(params, known)
+
+
 def slug(value: object) -> str:
-    """File-name-safe form of one parameter value (``[64]`` -> ``64``, ``0.5`` -> ``0.5``)."""
+    """File-name-safe form of one parameter value (``[64]`` -> ``64``, ``0.5`` -> ``0.5``,
+    ``"../x"`` -> ``x``): only ``[A-Za-z0-9._+-]``, never a path separator, never only dots."""
     text = value if isinstance(value, str) else json.dumps(value)
     text = re.sub(r"[\[\]{}()'\" ]", "", text)
-    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text).strip("_") or "empty"
+    text = re.sub(r"(?:\.{2,}|[^A-Za-z0-9._+-])+", "_", text).strip("_")   # no "/", no ".."
+    return text or "empty"
 
 
-def grid(params: list[list[str]]) -> list[dict[str, object]]:
-    """Cartesian product of ``[[name, v1, v2, ...], ...]``, in the order given."""
+def grid(params: list[list[str]], known: dict[str, Parameter] | None = None
+         ) -> list[dict[str, object]]:
+    """Cartesian product of ``[[name, v1, v2, ...], ...]``, in the order given. With
+    ``known`` (:func:`notebook_parameters`), values are parsed by :func:`parse_parameter`,
+    else as literals or text (:func:`parse_value`)."""
     names = [p[0] for p in params]
     if len(set(names)) != len(names):
-        raise ValueError(f"a parameter is given twice: {names}")
-    values = [[parse_value(v) for v in p[1:]] for p in params]
+        raise UsageError(f"a parameter is given twice: {names}")
+    values = [[parse_parameter(known[p[0]], v) if known is not None else parse_value(v)
+               for v in p[1:]] for p in params]
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]
 
 
 def run_name(params: dict[str, object]) -> str:
     """``budgets=64,seed=0``: the executed copy's file stem for one grid point."""
-    return ",".join(f"{k}={slug(v)}" for k, v in params.items()) or "defaults"
+    return ",".join(f"{slug(k)}={slug(v)}" for k, v in params.items()) or "defaults"
+
+
+def run_path(folder: Path, name: str) -> Path:
+    """``folder/<name>.ipynb``, refused (:class:`UsageError`) unless it lies directly in
+    ``folder``: whatever a name or value holds, a run writes nowhere else."""
+    path = folder / f"{name}.ipynb"
+    if "/" in name or os.sep in name or path.resolve().parent != folder.resolve():
+        raise UsageError(f"run {name!r} would be written outside {folder}")
+    return path
 
 
 def glue_scalar(output: dict) -> tuple[str, object] | None:
@@ -131,15 +262,19 @@ def _worker_init(threads: int) -> None:
 def run_batch(root: Path, notebook: Path, params: list[list[str]], *, profile: str = "default",
               jobs: int | None = None, out: Path | None = None, force: bool = False,
               timeout: int = 3600, echo=print) -> tuple[list[BatchRun], Path]:
-    """Execute the grid; return the runs and the path of ``glued.csv`` (see module doc)."""
+    """Execute the grid; return the runs and the path of ``glued.csv`` (see module doc).
+    Raises :class:`~fovea_core.book.runner.UsageError` before anything runs when the
+    notebook, a parameter name or a value is not valid (:func:`check_grid`)."""
     src = (notebook if notebook.is_absolute() else Path.cwd() / notebook).resolve()
-    if not src.exists():
-        raise FileNotFoundError(src)
-    points = grid(params)
+    if not src.is_file() or src.suffix != ".ipynb":
+        raise UsageError(f"{notebook}: no such notebook (.ipynb file)")
+    points = check_grid(src, params)         # names, values and paths: before anything runs
     names = [run_name(p) for p in points]
     if len(set(names)) != len(names):        # two values with the same slug: disambiguate
         names = [f"{n}-{i}" for i, n in enumerate(names)]
     folder = (out or root / "_build" / "runs") / src.stem
+    for name in names:
+        run_path(folder, name)
     folder.mkdir(parents=True, exist_ok=True)
     records = CacheRecords.load(folder / ".cache.json")
     shared = Inputs.of(root)

@@ -43,12 +43,22 @@ def _jobs(text: str) -> int:
     return jobs
 
 
+def _usage_error(command: str, exc: Exception) -> int:
+    """Print a :class:`~fovea_core.book.runner.UsageError` (raised before anything ran) as
+    one line and return the exit status 2."""
+    print(f"python -m fovea_core.book {command}: {exc}", file=sys.stderr)
+    return 2
+
+
 def cmd_execute(args: argparse.Namespace) -> int:
-    from fovea_core.book.runner import build_html, run_all
+    from fovea_core.book.runner import UsageError, build_html, run_all
 
     root = _root(args.root)
     if args.command in ("run", "all"):
-        runs = run_all(root, args.profile, only=args.only, force=args.force, jobs=args.jobs)
+        try:
+            runs = run_all(root, args.profile, only=args.only, force=args.force, jobs=args.jobs)
+        except UsageError as exc:
+            return _usage_error(args.command, exc)
         failed = [r for r in runs if not r.ok]
         if failed:
             print("Failed notebooks:\n" + "\n".join(f"  {r.error}" for r in failed),
@@ -85,15 +95,15 @@ def cmd_tidy(args: argparse.Namespace) -> int:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     from fovea_core.book.batch import format_table, run_batch
+    from fovea_core.book.runner import UsageError
 
-    bad = [p for p in args.param if len(p) < 2]
-    if bad:
-        print(f"-p needs a name and at least one value: {bad}", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
-    runs, table = run_batch(_root(args.root), Path(args.notebook), args.param,
-                            profile=args.profile, jobs=args.jobs, force=args.force,
-                            out=args.out, timeout=args.timeout)
+    try:                 # names, values and paths are checked before anything runs
+        runs, table = run_batch(_root(args.root), Path(args.notebook), args.param,
+                                profile=args.profile, jobs=args.jobs, force=args.force,
+                                out=args.out, timeout=args.timeout)
+    except UsageError as exc:
+        return _usage_error("batch", exc)
     print(f"\n{table} ({len(runs)} runs, {time.perf_counter() - t0:.0f} s):")
     print(format_table(table))
     failed = [r for r in runs if r.status == "failed"]
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, parents=[common], help=help_)
         p.add_argument("--profile", default=os.environ.get("PROFILE", "default"), choices=PROFILES)
         p.add_argument("--only", nargs="*",
-                       help="execute only notebooks whose file name contains one of these")
+                       help="execute only notebooks whose file name contains one of these "
+                            "(a name that matches no notebook is an error)")
         p.add_argument("--force", action="store_true", help="re-execute even if cached")
         if name != "build":
             p.add_argument("--jobs", type=_jobs, default=os.environ.get("FOVEA_BOOK_JOBS") or None,
@@ -189,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="run a notebook over a grid of parameters")
     p.add_argument("notebook")
     p.add_argument("-p", "--param", nargs="+", action="append", default=[],
-                   metavar=("NAME", "VALUE"), help="a parameter and its values (repeatable)")
+                   metavar=("NAME", "VALUE"),
+                   help="a parameter of the notebook's parameters cell and its values "
+                        "(repeatable): Python literals, or plain text where the default is a "
+                        "string; an unknown name or a value that does not parse is refused")
     p.add_argument("--profile", default="default", choices=PROFILES)
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=_jobs, default=None,
                    help="processes at once (default: one per core, at most one per run)")
     p.add_argument("--force", action="store_true", help="re-run runs that are already done")
     p.add_argument("--out", type=Path, default=None, help="default: _build/runs")

@@ -85,6 +85,12 @@ class NotebookFailed(RuntimeError):
     """A notebook cell raised during execution."""
 
 
+class UsageError(ValueError):
+    """A command asked for something that does not exist or is not allowed (an unknown
+    notebook or parameter, a value that does not parse, a path outside the output folder).
+    Raised before anything is executed; the command line prints it and exits 2."""
+
+
 def toc_files(root: Path) -> list[str]:
     """All ``file:`` entries of ``root/_toc.yml`` (root page first), in reading order."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())
@@ -128,18 +134,34 @@ def notebook_order(root: Path, toc: Sequence[Path]) -> dict[Path, list[Path]]:
             order[nb] = list(toc[:i])
             continue
         if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
-            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after must be a list of notebook "
+            raise UsageError(f"{nb}: metadata {METADATA_KEY}.after must be a list of notebook "
                              f"stems or {AFTER_ALL!r}, not {after!r}")
         unknown = [a for a in after if a not in index]
         if unknown:
-            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after names unknown notebooks "
+            raise UsageError(f"{nb}: metadata {METADATA_KEY}.after names unknown notebooks "
                              f"{unknown} (not in _toc.yml)")
         later = [a for a in after if index[a] >= i]
         if later:
-            raise ValueError(f"{nb}: metadata {METADATA_KEY}.after names {later}, which do "
+            raise UsageError(f"{nb}: metadata {METADATA_KEY}.after names {later}, which do "
                              "not come before it in _toc.yml")
         order[nb] = [toc[index[a]] for a in after]
     return order
+
+
+def select_notebooks(toc: Sequence[Path], only: Sequence[str] | None) -> list[Path]:
+    """The notebooks of ``toc`` whose file name contains one of ``only`` (all of them when
+    ``only`` is empty or ``None``), in ``toc`` order.
+
+    A key that matches no notebook raises :class:`UsageError` naming it and listing the
+    notebooks: ``--only typo`` must not run nothing and succeed.
+    """
+    if not only:
+        return list(toc)
+    unmatched = [key for key in only if not any(key in nb.name for nb in toc)]
+    if unmatched:
+        raise UsageError(f"--only {' '.join(map(repr, unmatched))} matches no notebook in "
+                         f"_toc.yml; the notebooks are: {', '.join(nb.name for nb in toc)}")
+    return [nb for nb in toc if any(key in nb.name for key in only)]
 
 
 T = TypeVar("T", bound=Hashable)
@@ -382,7 +404,9 @@ def run_all(root: Path, profile: str, *, out: Path | None = None,
     """Execute the ``_toc.yml`` notebooks of ``root`` whose inputs changed; stage them in ``out``.
 
     Up to ``jobs`` at once (default :func:`default_jobs`; ``1``: one after another in this
-    process), in the order of :func:`schedule` and :func:`notebook_order`. Keeps going after
+    process), in the order of :func:`schedule` and :func:`notebook_order`; ``only`` selects
+    notebooks by name (:func:`select_notebooks`; a key that matches none raises
+    :class:`UsageError` before anything runs). Keeps going after
     a failure so that one run reports every broken notebook; the caller decides the exit
     status. Only this process writes the cache records and ``out/timings.json``. One line
     per notebook as it finishes (and, with ``jobs > 1``, one as it starts), a table in TOC
@@ -394,8 +418,8 @@ def run_all(root: Path, profile: str, *, out: Path | None = None,
     out = out or root / "_build" / "src"
     store = store_dir(root, profile)
     toc = toc_notebooks(root)
-    order = notebook_order(root, toc)              # a bad constraint fails before anything runs
-    notebooks = [nb for nb in toc if not only or any(key in nb.name for key in only)]
+    notebooks = select_notebooks(toc, only)        # a typo in --only fails before anything runs
+    order = notebook_order(root, toc)              # so does a bad constraint
     records = CacheRecords.load(store / ".cache.json")
     shared = Inputs.of(root)
     runs: dict[Path, NotebookRun] = {}
