@@ -20,11 +20,12 @@ GET_UV = test -x $(UV) || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
 TORCH_WHEELS ?= /opt/wheels
 TORCH_SOURCE := $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0*),--find-links $(TORCH_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: book test lab lock clean clean-cache data-link help
+.PHONY: book test chromium lab lock clean clean-cache data-link help
 help:
 	@echo "make book [PROFILE=smoke|default|full] [FORCE=1] [JOBS=n]  execute the notebooks whose inputs"
 	@echo "                                          changed (all with FORCE=1; n at once, default 2), then build the HTML"
 	@echo "make test                                 pytest, the book in the smoke profile, every page in Chromium"
+	@echo "make chromium                             install Chromium if missing (root + apt-get), else say how"
 	@echo "make lab                                  JupyterLab on the project's kernel (prints the URL)"
 	@echo "make lock                                 regenerate $(LOCK) from pyproject.toml (UPGRADE=1: newest versions)"
 	@echo "make clean                                remove _build (keeps .venv and data/cache)"
@@ -68,7 +69,12 @@ data-link:
 book: $(STAMP) data-link
 	$(PY) -m fovea_core.book all --profile $(PROFILE) $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),)
 
-test: $(STAMP) data-link
+# Chromium first (the last step needs it): installed where .ci/chromium.sh can (root with
+# apt-get), else make test stops here, before the set-up, with the one-line instruction.
+chromium:
+	@.ci/chromium.sh
+
+test: chromium $(STAMP) data-link
 	$(PY) -m pytest -q
 	$(PY) -m fovea_core.book all --profile smoke
 	$(PY) -m fovea_core.book check-html

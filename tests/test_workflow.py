@@ -1,5 +1,7 @@
 """The publishing workflow (.github/workflows/book.yml): its structure, and actionlint on it."""
 
+import os
+import re
 import shutil
 import socket
 import subprocess
@@ -101,3 +103,91 @@ def test_actionlint_accepts_the_workflow(tmp_path):
     result = subprocess.run([exe, "-no-color", str(broken)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1 and "no-such-job" in result.stdout
+
+
+# --- Chromium for make test (issue 21, item 9) ---------------------------------------------
+
+CHROMIUM_SH = ROOT / ".ci" / "chromium.sh"
+
+
+def test_make_test_checks_chromium_before_pytest():
+    """On a fresh machine without Chromium, make test failed at its very end (the browser
+    check); now its first step installs Chromium or stops with the instruction."""
+    makefile = (ROOT / "Makefile").read_text()
+    prereqs = re.search(r"^test:(.*)$", makefile, re.M).group(1).split()
+    assert prereqs[0] == "chromium", prereqs                   # before the set-up, too
+    recipe = re.search(r"^chromium:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert ".ci/chromium.sh" in recipe
+    assert re.search(r"^\.PHONY:.*\bchromium\b", makefile, re.M)
+    if shutil.which("make"):                                   # the order make would run
+        plan = subprocess.run(["make", "-n", "-C", str(ROOT), "test"], capture_output=True,
+                              text=True, timeout=60).stdout.splitlines()
+        first = lambda text: next(i for i, ln in enumerate(plan) if text in ln)  # noqa: E731
+        assert first(".ci/chromium.sh") < first("-m pytest") < first("check-html"), plan
+
+
+def test_ci_run_uses_the_same_chromium_script_then_exactly_make_test():
+    lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[-2:] == [".ci/chromium.sh", "make test"]
+    assert "apt-get" not in "\n".join(lines)                   # the install lives in one place
+    assert os.access(CHROMIUM_SH, os.X_OK)
+
+
+def _fake_machine(tmp_path: Path, *, uid: int, apt: bool, chromium: bool) -> tuple[Path, Path]:
+    """A PATH holding only fakes: ``id`` (prints ``uid``), ``apt-get`` (logs its arguments;
+    ``install`` puts a fake ``chromium`` on the PATH) and ``chromium`` if asked."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "apt.log"
+
+    def script(name: str, body: str) -> None:
+        (bin_ / name).write_text(f"#!{BASH}\n{body}\n")
+        (bin_ / name).chmod(0o755)
+
+    script("id", f"echo {uid}")
+    if apt:
+        script("apt-get", f'echo "$@" >> {log}\n'
+                          f'if [ "$1" = install ]; then printf "#!{BASH}\\n" > {bin_}/chromium; '
+                          f"{CHMOD} +x {bin_}/chromium; fi")
+    if chromium:
+        script("chromium", "exit 0")
+    return bin_, log
+
+
+BASH = shutil.which("bash") or "/bin/bash"
+CHMOD = shutil.which("chmod") or "/bin/chmod"
+
+
+@pytest.mark.parametrize("uid, apt, chromium, code, installs", [
+    (0, True, True, 0, False),          # found: nothing to do
+    (0, True, False, 0, True),          # root with apt-get: installs it
+    (1000, True, False, 1, False),      # not root: the instruction, exit 1
+    (0, False, False, 1, False),        # no apt-get: the instruction, exit 1
+])
+def test_chromium_script_installs_where_it_can_else_says_how(tmp_path, uid, apt, chromium,
+                                                             code, installs):
+    bin_, log = _fake_machine(tmp_path, uid=uid, apt=apt, chromium=chromium)
+    env = {"PATH": str(bin_), "HOME": str(tmp_path)}
+    result = subprocess.run([BASH, str(CHROMIUM_SH)], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == code, result.stdout + result.stderr
+    calls = log.read_text().splitlines() if log.exists() else []
+    if installs:
+        assert calls[0].startswith("update") and "install" in calls[-1]
+        assert "--no-install-recommends chromium" in calls[-1]
+    else:
+        assert calls == []
+    if code:
+        err = result.stderr.strip().splitlines()
+        assert len(err) == 1 and "apt-get install -y --no-install-recommends chromium" in err[0]
+    else:
+        assert result.stderr == ""
+    # $CHROMIUM names another executable: found, nothing installed
+    if not chromium:
+        (bin_ / "my-chrome").write_text(f"#!{BASH}\n")
+        (bin_ / "my-chrome").chmod(0o755)
+        log.unlink(missing_ok=True)
+        again = subprocess.run([BASH, str(CHROMIUM_SH)], capture_output=True, text=True,
+                               env={**env, "CHROMIUM": "my-chrome"}, timeout=60)
+        assert again.returncode == 0 and not log.exists(), again.stderr
