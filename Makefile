@@ -20,7 +20,7 @@ GET_UV = test -x $(UV) || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
 TORCH_WHEELS ?= /opt/wheels
 TORCH_SOURCE := $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0*),--find-links $(TORCH_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: book test chromium lab lock clean clean-cache data-link help
+.PHONY: book test chromium tesseract lab lock clean clean-cache data-link help
 help:
 	@echo "make book [PROFILE=smoke|default|full] [FORCE=1] [JOBS=n]  execute the notebooks whose inputs"
 	@echo "                                          changed (all with FORCE=1; n at once, default 2), then build the HTML"
@@ -66,7 +66,7 @@ data-link:
 	@if [ ! -e data/external ] && [ -d ../shared/datasets ]; then \
 	  ln -s ../../shared/datasets data/external && echo "linked data/external -> ../shared/datasets"; fi
 
-book: $(STAMP) data-link
+book: tesseract $(STAMP) data-link
 	$(PY) -m fovea_core.book all --profile $(PROFILE) $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),)
 
 # Chromium first (the last step needs it): installed where .ci/chromium.sh can (root with
@@ -74,7 +74,12 @@ book: $(STAMP) data-link
 chromium:
 	@.ci/chromium.sh
 
-test: chromium $(STAMP) data-link
+# The second OCR reader (tesseract): installed where .ci/tesseract.sh can, else its tests and
+# book sections are skipped with the reason (optional, never stops the build).
+tesseract:
+	@.ci/tesseract.sh
+
+test: chromium tesseract $(STAMP) data-link
 	$(PY) -m pytest -q
 	$(PY) -m fovea_core.book all --profile smoke
 	$(PY) -m fovea_core.book check-html
