@@ -326,3 +326,242 @@ def adaptive_stratified(pyramid: Pyramid, scores, budget: int, *, choices=(2, 4,
     idx = select(flat, n, tier)
     return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
+
+
+# ----------------------------------------------------------------------------- document peer
+#: Default blank / duplicate tolerance of :func:`resize_nonblank`: one 8-bit grey level.
+#: A cell whose samples span at most one step of an 8-bit image (``max - min <= 1/255``)
+#: is uniform to the precision the page was stored with. Chosen on synthetic pages
+#: (:func:`fovea_core.eval.documents.make_document`: exactly uniform white paper) and on
+#: training pages only (``sroie-train``, ``funsd-train``: cells touching an annotated word
+#: against the rest, at the ``resize`` scales of N = 273, 1024 and the full page): the
+#: sampler's round-off on uniform paper at fractional levels (about 1e-3) stays below it,
+#: and above it more and more cells touching words (faint thermal print on receipts) are
+#: called blank while little more background is. ``0.0`` would call nothing blank at a
+#: fractional level on those scans.
+NONBLANK_THRESHOLD = 1.0 / 255.0
+
+
+def resize_scales(image_size: tuple[int, int], patch: int = 16
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every scale at which the ``resize`` grid changes: ``(s [K], rows [K], cols [K])``.
+
+    The candidates of :func:`resize_grid` (``s = k patch / H`` and ``s = k patch / W``,
+    ``k >= 1``, clipped to ``s <= 1``) plus ``s = 1``, sorted ascending and de-duplicated
+    (float64); ``rows = ceil(H s / patch)``, ``cols = ceil(W s / patch)`` with the same hair
+    of slack as :func:`resize_grid`, so ``rows * cols`` is non-decreasing in ``s``. Between
+    two consecutive candidates the grid does not change, so these are the only scales a
+    search over "the page resized at any ``s <= 1``" needs.
+    """
+    h, w = (int(v) for v in image_size)
+    if h < 1 or w < 1:
+        raise ValueError(f"image_size must be positive (H, W), got {image_size!r}")
+    if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
+        raise ValueError(f"patch must be an int >= 1, got {patch!r}")
+    gh, gw = -(-h // patch), -(-w // patch)
+    s = torch.cat([torch.arange(1, gh + 1, dtype=torch.float64) * patch / h,
+                   torch.arange(1, gw + 1, dtype=torch.float64) * patch / w,
+                   torch.ones(1, dtype=torch.float64)]).clamp(max=1.0)
+    s = torch.unique(s)                                                   # sorted ascending
+    rows = torch.ceil(h * s / patch - 1e-9).clamp(min=1).long()
+    cols = torch.ceil(w * s / patch - 1e-9).clamp(min=1).long()
+    return s, rows, cols
+
+
+def _grid_centres(image_size: tuple[int, int], r: int, c: int, level: float, patch: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Centres ``(cx [r c], cy [r c])`` (float64, normalised) of the ``r x c`` grid of
+    ``patch * 2**level``-px cells centred on the page (``resize``'s layout, row-major), and
+    each cell's squared distance to the page centre in pixels ``[r c]``."""
+    h, w = image_size
+    side = patch * 2.0**level
+    cells = torch.arange(r * c)
+    rows, cols = cells // c, cells % c
+    ox, oy = (w - c * side) / 2, (h - r * side) / 2
+    cx = (ox + (cols.double() + 0.5) * side) / w
+    cy = (oy + (rows.double() + 0.5) * side) / h
+    dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
+    return cx, cy, dist
+
+
+def nonblank_cells(pyramid: Pyramid, rows: int, cols: int, level: float, *, patch: int = 16,
+                   threshold: float = NONBLANK_THRESHOLD) -> torch.Tensor:
+    """``[B, rows * cols]`` bool: the cells of the centred ``rows x cols`` resize grid at
+    ``level`` that ``resize_nonblank`` keeps (neither blank nor a duplicate), row-major.
+
+    Each cell is read as a token (``resize``'s centre, clamped to ``[0, 1]``, and ``level``)
+    by :func:`fovea_core.sample.sample`: its ``[C, p, p]`` samples ``x``.
+
+    * **blank**: ``max(x) - min(x) <= threshold`` (over channels and samples; ``0.0`` =
+      exactly uniform);
+    * **duplicate**: not blank, and the quantised patch ``round(x / threshold)`` (``x``
+      itself, bit for bit, when ``threshold == 0``) equals that of an earlier cell in
+      row-major order: exact de-duplication of the quantised patch, as PixelPrune does with
+      a hash of the patch [PixelPrune, arXiv:2604.00886]; here ``torch.unique`` over the
+      quantised rows (exact, no hash collisions).
+
+    Vectorised over cells and images (one ``sample`` call, one ``unique`` per image).
+    """
+    from fovea_core.sample import sample                     # the lead's sampler, public API
+
+    b = pyramid.batch_size
+    h, w = pyramid.image_size
+    cx, cy, _ = _grid_centres((h, w), rows, cols, level, patch)
+    m = rows * cols
+    centers = torch.stack([cx, cy], -1).float().clamp(0, 1).expand(b, m, 2)
+    levels = torch.full((b, m), min(level, pyramid.num_levels - 1.0), dtype=torch.float32)
+    toks = TokenSet(centers, levels, torch.zeros(b, m), torch.full((b, 1, 2), 0.5), (h, w), patch)
+    x = sample(pyramid, toks).flatten(2).cpu()                            # [B, M, C p p]
+    blank = (x.amax(-1) - x.amin(-1)) <= threshold                        # [B, M]
+    q = torch.round(x.double() / threshold).long() if threshold > 0 else x
+    keep = ~blank
+    idx = torch.arange(m)
+    for i in range(b):                                                    # unique is per image
+        _, inv = torch.unique(q[i], dim=0, return_inverse=True)
+        # first (row-major) non-blank occurrence of each distinct patch
+        first = torch.full((m,), m, dtype=torch.long).scatter_reduce(
+            0, inv, torch.where(blank[i], m, idx), reduce="amin")
+        keep[i] &= first[inv] == idx
+    return keep
+
+
+def _nonblank_reads(pyramid: Pyramid) -> int:
+    """Pixels ``resize_nonblank`` looks at to decide, an upper bound: the whole page at full
+    resolution (the finest candidate its search can read is ``s = 1``; every candidate
+    reads pyramid levels made from the same pixels, which are not counted again)."""
+    h, w = pyramid.image_size
+    return int(h * w)
+
+
+@register("resize_nonblank", family="grid", version="peer", coverage="all", content=True,
+          reads=_nonblank_reads, uses_scores=False)
+def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
+                    threshold: float = NONBLANK_THRESHOLD, fixation=None, query=None,
+                    seed: int = 0, patch: int = 16) -> TokenSet:
+    """Document peer: the finest resize whose non-blank, non-duplicate cells fit ``budget``.
+
+    PixelPrune [arXiv:2604.00886] observes that only a fraction of a document's patches are
+    pixel-unique and drops blank and repeated patches before the encoder. Here that rule
+    picks the scale: among the scales at which the ``resize`` grid changes
+    (:func:`resize_scales`, every ``s <= 1`` that matters, from ``resize``'s own scale up to
+    the full page), take the largest ``s`` whose grid has at most ``budget`` *kept* cells
+    (:func:`nonblank_cells`: neither blank, ``max - min <= threshold``, nor a duplicate of
+    an earlier kept cell), and return those cells at level ``log2(1 / s)``. The kept count
+    is treated as non-decreasing in ``s`` (finer grids hold more cells; a blank region
+    stays blank) and found by a search over the sorted candidates that starts at
+    ``resize``'s scale, extrapolates the kept fraction until a probe overflows, then
+    alternates regula falsi (kept interpolated linearly in the cell count) and bisection
+    inside the bracket (``O(log sqrt(M))`` reads at worst, ``M = Gh Gw``; the finest scale
+    is read only when the search gets there): the result satisfies ``kept(s) <= budget < kept(next finer candidate)``, or
+    ``s = 1``. ``resize``'s own scale
+    always fits (kept <= cells <= budget), so the result is never coarser than ``resize``;
+    on a page with no blank or repeated cell it is ``resize``'s grid exactly.
+
+    Leftovers, ``budget - kept``, are spent as ``resize`` spends its own: pass ``k`` re-reads
+    the kept cells nearest the page centre at level ``max(level - 1 - k, 0)`` (while those
+    levels stay distinct); only if more remain (a nearly blank page at level 0) they read
+    the skipped cells of the chosen grid nearest the centre. So exactly ``budget`` distinct
+    tokens come out; blank and duplicate cells are otherwise absent (a reconstruction paints
+    them with its background).
+
+    Args:
+        threshold: blank / duplicate tolerance in image units (``[0, 1]`` pixel values),
+            ``>= 0``; default :data:`NONBLANK_THRESHOLD` (one 8-bit grey level). ``0.0``:
+            only exactly uniform cells are blank and only bit-identical patches duplicates.
+
+    Scores: the level-0 score under each centre (not used to choose). Content decides; the
+    scores and ``fixation`` do not (the fixation recorded is the resolved one).
+    Raises ``ValueError`` for a budget outside ``[1, Gh Gw]`` or below what the pyramid's
+    coarsest level allows (as ``resize``), and for a negative or non-finite ``threshold``.
+    """
+    s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize_nonblank")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not math.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"resize_nonblank: threshold must be a finite number >= 0 (pixel "
+                         f"range in [0, 1] image units), got {threshold!r}")
+    threshold = float(threshold)
+    fix = resolve_fixation(fixation, s)
+    b, gh, gw = s.shape
+    h, w = pyramid.image_size
+    r0, c0, level0 = resize_grid((h, w), n, patch)
+    if level0 > pyramid.num_levels - 1 + 1e-9:
+        th, tw = pyramid.grid_shape(patch, pyramid.num_levels - 1)
+        raise ValueError(f"resize_nonblank: budget {n} needs level {level0:.2f} but the "
+                         f"pyramid has {pyramid.num_levels} levels; use budget >= {th * tw} "
+                         "or a deeper pyramid")
+    sc, rr, cc = resize_scales((h, w), patch)
+    start = int(((rr * cc <= n) * torch.arange(1, len(sc) + 1)).argmax())   # resize's scale
+    assert int(rr[start]) == r0 and int(cc[start]) == c0, "resize_scales disagrees with resize_grid"
+    last = len(sc) - 1
+
+    def level_of(k: int) -> float:
+        return level0 if k == start else math.log2(1.0 / float(sc[k]))
+
+    centers, levels, cells_at = [], [], []
+    for i in range(b):                      # the scale is chosen per image (O(log) reads each)
+        one = Pyramid(tuple(lv[i:i + 1] for lv in pyramid.levels))
+        cache: dict[int, torch.Tensor] = {}
+
+        def kept(k: int) -> torch.Tensor:
+            if k not in cache:
+                cache[k] = nonblank_cells(one, int(rr[k]), int(cc[k]), level_of(k),
+                                          patch=patch, threshold=threshold)[0]
+            return cache[k]
+
+        # search up from resize's scale (which fits: kept <= cells <= n). The kept count
+        # is nearly linear in the cell count, so probes interpolate it: first extrapolate
+        # (kept fraction at the last probe, 15 % beyond the target, until a probe overflows),
+        # then regula falsi inside the bracket kept(lo) <= n < kept(hi), every other step
+        # a bisection so that the bracket at least halves every two probes
+        cells = (rr * cc).double()
+        lo, hi, step = start, None, 0
+        m_lo = int(kept(lo).sum())
+        while True:
+            if hi is None:
+                want = 1.15 * n * float(cells[lo]) / max(m_lo, 0.5)
+                probe = min(max(int((cells <= want).sum()) - 1, lo + 1), last)
+            elif hi - lo <= 1:
+                break
+            elif step % 2:
+                probe = (lo + hi) // 2
+            else:
+                want = float(cells[lo]) + (n - m_lo) * float(cells[hi] - cells[lo]) / max(m_hi - m_lo, 1)
+                probe = min(max(int((cells <= want).sum()) - 1, lo + 1), hi - 1)
+            if lo == last:
+                break
+            m = int(kept(probe).sum())
+            step += 1
+            if m <= n:
+                lo, m_lo = probe, m
+            else:
+                hi, m_hi = probe, m
+        k = lo
+        r, c, level = int(rr[k]), int(cc[k]), level_of(k)
+        keep = kept(k)
+        cx, cy, dist = _grid_centres((h, w), r, c, level, patch)
+        idx = torch.arange(r * c)
+        kidx, sidx = idx[keep], idx[~keep]
+        nk, extra = len(kidx), n - len(kidx)
+        # pass p re-reads the kept cells nearest the centre at max(level - 1 - p, 0); the
+        # passes stay distinct while level - p > 1 / LEVEL_QUANTUM-ish (ceil(level - tol))
+        passes = max(math.ceil(level - 1.0 / 256), 0)
+        n_fine = min(extra, nk * passes)
+        j = torch.arange(n_fine)
+        near = kidx[torch.sort(dist[kidx], stable=True).indices][j % max(nk, 1)] \
+            if n_fine else idx[:0]
+        finer = (level - 1.0 - (j // max(nk, 1)).double()).clamp(min=0.0)
+        n_skip = extra - n_fine
+        if n_skip > len(sidx):
+            raise ValueError(f"resize_nonblank: a {r}x{c} grid at level {level:.2f} with "
+                             f"{nk} kept cells cannot give {n} distinct tokens")
+        fill = sidx[torch.sort(dist[sidx], stable=True).indices[:n_skip]]
+        lv = min(level, pyramid.num_levels - 1.0)
+        pick = torch.cat([kidx, near, fill])
+        levels.append(torch.cat([torch.full((nk,), lv, dtype=torch.float64), finer,
+                                 torch.full((n_skip,), lv, dtype=torch.float64)]).float())
+        centers.append(torch.stack([cx[pick], cy[pick]], -1).float().clamp(0, 1))
+    cen = torch.stack(centers)                                            # [B, N, 2]
+    br = (cen[..., 1] * h / patch).long().clamp(0, gh - 1)
+    bc = (cen[..., 0] * w / patch).long().clamp(0, gw - 1)
+    sco = s[torch.arange(b)[:, None], br, bc]
+    return TokenSet(cen, torch.stack(levels), sco, fix[:, None], (h, w), patch)
