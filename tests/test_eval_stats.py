@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval.stats import (MIN_DOCS, holm, paired_diffs, paired_family,
+from fovea_core.eval.stats import (MIN_DOCS, curve_budget_at, curve_kept_at, holm,
+                                   paired_diffs, paired_family, prefill_flops, saving_factor,
                                    sign_flip_pvalue, split_halves, verdict)
 
 
@@ -79,3 +80,117 @@ def test_paired_family_verdicts_and_correction():
     assert len(d) == 40 and (d["diff"] <= 0).all()
     with pytest.raises(ValueError, match="baseline"):
         paired_family(t, ["up"], "nope", 100)
+
+
+# ----------------------------------------------------------------------------- resize curve
+BUDGETS = np.array([273, 400, 576, 1024, 1600, 2304, 4096], float)
+
+
+def _log_linear(n, a=0.1, b=0.12):
+    """A curve linear in log2 N: piecewise-linear interpolation in log N is exact on it."""
+    return a + b * np.log2(np.asarray(n, float) / 273)
+
+
+def test_curve_interpolation_is_piecewise_linear_in_log_n():
+    # two points (100, 0.2), (400, 0.6): half way in log N is N = 200, kept 0.4
+    np.testing.assert_allclose(curve_kept_at([100, 400], [0.2, 0.6], 200), 0.4)
+    np.testing.assert_allclose(curve_kept_at([100, 400], [[0.2, 0.6], [0.0, 1.0]], [100, 200]),
+                               [[0.2, 0.4], [0.0, 0.5]])
+    n, cens = curve_budget_at([100, 400], [0.2, 0.6], 0.4)
+    assert cens[0] == 0 and n[0] == pytest.approx(200)
+    np.testing.assert_allclose(curve_kept_at(BUDGETS, _log_linear(BUDGETS), 800), _log_linear(800))
+    with pytest.raises(ValueError, match="range"):
+        curve_kept_at([100, 400], [0.2, 0.6], 50)
+    with pytest.raises(ValueError, match="increasing"):
+        curve_kept_at([400, 100], [0.2, 0.6], 200)
+
+
+def test_the_first_crossing_of_a_non_monotone_curve():
+    # the curve reaches 0.5 between 200 and 400 first (again later): the first crossing counts
+    n, cens = curve_budget_at([100, 200, 400, 800], [0.2, 0.4, 0.6, 0.45], 0.5)
+    assert cens[0] == 0 and n[0] == pytest.approx(200 * 2**0.5)
+
+
+@pytest.mark.parametrize("true_factor", [1.3, 2.0, 3.5, 7.25])
+def test_saving_factor_recovers_a_known_factor(true_factor):
+    rng = np.random.default_rng(1)
+    d = 30
+    off = rng.normal(0, 0.05, size=(d, 1))                    # per-document level, shared
+    curve = _log_linear(BUDGETS)[None] + off
+    method = _log_linear(273 * true_factor) + off[:, 0]
+    f, lo, hi, det = saving_factor(BUDGETS, curve, 273, method)
+    # paired: every resample's offsets cancel, so even the CI is the truth
+    assert f == pytest.approx(true_factor) and det["censored"] is None
+    assert lo == pytest.approx(true_factor) and hi == pytest.approx(true_factor)
+    assert det["n_star"] == pytest.approx(273 * true_factor) and det["ci_method"] == "percentile"
+
+
+def test_saving_factor_ci_contains_the_truth_with_noise():
+    rng = np.random.default_rng(2)
+    d, true_factor = 40, 3.0
+    off = rng.normal(0, 0.05, size=(d, 1))                    # per-document level, shared
+    e = rng.normal(0, 0.02, size=(d, len(BUDGETS)))
+    u = rng.normal(0, 0.03, size=d)
+    # zero-mean noise, so the mean curve and the method's mean cross exactly at 3 x 273
+    curve = _log_linear(BUDGETS)[None] + off + e - e.mean(0)
+    method = _log_linear(273 * true_factor) + off[:, 0] + u - u.mean()
+    f, lo, hi, det = saving_factor(BUDGETS, curve, 273, method)
+    assert f == pytest.approx(true_factor, rel=1e-9)
+    assert lo < true_factor < hi and hi - lo > 0.05            # a real interval around it
+    # unpaired noise widens it: the paired CI is tighter than shuffling the method's rows
+    _, lo2, hi2, _ = saving_factor(BUDGETS, curve, 273, rng.permutation(method))
+    assert hi2 - lo2 > hi - lo
+
+
+def test_censored_factors_are_flagged_not_invented():
+    d = 25
+    curve = np.tile(_log_linear(BUDGETS), (d, 1))
+    above = np.full(d, _log_linear(BUDGETS[-1]) + 0.05)       # beats the full-resolution end
+    f, lo, hi, det = saving_factor(BUDGETS, curve, 273, above)
+    assert np.isnan(f) and det["censored"] == "above"
+    assert det["bound"] == pytest.approx(4096 / 273) and det["text"] == ">= 15.0x"
+    assert hi == np.inf and det["boot_above"] == 1.0
+    below = np.full(d, _log_linear(273) - 0.01)                 # below the curve's first point
+    f, lo, hi, det = saving_factor(BUDGETS, curve, 273, below)
+    assert np.isnan(f) and det["censored"] == "below" and det["text"] == "<= 1.0x"
+    assert det["bound"] == pytest.approx(1.0) and lo == 0.0
+    # a method at a smaller N: the bound is min_N / N
+    f, _, _, det = saving_factor(BUDGETS, curve, 136.5, below)
+    assert det["bound"] == pytest.approx(2.0)
+
+
+def test_saving_factor_bad_input():
+    curve = np.tile(_log_linear(BUDGETS), (5, 1))
+    m = np.full(5, 0.3)
+    with pytest.raises(ValueError, match="method_kept"):
+        saving_factor(BUDGETS, curve, 273, m[:4])
+    with pytest.raises(ValueError, match="curve_kept"):
+        saving_factor(BUDGETS, curve[:, :3], 273, m)
+    with pytest.raises(ValueError, match="curve_kept"):
+        saving_factor(BUDGETS, np.where(curve > 0.3, np.nan, curve), 273, m)
+    with pytest.raises(ValueError, match="method_budget"):
+        saving_factor(BUDGETS, curve, 0, m)
+    with pytest.raises(ValueError, match="curve_budgets"):
+        saving_factor(BUDGETS[::-1], curve, 273, m)
+    with pytest.raises(ValueError, match="n_boot"):
+        saving_factor(BUDGETS, curve, 273, m, n_boot=10)
+
+
+# ----------------------------------------------------------------------------- compute view
+def test_prefill_flops_is_chapter_15s_count():
+    pytest.importorskip("transformers")
+    from fovea_core.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
+    from fovea_core.vlm.qwen import lm_prefill_flops, qwen_config
+
+    tc = qwen_config("qwen2-vl-2b").text_config
+    text = TEXT_BEFORE + TEXT_AFTER
+    got = prefill_flops([273, 4096])
+    want = [lm_prefill_flops(tc, n + text)["total"] for n in (273, 4096)]
+    np.testing.assert_allclose(got, want)
+    assert float(prefill_flops(273, n_text=0)) < float(got[0]) < float(got[1])
+    assert prefill_flops(np.array([[273]])).shape == (1, 1)
+    for bad in (-1, 2.5, float("nan")):
+        with pytest.raises(ValueError, match="n_visual"):
+            prefill_flops(bad)
+    with pytest.raises(ValueError, match="n_text"):
+        prefill_flops(273, n_text=-3)

@@ -11,7 +11,10 @@ The rules are the book's evaluation protocol (``shared/PROTOCOL.md``):
   procedure [Holm 1979] on paired sign-flip (randomisation) p-values
   [Fisher 1935; Good 2005] (:func:`paired_family`);
 * a "best" method or parameter is **selected on one half** of the documents and reported
-  on the other (:func:`split_halves`, a fixed split by document id).
+  on the other (:func:`split_halves`, a fixed split by document id);
+* the **token-saving factor** against the ``resize`` curve (:func:`saving_factor`): how many
+  times the tokens ``resize`` needs to read as well as a method, with censored cases
+  flagged; and the **compute view** (:func:`prefill_flops`, the VLM prefill at N tokens).
 
 :func:`verdict` is the one function that chooses a verdict word in this package; the
 ledger (:mod:`fovea_core.eval.ledger`) and every chapter call it.
@@ -29,7 +32,8 @@ import pandas as pd
 from fovea_core.eval.metrics import bootstrap_ci
 
 __all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "verdict", "split_halves", "holm",
-           "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text"]
+           "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "curve_kept_at",
+           "curve_budget_at", "saving_factor", "prefill_flops"]
 
 #: fewest documents behind any verdict word (PROTOCOL.md)
 MIN_DOCS = 20
@@ -190,3 +194,203 @@ def paired_family(table: pd.DataFrame, methods: Sequence[str], baseline: str,
                       for r in out.itertuples()]
     out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
     return out
+
+
+# ----------------------------------------------------------------------------- resize curve
+def _check_curve(budgets, kept, name: str = "curve_kept") -> tuple[np.ndarray, np.ndarray]:
+    n = np.asarray(budgets, dtype=float)
+    if n.ndim != 1 or len(n) < 2:
+        raise ValueError(f"curve_budgets must be a 1-D sequence of >= 2 budgets, got shape {n.shape}")
+    if not (np.isfinite(n).all() and (n > 0).all() and (np.diff(n) > 0).all()):
+        raise ValueError(f"curve_budgets must be finite, > 0 and strictly increasing, got {n.tolist()}")
+    k = np.asarray(kept, dtype=float)
+    if k.ndim not in (1, 2) or k.shape[-1] != len(n):
+        raise ValueError(f"{name} must be [K] or [docs, K] with K = {len(n)} budgets, "
+                         f"got shape {k.shape}")
+    if not np.isfinite(k).all():
+        raise ValueError(f"{name} must be finite (a NaN/inf in {int((~np.isfinite(k)).sum())} "
+                         "entries); drop or fill those documents first")
+    return n, k
+
+
+def curve_kept_at(budgets: Sequence[float], kept, n: float | Sequence[float]) -> np.ndarray:
+    """The curve's kept at budget(s) ``n``: piecewise-linear interpolation in ``log N``.
+
+    Args:
+        budgets: ``[K]`` strictly increasing budgets of the curve (e.g. ``resize`` at
+            273 ... full).
+        kept: ``[K]`` (a mean curve) or ``[D, K]`` (one curve per document).
+        n: a budget or ``[M]`` budgets, each in ``[budgets[0], budgets[-1]]`` (the curve is
+            not extrapolated).
+
+    Returns:
+        ``kept`` at ``n``: shape ``kept.shape[:-1] + n.shape``.
+    """
+    b, k = _check_curve(budgets, kept, "kept")
+    x = np.asarray(n, dtype=float)
+    if not np.isfinite(x).all() or (x < b[0]).any() or (x > b[-1]).any():
+        raise ValueError(f"n must lie in the curve's range [{b[0]:g}, {b[-1]:g}], got {x.tolist()}")
+    lx, lb = np.log(x), np.log(b)
+    j = np.clip(np.searchsorted(lb, lx, side="right") - 1, 0, len(b) - 2)     # segment
+    t = (lx - lb[j]) / (lb[j + 1] - lb[j])
+    return k[..., j] + t * (k[..., j + 1] - k[..., j])
+
+
+def curve_budget_at(budgets: Sequence[float], curve, target) -> tuple[np.ndarray, np.ndarray]:
+    """The budget at which a curve first reaches ``target`` (inverse of :func:`curve_kept_at`).
+
+    Args:
+        budgets: ``[K]`` strictly increasing.
+        curve: ``[R, K]`` curves (e.g. bootstrap replicates of the mean curve) or ``[K]``.
+        target: ``[R]`` (or a scalar) kept to reach.
+
+    Returns:
+        ``(n_star [R], censored [R] int)``: the smallest ``N`` on the piecewise-linear (in
+        ``log N``) curve with ``curve(N) >= target``; ``censored`` is ``0`` for an
+        interpolated value, ``+1`` when the curve never reaches the target (``n_star``
+        is then ``inf``: the budget needed is beyond ``budgets[-1]``), ``-1`` when the first
+        point already reaches it (``n_star`` is ``budgets[0]``: the budget needed is at most
+        that; the curve is not known below it). Vectorised over ``R``.
+    """
+    b = np.asarray(budgets, dtype=float)
+    c = np.atleast_2d(np.asarray(curve, dtype=float))
+    y = np.broadcast_to(np.asarray(target, dtype=float), c.shape[:1])
+    ge = c >= y[:, None]                                                  # [R, K]
+    reach = ge.any(1)
+    k = np.where(reach, ge.argmax(1), 0)                                  # first point >= target
+    km = np.maximum(k - 1, 0)
+    r = np.arange(len(c))
+    c0, c1 = c[r, km], c[r, k]
+    t = np.where(c1 > c0, (y - c0) / np.where(c1 > c0, c1 - c0, 1.0), 1.0)
+    lb = np.log(b)
+    ln = lb[km] + t * (lb[k] - lb[km])
+    cens = np.where(~reach, 1, np.where(k == 0, -1, 0))
+    n_star = np.where(cens == 1, np.inf, np.where(cens == -1, b[0], np.exp(ln)))
+    return n_star, cens
+
+
+def saving_factor(curve_budgets: Sequence[float], curve_kept, method_budget: float,
+                  method_kept, *, n_boot: int = N_BOOT, seed: int = 0, ci: float = 0.95
+                  ) -> tuple[float, float, float, dict]:
+    """Token-saving factor: ``N*`` / ``method_budget``, where ``N*`` is the budget at which the
+    ``resize`` curve reads as well as the method (``shared/PROTOCOL.md``, "The resize curve").
+
+    The curve is the mean kept over documents at each budget, interpolated piecewise-
+    linearly in ``log N`` (:func:`curve_budget_at`: the first crossing of the method's mean
+    kept); "resize needs ``factor`` x the tokens to read as well".
+
+    Uncertainty: a **percentile** bootstrap [Efron & Tibshirani 1993] over documents,
+    ``n_boot`` resamples, **paired**: each resample draws documents with replacement and
+    uses the same documents for the curve and the method (row ``d`` of ``curve_kept`` and
+    entry ``d`` of ``method_kept`` are the same page).
+
+    Censoring is explicit, never a made-up number:
+
+    * the method's mean kept is above every point of the curve (it beats the
+      full-resolution end): ``factor`` is ``nan``, ``detail["censored"] = "above"`` and the
+      factor is at least ``detail["bound"] = max_N / method_budget``;
+    * the method's mean kept is at or below the curve's first point: ``factor`` is ``nan``,
+      ``detail["censored"] = "below"``, the factor is at most ``min_N / method_budget``.
+
+    Replicates are censored the same way; in the percentile CI an "above" replicate counts
+    as ``+inf`` and a "below" one as ``0``, so a CI end that falls among them is reported as
+    ``inf`` (resp. ``0.0``), a valid but open bound (``detail["boot_above"]`` /
+    ``["boot_below"]``: the share of such replicates).
+
+    Args:
+        curve_budgets: ``[K]`` strictly increasing budgets (``K >= 2``), e.g. 273 ... full.
+        curve_kept: ``[D, K]`` per-document kept (any score, e.g. share of the full-page
+            reading) of ``resize`` at each budget.
+        method_budget: the method's N (> 0).
+        method_kept: ``[D]`` per-document kept of the method, same documents, same order.
+        n_boot: bootstrap resamples (>= 100; the protocol's 2,000 by default).
+        seed: seed of the resampling.
+        ci: coverage in ``(0, 1)``.
+
+    Returns:
+        ``(factor, lo, hi, detail)``; ``detail``: ``n_star`` (``N*`` or ``nan``),
+        ``censored`` (``None`` / ``"above"`` / ``"below"``), ``bound`` (the censoring bound
+        of the factor, or ``None``), ``target`` (method's mean kept), ``curve`` (``[K]``
+        mean curve), ``n_docs``, ``boot_above``, ``boot_below``, ``ci_method``
+        (``"percentile"``), ``text`` (e.g. ``"3.2x [2.1, 4.8]"``, ``">= 8.4x"``).
+    """
+    b, k = _check_curve(curve_budgets, curve_kept)
+    if k.ndim != 2:
+        raise ValueError(f"curve_kept must be [docs, K], got shape {k.shape}")
+    m = np.asarray(method_kept, dtype=float)
+    if m.ndim != 1 or len(m) != len(k):
+        raise ValueError(f"method_kept must be [docs] with docs = {len(k)} (the rows of "
+                         f"curve_kept), got shape {m.shape}")
+    if not np.isfinite(m).all():
+        raise ValueError("method_kept must be finite (drop or fill those documents first)")
+    if len(m) < 1:
+        raise ValueError("saving_factor needs at least one document")
+    nb = float(method_budget)
+    if not (math.isfinite(nb) and nb > 0):
+        raise ValueError(f"method_budget must be a finite number > 0, got {method_budget!r}")
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must be in (0, 1), got {ci}")
+    if isinstance(n_boot, bool) or int(n_boot) != n_boot or n_boot < 100:
+        raise ValueError(f"n_boot must be an int >= 100, got {n_boot!r}")
+    curve, target = k.mean(0), float(m.mean())
+    n_star, cens = curve_budget_at(b, curve, target)
+    n_star, cens = float(n_star[0]), int(cens[0])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(m), size=(int(n_boot), len(m)))             # [R, D], paired
+    rn, rc = curve_budget_at(b, k[idx].mean(1), m[idx].mean(1))
+    reps = np.where(rc == 1, np.inf, np.where(rc == -1, 0.0, rn / nb))
+    # linear interpolation between order statistics, as bootstrap_ci; with "above"
+    # replicates (+inf) the order statistic itself (no inf - inf)
+    lo, hi = np.quantile(reps, [(1 - ci) / 2, (1 + ci) / 2],
+                         method="linear" if np.isfinite(reps).all() else "inverted_cdf")
+    censored = {0: None, 1: "above", -1: "below"}[cens]
+    bound = None if cens == 0 else (b[-1] if cens == 1 else b[0]) / nb
+    factor = n_star / nb if cens == 0 else float("nan")
+    if cens == 0:
+        text = f"{factor:.1f}x [{lo:.1f}, {hi:.1f}]"
+    else:
+        text = f"{'>=' if cens == 1 else '<='} {bound:.1f}x"
+    detail = dict(n_star=n_star if cens == 0 else float("nan"), censored=censored, bound=bound,
+                  target=target, curve=curve, n_docs=len(m),
+                  boot_above=float((rc == 1).mean()), boot_below=float((rc == -1).mean()),
+                  ci_method="percentile", text=text)
+    return factor, float(lo), float(hi), detail
+
+
+# ----------------------------------------------------------------------------- compute view
+def prefill_flops(n_visual: int | Sequence[int], n_text: int | None = None, *,
+                  config: str = "qwen2-vl-2b", causal: bool = True) -> np.ndarray:
+    """FLOPs of the language-model prefill of a VLM reading ``n_visual`` visual tokens.
+
+    The compute axis of the resize curve (``shared/PROTOCOL.md``): chapter 15's count, not a
+    new one. It is :func:`fovea_core.vlm.qwen.lm_prefill_flops` (matmul FLOPs from the
+    config, 1 multiply-add = 2 FLOPs, causal attention, LM head on the last position) of
+    ``qwen_config(config).text_config`` at ``S = n_visual + n_text`` tokens; ``n_text``
+    defaults to the prompt of :mod:`fovea_core.bench.vlm_latency` (``TEXT_BEFORE +
+    TEXT_AFTER``), as chapter 15 counts it. The vision tower is not counted (chapter 15:
+    it runs on the full grid either way in this pipeline). Side compute (a detector's FLOPs)
+    is the caller's to add.
+
+    Args:
+        n_visual: a token count or a sequence of them (each an int >= 0).
+        n_text: text tokens of the prompt (int >= 0); default as chapter 15.
+        config: a name of :data:`fovea_core.vlm.qwen.MODEL_NAMES` (default the 2B-class
+            ``"qwen2-vl-2b"``; needs ``transformers``).
+
+    Returns:
+        ``float64`` array shaped like ``n_visual``: total prefill FLOPs.
+    """
+    from fovea_core.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
+    from fovea_core.vlm.qwen import lm_prefill_flops, qwen_config
+
+    n_text = TEXT_BEFORE + TEXT_AFTER if n_text is None else n_text
+    if isinstance(n_text, bool) or int(n_text) != n_text or n_text < 0:
+        raise ValueError(f"n_text must be an int >= 0, got {n_text!r}")
+    nv = np.asarray(n_visual)
+    if nv.dtype.kind not in "iuf" or not np.isfinite(nv).all() or (nv < 0).any() \
+            or (nv != np.round(nv)).any():
+        raise ValueError(f"n_visual must be whole token counts >= 0, got {n_visual!r}")
+    tc = qwen_config(config).text_config
+    flat = [lm_prefill_flops(tc, int(v) + int(n_text), causal=causal)["total"]
+            for v in nv.ravel()]                                          # a few budgets
+    return np.asarray(flat, dtype=float).reshape(nv.shape)
