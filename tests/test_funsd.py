@@ -383,3 +383,19 @@ def test_load_datasets_caches_the_forms_by_their_files(tmp_path, monkeypatch):
     (root / "annotations" / "a.json").write_text(json.dumps({"form": form}) + " ")
     with pytest.raises(pytest.fail.Exception, match="read again"):
         load_datasets(1, 0, data_dir=data_dir, cache_dir=cache, n_forms=1)
+
+
+def test_unambiguous_keeps_the_questions_asked_once_on_the_form():
+    import numpy as np
+
+    from fovea_core.eval.documents import Document, Question
+    from fovea_core.eval.funsd import unambiguous
+
+    def q(qid, key):
+        return Question(qid, f"What is the {key}?", ("x",), ((0, 0, 4, 4),), key)
+
+    doc = Document("f", np.zeros((8, 8, 3), np.uint8),
+                   (q("a", "DATE"), q("b", "SCORE"), q("c", "SCORE"), q("d", "NAME")), source="funsd")
+    out = unambiguous(doc)
+    assert [x.qid for x in out.questions] == ["a", "d"]
+    assert out.image is doc.image and out.doc_id == "f" and len(doc.questions) == 4

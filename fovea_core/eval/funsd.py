@@ -59,7 +59,7 @@ from fovea_core.eval.documents import FORM_FIELD, Box, Document, Question, phras
 from fovea_core.paths import DatasetNotFound, dataset_path
 
 __all__ = ["Skip", "SKIP_REASONS", "form_key", "answer_lines", "parse_form", "load_form",
-           "load_funsd", "reworded", "skip_message"]
+           "load_funsd", "reworded", "skip_message", "unambiguous"]
 
 #: why an entity or link is skipped (the keys of :attr:`Skip.reason`), in the words printed
 SKIP_REASONS = {
@@ -366,6 +366,20 @@ def load_funsd(root_or_name: str | Path | None = None, *, wording: str = "defaul
     if skips or orphans:
         log(skip_message(root.name, docs, skips, orphans))
     return docs
+
+
+def unambiguous(doc: Document) -> Document:
+    """``doc`` with only the questions whose key is asked once on the form.
+
+    A form may link one question to several answers (a table's column header "SCORE" above
+    nine rows): each is a real question -> answer pair, but its question text cannot tell
+    any localiser which of the boxes is meant, so a query-guided method is scored against a
+    choice the question does not specify. The book's form results use the questions whose
+    key (``Question.field``) is unique on their form; the others stay in the loader.
+    """
+    keys = [q.field for q in doc.questions]
+    keep = tuple(q for q, k in zip(doc.questions, keys) if keys.count(k) == 1)
+    return replace(doc, questions=keep)
 
 
 def skip_message(name: str, docs: list[Document], skips: list[Skip],
