@@ -5,6 +5,9 @@
 # come back; the wheels and the pycuda sdist lie in $WHEELS (default ../wheels):
 #     FOVEA_GIT_COMMIT=<sha> OUT=/tmp/out bash cuda/gpu_session.sh [--dry-run]
 # --dry-run (on a machine without a GPU) only checks that every step's command exists.
+# The benchmarks write _build/benchmarks/*.json (copied to $OUT); back home, record them with
+#     .venv/bin/python -m fovea_core.bench promote <files_at>/sampling_gpu.json ...
+# which refuses a record that measured less than the committed one (or was taken loaded).
 # Steps run so that the CPU-heavy pycuda build overlaps the GPU-heavy VLM prefill.
 set -uo pipefail
 DRY=${1:-}
@@ -43,7 +46,7 @@ log "VLM prefill (bf16, Qwen2-VL-2B LM, random weights)"
 $PY -m fovea_core.bench vlm_latency --no-cpu --gpu-models qwen2-vl-2b \
     --gpu-tokens 64 273 1024 4096 --cuda-graph --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
 tail -3 "$OUT/vlm.log"
-cp data/benchmarks/vlm_latency_gpu.json "$OUT/" 2>/dev/null
+cp _build/benchmarks/vlm_latency_gpu.json "$OUT/" 2>/dev/null
 
 log "wait for pycuda"
 if wait $PYCUDA_PID; then
@@ -66,7 +69,7 @@ $PY -c "import json; from fovea_core import kernels as K; print(json.dumps({a: K
 log "sampling benchmark (B = 1, 64)"
 $PY -m fovea_core.bench sampling --gpu-only --gpu-batches 1 64 >"$OUT/sampling.log" 2>&1
 tail -12 "$OUT/sampling.log"
-cp data/benchmarks/sampling_gpu.json "$OUT/" 2>/dev/null
+cp _build/benchmarks/sampling_gpu.json "$OUT/" 2>/dev/null
 log "ncu: DRAM traffic of the gather kernel (B = 64)"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then

@@ -1,4 +1,10 @@
-"""Dispatch ``python -m fovea_core.bench <name> [args...]`` to ``fovea_core.bench.<name>.main``."""
+"""Dispatch ``python -m fovea_core.bench <name> [args...]`` to ``fovea_core.bench.<name>.main``.
+
+``python -m fovea_core.bench promote FILE...`` records finished record files (e.g. ones a
+lent GPU machine wrote under its ``_build/benchmarks``) as the committed
+``data/benchmarks/<benchmark>.json``, through the gate of ``--record``
+(:func:`fovea_core.bench.common.promote`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,12 @@ import sys
 
 import fovea_core.bench as _pkg
 
+USAGE = ("usage: python -m fovea_core.bench NAME [args] [--record]\n"
+         "       python -m fovea_core.bench promote FILE.json [FILE.json ...]\n"
+         "A benchmark writes _build/benchmarks/NAME.json; --record replaces the committed "
+         "data/benchmarks/NAME.json\n(refused on a loaded machine or when the new record "
+         "measured less than the old one).\nbenchmarks: ")
+
 
 def available() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(_pkg.__path__)
@@ -16,8 +28,16 @@ def available() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "promote":
+        from fovea_core.bench.common import BenchError, promote
+
+        if len(argv) < 2 or any(a.startswith("-") for a in argv[1:]):
+            raise BenchError("usage: python -m fovea_core.bench promote FILE.json [FILE.json ...]")
+        for path in argv[1:]:
+            promote(path)
+        return 0
     if not argv or argv[0] in {"-h", "--help"} or argv[0] not in available():
-        print("usage: python -m fovea_core.bench NAME [args]\nbenchmarks: " + ", ".join(available()))
+        print(USAGE + ", ".join(available()))
         return 0 if argv and argv[0] in {"-h", "--help"} else 2
     module = importlib.import_module(f"fovea_core.bench.{argv[0]}")
     return module.main(argv[1:]) or 0

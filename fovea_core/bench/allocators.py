@@ -1,14 +1,17 @@
 """Benchmark every registered allocator; loop-based references for ``stratified``/``logpolar``.
 
 ``python -m fovea_core.bench allocators [--batch 32] [--size 1024] [--budget 273]
-[--repeats 5] [--only NAME ...]`` writes ``data/benchmarks/allocators.json``: per allocator
+[--repeats 5] [--only NAME ...] [--record]`` writes ``_build/benchmarks/allocators.json``
+(``--record``: the committed ``data/benchmarks/allocators.json``, through the rule of
+:class:`~fovea_core.bench.common.Run`): per allocator
 the median / min / max wall time of one batched call and the median per image, the
 target check (<= 5 ms per image for every non-learned allocator except ``atlas``,
 ``lod_dag`` and ``frequency``), and for ``stratified`` and ``logpolar`` the speed-up over
 the simple loop-based references below, measured in the same run, plus a check that both
 implementations select the same patches. The speed-up is measured in paired rounds
 (reference on ``--ref-images`` images, then the vectorised call on the whole batch,
-``--ref-rounds`` times) and compares medians per image.
+``--ref-rounds`` times) and reports the minimum and median of the per-round ratios beside
+the ratio of medians per image.
 
 The references are deliberately plain Python (one loop over images, strata/bins and
 cells), the way the seed documents wrote them; they follow the same rules and tie-breaks
@@ -24,7 +27,7 @@ import statistics
 import numpy as np
 import torch
 
-from fovea_core.bench.common import time_it, write_result
+from fovea_core.bench.common import Run, add_output_args, int_at_least, round_ratios, time_it
 
 TARGET_MS_PER_IMAGE = 1.0                           # issue 13, at batch 32
 EXEMPT = {"atlas", "frequency"}     # content allocators: content cost reported separately
@@ -138,23 +141,35 @@ def synthetic_inputs(batch: int, size: int, seed: int = 0, patch: int = 16):
 def main(argv: list[str] | None = None) -> int:
     from fovea_core.allocators import ALLOCATORS, INFO, allocate
     ap = argparse.ArgumentParser(prog="python -m fovea_core.bench allocators")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--budget", type=int, default=273)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--ref-images", type=int, default=4,
+    ap.add_argument("--batch", type=int_at_least(1), default=32)
+    ap.add_argument("--size", type=int_at_least(64), default=1024,
+                    help="image side in pixels (>= 64)")
+    ap.add_argument("--budget", type=int_at_least(16), default=273,
+                    help="tokens per image (>= 16, at most the (size/16)^2 patches)")
+    ap.add_argument("--repeats", type=int_at_least(1), default=5)
+    ap.add_argument("--ref-images", type=int_at_least(1), default=4,
                     help="images timed with the (slow) loop references")
-    ap.add_argument("--ref-rounds", type=int, default=5,
+    ap.add_argument("--ref-rounds", type=int_at_least(1), default=5,
                     help="paired rounds of reference and vectorised timing")
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--threads", type=int, default=1,
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="allocators to time (default: all)")
+    ap.add_argument("--threads", type=int_at_least(1), default=1,
                     help="torch intra-op threads (1: per-image work is small; more threads "
                          "thrash on a shared 2-core machine)")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    if args.budget > (args.size // 16) ** 2:
+        ap.error(f"argument --budget: must be <= (size/16)^2 = {(args.size // 16) ** 2} "
+                 f"patches of the --size {args.size} image, got {args.budget}")
+    known = [k for k in ALLOCATORS if INFO[k]["kind"] != "buckets" and k != "full"]
+    if args.only and (unknown := sorted(set(args.only) - set(known))):
+        ap.error(f"argument --only: unknown allocator(s) {', '.join(unknown)}; "
+                 f"choose from {', '.join(known)}")
+    run = Run("allocators", args)
     torch.set_num_threads(args.threads)
     pyr, scores = synthetic_inputs(args.batch, args.size)
     b, n = args.batch, args.budget
-    names = [k for k in ALLOCATORS if INFO[k]["kind"] != "buckets" and k != "full"]
+    names = known
     if args.only:
         names = [k for k in names if k in args.only]
     results = {}
@@ -205,16 +220,19 @@ def main(argv: list[str] | None = None) -> int:
         ref_per, vec_per = statistics.median(ref_t), statistics.median(vec_t)
         same = fn() == selected_cells(allocate(name, _sub(pyr, k), scores[:k], n), gw)
         speed = ref_per / vec_per
+        per_round = round_ratios(ref_t, vec_t)          # reference / vectorised, round by round
         refs[name] = {"reference_ms_per_image": {"median": ref_per, "min": min(ref_t),
                                                  "max": max(ref_t), "images": k},
                       "vectorised_ms_per_image": {"median": vec_per, "min": min(vec_t),
                                                   "max": max(vec_t), "images": b},
                       "rounds": args.ref_rounds,
-                      "speedup_vs_reference": speed, "meets_20x_target": speed >= SPEEDUP_TARGET,
+                      "speedup_vs_reference": speed, "speedup_per_round": per_round,
+                      "meets_20x_target": speed >= SPEEDUP_TARGET,
                       "same_selection": bool(same)}
-        print(f"{name:22s} loop reference {ref_per:8.2f} ms/image -> speed-up {speed:6.1f}x, "
-              f"same selection: {same}")
-    write_result("allocators", {
+        print(f"{name:22s} loop reference {ref_per:8.2f} ms/image -> speed-up {speed:6.1f}x "
+              f"(per round: min {per_round['min_of_round_ratios']:.1f}x, median "
+              f"{per_round['median_of_round_ratios']:.1f}x), same selection: {same}")
+    run.write({
         "target_ms_per_image_issue13": TARGET_MS_PER_IMAGE,
         "config": {"batch": b, "image_size": args.size, "budget": n, "patch": 16,
                    "grid": list(scores.shape[1:]), "repeats": args.repeats,
@@ -222,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                    "target_ms_per_image": TARGET_MS_PER_IMAGE, "exempt": sorted(EXEMPT),
                    "speedup_target": SPEEDUP_TARGET,
                    "note": "timings on a 2-core machine shared with other jobs are noisy; "
-                           "medians over repeats"},
+                           "medians over repeats; reference speed-ups also as the minimum "
+                           "and median of per-round ratios (speedup_per_round)"},
         "allocators": results, "references": refs},
         sources=("fovea_core/bench/allocators.py", "fovea_core/allocators"))
     return 0

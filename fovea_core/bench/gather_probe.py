@@ -1,15 +1,21 @@
 """A minimal GPU workload for a profiler (``ncu``): the gather kernel at batch 64, N = 273,
-on NCHW and channels-last pyramids (``python -m fovea_core.bench gather_probe``)."""
+on NCHW and channels-last pyramids (``python -m fovea_core.bench gather_probe``). Writes no
+record; without a CUDA GPU it exits 1 at once."""
 
 from __future__ import annotations
 
 import torch
 
 from fovea_core import kernels as K
+from fovea_core.bench.common import BenchError
 from fovea_core.bench.sampling import v1_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv:
+        raise BenchError(f"gather_probe takes no arguments, got {' '.join(argv)}")
+    if (why := K.backend_status()["cuda"]) is not None:
+        raise BenchError(f"gather_probe: no usable CUDA GPU here ({why})")
     x = torch.rand(64, 3, 1024, 1024, device="cuda")
     tokens = v1_tokens(64).to("cuda")
     for pyr in (K.device_pyramid(x), K.device_pyramid(x.contiguous(memory_format=torch.channels_last))):

@@ -5,7 +5,9 @@ is 1024 px, or, when the dataset is absent, a synthetic 1024 x 768 invoice. Repo
 load time, then the median/min/max per call of every scorer, and for the query scorer:
 ``cold`` (OCR + embeddings recomputed: a new page) at coarse levels 0, 1, 2 and ``warm``
 (same page, new question: OCR read from the cache, only the question is embedded).
-Writes ``data/benchmarks/importance.json``.
+Writes ``_build/benchmarks/importance.json`` (``--record``: the committed
+``data/benchmarks/importance.json``, through the rule of :class:`~fovea_core.bench.common.Run`).
+No comparisons between paths (each scorer's time stands alone), so no per-round ratios.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 import cv2
 import numpy as np
 
-from fovea_core.bench.common import time_it, write_result
+from fovea_core.bench.common import Run, add_output_args, int_at_least, time_it
 from fovea_core.paths import DatasetNotFound, dataset_path
 
 QUESTIONS = ["What is the total?", "What is the date?", "Which company issued this receipt?",
@@ -44,9 +46,13 @@ def benchmark_page(side: int = 1024) -> tuple[np.ndarray, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fovea_core.bench importance")
-    ap.add_argument("--repeats", type=int, default=5, help="repeats of the cheap scorers")
-    ap.add_argument("--side", type=int, default=1024)
+    ap.add_argument("--repeats", type=int_at_least(1), default=5,
+                    help="repeats of the cheap scorers (>= 1)")
+    ap.add_argument("--side", type=int_at_least(64), default=1024,
+                    help="the page's longer side in pixels (>= 64)")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    run = Run("importance", args)
 
     from fovea_core.importance import query_scores, score
     from fovea_core.importance.query import clear_caches, text_encoder
@@ -86,5 +92,5 @@ def main(argv: list[str] | None = None) -> int:
         return query_scores(page, f"{QUESTIONS[i % len(QUESTIONS)]} (variant {i})")
     result["query_warm_new_question"] = time_it(warm, repeats=3, warmup=0)
     print(f"query warm        {result['query_warm_new_question']['median_ms']:9.1f} ms")
-    write_result("importance", result)
+    run.write(result)
     return 0

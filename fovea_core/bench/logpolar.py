@@ -1,7 +1,8 @@
 """Benchmark: log-polar resampling on the CPU, torch vs OpenCV vs the g++ kernel, same run.
 
-``python -m fovea_core.bench logpolar [--repeats N] [--quick]`` writes
-``data/benchmarks/logpolar.json``.
+``python -m fovea_core.bench logpolar [--repeats N] [--quick] [--record]`` writes
+``_build/benchmarks/logpolar.json`` (``--record``: the committed
+``data/benchmarks/logpolar.json``, through the rule of :class:`~fovea_core.bench.common.Run`).
 
 Workload: a 1024 x 1024 RGB float32 image, centre (512, 512), max radius 512, two output
 sizes: 256 x 256 (angles x log-radius bins; 65,536 samples = 256 tokens of 16 x 16) and
@@ -19,20 +20,22 @@ sizes: 256 x 256 (angles x log-radius bins; 65,536 samples = 256 tokens of 16 x 
 * ``kernel_cpu``: ``fovea_core.kernels.remap(image, lut, backend="cpu")`` when importable;
 * ``batch8_*``: 8 centres on the same image, torch in one call vs the OpenCV plane loop.
 
-Ratios are medians of the same run: ``torch_remap / opencv_remap_planes`` etc. The issue's
-target: the torch path within 1.5x of OpenCV, or OpenCV as the CPU default.
+All paths of one output size are timed in interleaved rounds
+(:func:`~fovea_core.bench.common.time_rounds`); a ratio such as ``torch_remap /
+opencv_remap_planes`` is reported as the minimum and median of the per-round ratios (with a
+bootstrap CI) and the ratio of medians (:func:`~fovea_core.bench.common.ratio`); the batch of
+8 centres likewise. The issue's target: the torch path within 1.5x of OpenCV, or OpenCV as
+the CPU default.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core.bench.common import time_it, write_result
+from fovea_core.bench.common import Run, add_output_args, int_at_least, ratio, time_rounds
 from fovea_core.logpolar import _remap_opencv, logpolar_lut, to_logpolar
 
 SIZE = 1024
@@ -84,57 +87,48 @@ def _paths(image: torch.Tensor, out_size: tuple[int, int]) -> dict:
     return {"paths": paths, "max_abs_err_vs_warppolar": max_err, "kernel_note": kernel_note}
 
 
-def _repeats(fn, wanted: int, budget_s: float = 2.0) -> int:
-    """``wanted`` repeats, fewer (>= 5) if one call would make the path exceed ``budget_s``."""
-    t0 = time.perf_counter()
-    fn()
-    return max(5, min(wanted, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fovea_core.bench logpolar")
-    ap.add_argument("--repeats", type=int, default=30,
-                    help="per path; fewer for paths slower than 2 s / repeats")
-    ap.add_argument("--quick", action="store_true", help="5 repeats, one output size")
+    ap.add_argument("--repeats", type=int_at_least(1), default=30,
+                    help="interleaved rounds per output size (>= 1)")
+    ap.add_argument("--quick", action="store_true", help="5 rounds, one output size")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    run = Run("logpolar", args)
     repeats = 5 if args.quick else args.repeats
     image = torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
     results = {}
     sizes = dict(list(OUT_SIZES.items())[:1]) if args.quick else OUT_SIZES
+    pairs = [("torch_remap", "opencv_remap_planes"), ("torch_grid_sample", "opencv_remap_planes"),
+             ("torch_remap", "opencv_warppolar"), ("to_logpolar_auto", "opencv_warppolar"),
+             ("kernel_cpu", "opencv_remap_planes")]
     for name, out_size in sizes.items():
         setup = _paths(image, out_size)
-        timings = {k: time_it(f, repeats=_repeats(f, repeats), warmup=1)
-                   for k, f in setup["paths"].items()}
-        med = {k: v["median_ms"] for k, v in timings.items()}
-        ratios = {
-            "torch_remap/opencv_remap_planes": med["torch_remap"] / med["opencv_remap_planes"],
-            "torch_grid_sample/opencv_remap_planes":
-                med["torch_grid_sample"] / med["opencv_remap_planes"],
-            "torch_remap/opencv_warppolar": med["torch_remap"] / med["opencv_warppolar"],
-            "to_logpolar_auto/opencv_warppolar": med["to_logpolar_auto"] / med["opencv_warppolar"],
-        }
-        if "kernel_cpu" in med:
-            ratios["kernel_cpu/opencv_remap_planes"] = (med["kernel_cpu"]
-                                                        / med["opencv_remap_planes"])
+        timings = time_rounds(setup["paths"], rounds=repeats, warmup=1)
+        ratios = {f"{a}/{b}": ratio(timings, a, b) for a, b in pairs if a in timings}
         results[name] = {"out_size_hw": list(out_size), "timings": timings, "ratios": ratios,
                          "max_abs_err_vs_warppolar": setup["max_abs_err_vs_warppolar"],
                          "kernel": setup["kernel_note"]}
-        print(name, {k: round(v, 3) for k, v in med.items()})
-        print("  ratios", {k: round(v, 2) for k, v in ratios.items()})
+        print(name, {k: round(v["median_ms"], 3) for k, v in timings.items()})
+        print("  ratios (min, median of rounds)",
+              {k: (round(v["min_of_round_ratios"], 2), round(v["median_of_round_ratios"], 2))
+               for k, v in ratios.items()})
     # A batch of 8 centres on one image: one torch call vs the per-image OpenCV loop.
     rng = np.random.default_rng(0)
     centres = torch.from_numpy(rng.uniform(256, 768, (8, 2)))
-    batch = {b: time_it(lambda b=b: to_logpolar(image, centres, RADIUS / 2, (256, 256),
-                                                backend=b), repeats=5, warmup=1)
-             for b in ("torch", "opencv")}
-    results["batch8_256x256"] = {"timings": batch, "ratio_torch/opencv":
-                                 batch["torch"]["median_ms"] / batch["opencv"]["median_ms"]}
+    batch = time_rounds({b: lambda b=b: to_logpolar(image, centres, RADIUS / 2, (256, 256),
+                                                    backend=b) for b in ("torch", "opencv")},
+                        rounds=max(1, min(repeats, 5)), warmup=1)
+    results["batch8_256x256"] = {"timings": batch,
+                                 "ratio_torch/opencv": ratio(batch, "torch", "opencv")}
     print("batch8", {k: round(v["median_ms"], 3) for k, v in batch.items()})
-    write_result("logpolar", {
+    run.write({
         "workload": {"image": [1, 3, SIZE, SIZE], "dtype": "float32", "center": CENTER,
-                     "max_radius": RADIUS, "out_sizes_hw": OUT_SIZES},
+                     "max_radius": RADIUS, "out_sizes_hw": sizes},
         "default_backend": "opencv for one float32 CPU image (cv2.remap on planes), "
                            "torch (fovea_core.sample.remap) for batches / other devices",
+        "timing": "interleaved rounds per output size; ratios: minimum and median of "
+                  "per-round ratios (bootstrap 95% CI of the median) and ratio of medians",
         "results": results})
     return 0
 

@@ -1,8 +1,10 @@
 """Benchmark: ``fovea_core.sample.render`` on one 1024 x 1024 page per allocator
 (``python -m fovea_core.bench render [--rounds N]``): the C++ painter (CPU default) against
 the torch painter it replaces, interleaved rounds, background from the pyramid (what the
-sweep's reader sees). Target (issue 13): <= 50 ms per 1024^2 page. Writes
-``data/benchmarks/render.json``.
+sweep's reader sees). Target (issue 13): <= 50 ms per 1024^2 page. ``torch/cpp`` is the
+minimum and median of the per-round ratios (:func:`~fovea_core.bench.common.ratio`). Writes
+``_build/benchmarks/render.json`` (``--record``: the committed ``data/benchmarks/render.json``,
+through the rule of :class:`~fovea_core.bench.common.Run`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 import torch
 
 import fovea_core.sample as S
-from fovea_core.bench.common import ratio, time_rounds, write_result
+from fovea_core.bench.common import Run, add_output_args, int_at_least, ratio, time_rounds
 from fovea_core.bench.sampling import test_image
 from fovea_core.pyramid import build_pyramid
 
@@ -25,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     from fovea_core.allocators import allocate
 
     ap = argparse.ArgumentParser(prog="python -m fovea_core.bench render")
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int_at_least(1), default=10,
+                    help="interleaved rounds per allocator (>= 1)")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    run = Run("render", args)
     torch.set_num_threads(1)
     img = test_image()
     pyr = build_pyramid(img)
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                      "meets_50ms": t["cpp"]["median_ms"] <= TARGET_MS}
         print(f"{name:18s} C++ {t['cpp']['median_ms']:7.1f} ms  torch {t['torch']['median_ms']:8.1f}"
               f" ms  same pixels: {same}")
-    write_result("render", {"setup": {"image": "astronaut 1024x1024", "budget": 273,
+    run.write({"setup": {"image": "astronaut 1024x1024", "budget": 273,
                                       "background": "the pyramid's coarsest level",
                                       "target_ms": TARGET_MS,
                                       "machine": "2-core machine shared with other jobs"},

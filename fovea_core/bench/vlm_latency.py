@@ -17,6 +17,15 @@ over the repeats of both points, 2,000 resamples) against the FLOP-ratio bound
 each point also reports its achieved FLOP rate as a fraction of a bf16 matrix product
 measured in the same run (``mfu``: how close the prefill runs to the FLOP bound).
 
+The points are timed one after another; for a shared machine the headline pair (273 and
+4096 tokens) is then timed again in interleaved rounds (``paired``) and the speedup reported
+as the minimum and median of the per-round ratios (``speedup_per_round``,
+:func:`~fovea_core.bench.common.round_ratios`).
+
+Writes ``_build/benchmarks/<--name>.json`` (``--record``: the committed
+``data/benchmarks/<--name>.json``, through the rule of :class:`~fovea_core.bench.common.Run`).
+``--no-cpu`` without a GPU to measure exits 1 at once, writing nothing.
+
 CPU: ``qwen2-vl-tiny`` and ``qwen2-vl-mid`` in float32. GPU (when ``torch.cuda`` is
 available): ``qwen2-vl-2b`` and ``qwen2.5-vl-7b`` language models in bfloat16.
 
@@ -37,14 +46,18 @@ import time
 
 import torch
 
-from fovea_core.bench.common import bootstrap_ci, time_it, write_result
+from fovea_core.bench.common import (BenchError, Run, add_output_args, int_at_least,
+                                     record_name, round_ratios, time_rounds)
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import mrope_positions
-from fovea_core.vlm.qwen import build_qwen, lm_parameter_count, lm_prefill_flops, qwen_config
+from fovea_core.vlm.qwen import (MODEL_NAMES, build_qwen, lm_parameter_count, lm_prefill_flops,
+                                  qwen_config)
 
 TEXT_BEFORE, TEXT_AFTER = 8, 24
 GRID = (64, 64)
 TOKENS = (64, 128, 273, 512, 1024, 2048, 4096)
+#: the headline comparison, also timed in interleaved rounds
+PAIR = (273, 4096)
 QUICK_TOKENS = (64, 273, 1024, 4096)
 
 
@@ -121,14 +134,14 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
     lm = build_qwen(name, text_only=True, dtype=dtype, device=device)
     head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device == "cuda" else None
-    points = []
+    points, fns, once_s = [], {}, {}
     for n in tokens:
         s = TEXT_BEFORE + n + TEXT_AFTER
         x = torch.randn(batch, s, cfg.hidden_size, device=device, dtype=dtype)
         pos = _positions(n, batch, "cpu").to(device)
 
         @torch.no_grad()
-        def prefill():
+        def prefill(x=x, pos=pos):      # bound now: kept for the paired rounds below
             h = lm(inputs_embeds=x, position_ids=pos, use_cache=not cuda_graph).last_hidden_state
             return head(h[:, -1:])
 
@@ -158,6 +171,7 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
             _malloc_trim()
             peak_mb = _cpu_peak_mb(prefill)
         once = time.perf_counter() - t0
+        fns[n], once_s[n] = prefill, once
         repeats = int(max(5, min(30, budget_s / max(once, 1e-4))))
         times = []
         for _ in range(repeats):
@@ -179,7 +193,11 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
                                if peak_tflops else None)})
         print(f"{name:16s} n={n:5d} S={s:5d} median {timing['median_ms']:9.2f} ms "
               f"({repeats} reps) peak {peak_mb if peak_mb is None else round(peak_mb, 1)} MiB")
-    del lm, head
+    paired: dict = {}
+    if PAIR[0] in fns and PAIR[1] in fns:   # the headline pair again, in interleaved rounds
+        rounds = int(max(5, min(30, budget_s / max(once_s[PAIR[1]], 1e-4))))
+        paired = time_rounds({str(n): fns[n] for n in PAIR}, rounds=rounds, warmup=0, sync=sync)
+    del lm, head, fns
     return {"model": name, "device": device, "dtype": str(dtype).replace("torch.", ""),
             "batch": batch, "lm_params": lm_parameter_count(cfg),
             "config": {k: getattr(cfg, k) for k in ("hidden_size", "intermediate_size",
@@ -187,16 +205,20 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
                        "vocab_size")},
             "attn_implementation": qwen_config(name).text_config._attn_implementation,
             "cuda_graph": cuda_graph,
-            "matmul_peak_tflops": peak_tflops, "points": points, **summary(points, cfg)}
+            "matmul_peak_tflops": peak_tflops, "points": points, "paired": paired,
+            **summary(points, cfg, paired=paired)}
 
 
-def summary(points: list[dict], cfg, small: int = 273, large: int = 4096) -> dict:
+def summary(points: list[dict], cfg, small: int = 273, large: int = 4096,
+            paired: dict | None = None) -> dict:
     """Measured speedup t(large)/t(small) vs the FLOP-ratio bound, where both points exist.
 
     ``speedup_measured`` is the ratio of medians (the headline) and ``speedup_ci95`` its
     percentile bootstrap CI: both points' repeats resampled independently, 2,000 times.
     ``speedup_over_bound``: measured speedup / FLOP-ratio bound (1 = the prefill time
-    scales exactly with its FLOPs).
+    scales exactly with its FLOPs). ``paired`` (:func:`~fovea_core.bench.common.time_rounds`
+    of the two points, keys ``str(n)``) adds ``speedup_per_round``: the minimum and median
+    of the per-round ratios t(large) / t(small).
     """
     by = {p["visual_tokens"]: p for p in points}
     if small not in by or large not in by:
@@ -216,7 +238,11 @@ def summary(points: list[dict], cfg, small: int = 273, large: int = 4096) -> dic
         boots = np.median(a[rng.integers(0, a.size, (2000, a.size))], 1) / np.median(
             b[rng.integers(0, b.size, (2000, b.size))], 1)
         ci = [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))]
-    return {"speedup_measured": speed, "speedup_ci95": ci,
+    per_round = {}
+    if paired and str(small) in paired and str(large) in paired:
+        per_round = {"speedup_per_round": round_ratios(paired[str(large)]["rounds_ms"],
+                                                       paired[str(small)]["rounds_ms"])}
+    return {"speedup_measured": speed, "speedup_ci95": ci, **per_round,
             "speedup_ci_method": "percentile bootstrap over repeats (2000 resamples)",
             "flop_ratio_bound": bound, "flop_ratio_bound_dense_attention": dense,
             "speedup_over_bound": speed / bound,
@@ -231,18 +257,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fovea_core.bench vlm_latency")
     ap.add_argument("--quick", action="store_true", help="tiny model, 4 points (a few seconds)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU part even if CUDA exists")
-    ap.add_argument("--name", default="vlm_latency", help="output JSON name")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--name", type=record_name, default="vlm_latency",
+                    help="record name (<name>.json; letters, digits, '_', '.', '-')")
+    ap.add_argument("--threads", type=int_at_least(1), default=None,
                     help="torch intra-op threads on the CPU (default: torch's choice)")
-    ap.add_argument("--no-cpu", action="store_true", help="skip the CPU models")
-    ap.add_argument("--gpu-models", nargs="*", default=["qwen2-vl-2b", "qwen2.5-vl-7b"])
-    ap.add_argument("--gpu-tokens", type=int, nargs="*", default=list(TOKENS))
+    ap.add_argument("--no-cpu", action="store_true",
+                    help="skip the CPU models (exits 1 when there is no GPU to measure)")
+    ap.add_argument("--gpu-models", nargs="+", default=["qwen2-vl-2b", "qwen2.5-vl-7b"],
+                    choices=MODEL_NAMES, metavar="MODEL")
+    ap.add_argument("--gpu-tokens", type=int_at_least(1), nargs="+", default=list(TOKENS),
+                    help="visual-token counts (each >= 1, at most 64*64)")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="on the GPU also time CUDA-graph replays of each prefill")
+    add_output_args(ap)
     args = ap.parse_args(argv)
+    if too_many := [n for n in args.gpu_tokens if n > GRID[0] * GRID[1]]:
+        ap.error(f"argument --gpu-tokens: at most {GRID[0] * GRID[1]} (the 64 x 64 grid), "
+                 f"got {too_many}")
+    gpu = torch.cuda.is_available() and not args.no_gpu
+    if args.no_cpu and not args.quick and not gpu:
+        why = "--no-gpu was given" if args.no_gpu else "no CUDA GPU here"
+        raise BenchError(f"--no-cpu with nothing else to measure ({why}); nothing written")
+    run = Run(args.name, args)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -253,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run_model("qwen2-vl-tiny", TOKENS, "cpu", torch.float32, budget_s=1.5))
         runs.append(run_model("qwen2-vl-mid", TOKENS, "cpu", torch.float32, budget_s=6.0))
     gpu_note = "no CUDA device on this machine: GPU part skipped"
-    if torch.cuda.is_available() and not args.no_gpu:
+    if gpu:
         gpu_note = torch.cuda.get_device_name(0)
         peak = matmul_peak_tflops("cuda", torch.bfloat16)
         for name in args.gpu_models:
@@ -268,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append({"model": name, "cuda_graph": True,
                                  "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
                 torch.cuda.empty_cache()
-    write_result(args.name, {
+    run.write({
         "description": "LM prefill (random weights, real transformers Qwen-VL classes) vs "
                        "number of visual tokens; text prompt of "
                        f"{TEXT_BEFORE}+{TEXT_AFTER} tokens; positions on a 64x64 merged grid",
