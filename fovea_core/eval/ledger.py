@@ -134,6 +134,8 @@ def benchmark_claims(bench_dir) -> list[Claim]:
                                    "ms", "05_cuda_kernels"),
              "e2e_over_copy_le_1.5_moonshot": ("CPU end to end / copy floor (moonshot)", "x",
                                                "05_cuda_kernels"),
+             "e2e_over_copy_min_round_le_2": ("CPU end to end / copy floor, per-round minimum",
+                                              "x", "05_cuda_kernels"),
              "torch_over_grid_sample_le_1.5": ("torch sample / one grid_sample call", "x",
                                                "05_cuda_kernels"),
              "remap_torch_over_cv2_le_2": ("torch log-polar remap / cv2.remap", "x",
