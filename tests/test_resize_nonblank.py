@@ -48,7 +48,7 @@ def _blank_page(h: int, w: int, box: tuple[int, int, int, int], seed: int = 0) -
 
 # ----------------------------------------------------------------------------- the contract
 @pytest.mark.parametrize("size", [(256, 256), (300, 500), (333, 517)])
-@pytest.mark.parametrize("budget", [40, 96, 273])
+@pytest.mark.parametrize("budget", [40, 150])
 def test_exactly_n_distinct_tokens_on_random_pages(size, budget):
     g = torch.Generator().manual_seed(sum(size) + budget)
     pyr = build_pyramid(torch.rand(2, 3, *size, generator=g))

@@ -8,6 +8,7 @@ processor does) and ``uniform`` (its power-of-two variant on the pyramid's level
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -17,7 +18,7 @@ from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_i
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
 
 def _level0(pyramid: Pyramid, patch: int):
@@ -451,7 +452,7 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     stays blank) and found by a search over the sorted candidates that starts at
     ``resize``'s scale, extrapolates the kept fraction until a probe overflows, then
     alternates regula falsi (kept interpolated linearly in the cell count) and bisection
-    inside the bracket (``O(log sqrt(M))`` reads at worst, ``M = Gh Gw``; the finest scale
+    inside the bracket (``O(log M)`` reads at worst, ``M = Gh Gw``; the finest scale
     is read only when the search gets there): the result satisfies ``kept(s) <= budget < kept(next finer candidate)``, or
     ``s = 1``. ``resize``'s own scale
     always fits (kept <= cells <= budget), so the result is never coarser than ``resize``;
@@ -475,7 +476,7 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     coarsest level allows (as ``resize``), and for a negative or non-finite ``threshold``.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize_nonblank")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) \
             or not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"resize_nonblank: threshold must be a finite number >= 0 (pixel "
                          f"range in [0, 1] image units), got {threshold!r}")
@@ -497,7 +498,7 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     def level_of(k: int) -> float:
         return level0 if k == start else math.log2(1.0 / float(sc[k]))
 
-    centers, levels, cells_at = [], [], []
+    centers, levels = [], []
     for i in range(b):                      # the scale is chosen per image (O(log) reads each)
         one = Pyramid(tuple(lv[i:i + 1] for lv in pyramid.levels))
         cache: dict[int, torch.Tensor] = {}
@@ -543,8 +544,8 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
         kidx, sidx = idx[keep], idx[~keep]
         nk, extra = len(kidx), n - len(kidx)
         # pass p re-reads the kept cells nearest the centre at max(level - 1 - p, 0); the
-        # passes stay distinct while level - p > 1 / LEVEL_QUANTUM-ish (ceil(level - tol))
-        passes = max(math.ceil(level - 1.0 / 256), 0)
+        # passes are distinct tokens while level - p exceeds one level quantum
+        passes = max(math.ceil(level - 1.0 / LEVEL_QUANTUM), 0)
         n_fine = min(extra, nk * passes)
         j = torch.arange(n_fine)
         near = kidx[torch.sort(dist[kidx], stable=True).indices][j % max(nk, 1)] \
