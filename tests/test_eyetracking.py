@@ -38,7 +38,7 @@ def osie_dir(tmp_path):
 
 
 def test_load_osie_format(osie_dir):
-    recs = et.load_osie(osie_dir)
+    recs = et.load_osie(osie_dir, empty_subjects="keep")
     assert [r.image for r in recs] == ["0001.jpg", "0002.jpg"]   # present only, sorted
     r1, r2 = recs
     assert r1.size == (30, 40) and r1.num_subjects == 2
@@ -48,7 +48,27 @@ def test_load_osie_format(osie_dir):
     assert r2.subjects[1].shape == (0, 3)
     assert r2.points().shape == (3, 2)
     np.testing.assert_allclose(r1.points([1]), [[20.0, 15.0]])
-    assert len(et.load_osie(osie_dir, max_images=1)) == 1
+    assert len(et.load_osie(osie_dir, max_images=1)) == 1          # 0001.jpg: no empty subject
+
+
+def test_load_osie_subject_without_fixations(osie_dir):
+    with pytest.raises(ValueError, match=r"image 0002\.jpg: observer\(s\) \[1\] have no fix"):
+        et.load_osie(osie_dir)
+    dropped = et.load_osie(osie_dir, empty_subjects="drop")[1]
+    assert dropped.image == "0002.jpg" and dropped.num_subjects == 1
+    with pytest.raises(ValueError, match="empty_subjects"):
+        et.load_osie(osie_dir, empty_subjects="ignore")
+
+
+def test_check_image_size_names_the_image():
+    rec = et.FixationRecord("1010.jpg", None, (30, 40), ())
+    et.check_image_size(rec, np.zeros((30, 40, 3)))
+    et.check_image_size(rec, np.zeros((3, 30, 40)))
+    et.check_image_size(rec, np.zeros((30, 40)))
+    with pytest.raises(ValueError, match=r"image 1010\.jpg: the image is 60x80 .* 30x40"):
+        et.check_image_size(rec, np.zeros((60, 80, 3)))
+    with pytest.raises(ValueError, match=r"image 1010\.jpg: the image is 40x30"):
+        et.check_image_size(rec, np.zeros((40, 30)))
 
 
 def test_load_osie_errors(tmp_path, osie_dir):
@@ -59,7 +79,7 @@ def test_load_osie_errors(tmp_path, osie_dir):
 
 
 def test_fixation_map_pixel_convention(osie_dir):
-    r1 = et.load_osie(osie_dir)[0]
+    r1 = et.load_osie(osie_dir, empty_subjects="keep")[0]
     m = et.fixation_map(r1.points(), r1.size)
     # 1-based (1,1) -> pixel [0,0]; (40,30) -> [29,39]; (20.5,15.5) -> round = (21,16) -> [15,20]
     assert set(zip(*np.nonzero(m))) == {(0, 0), (29, 39), (15, 20)}
@@ -85,6 +105,8 @@ def test_fixation_density_is_blurred_and_normalised():
     assert (d * y**2).sum() == pytest.approx(25.0, rel=0.02)
     with pytest.raises(ValueError, match="sigma_px"):
         et.fixation_density(pts, (80, 100), sigma_px=0)
+    with pytest.raises(ValueError, match=r"image 1010\.jpg: no fixations"):
+        et.fixation_density(np.zeros((0, 2)), (80, 100), sigma_px=5.0, image="1010.jpg")
 
 
 def test_split_subjects_halves():
@@ -176,3 +198,14 @@ def test_score_against_half_splits():
     with pytest.raises(ValueError, match="n_splits"):
         et.score_against_half_splits(rec, {}, other, scale=1, sigma_px=3, n_splits=0,
                                      rng=rng)
+    with pytest.raises(ValueError, match=r"image x\.jpg: maps \{'small'"):
+        et.score_against_half_splits(rec, {"small": np.ones((20, 30))}, other, scale=1,
+                                     sigma_px=3, n_splits=1, rng=rng)
+    with pytest.raises(ValueError, match=r"image x\.jpg: other_fixations is empty"):
+        et.score_against_half_splits(rec, {}, np.zeros((40, 60), bool), scale=1, sigma_px=3,
+                                     n_splits=1, rng=rng)
+    # two observers, one of whom fixated nothing: one half is empty, an error names the image
+    lonely = et.FixationRecord("y.jpg", None, (40, 60), (subs[0], np.zeros((0, 3))))
+    with pytest.raises(ValueError, match=r"image y\.jpg: no fixations"):
+        et.score_against_half_splits(lonely, {}, other, scale=1, sigma_px=3, n_splits=1,
+                                     rng=np.random.default_rng(0))

@@ -195,3 +195,89 @@ def test_errors_name_the_argument():
         sm.kl_div(S, S, eps=0.0)
     with pytest.raises(ValueError, match="every pixel"):
         sm.auc_judd(S, np.ones((2, 2)))
+
+
+# --------------------------------------------------------------------- independent checks
+# pysaliency (Kuemmerer et al.) is not installable here (its sdist builds a Cython extension
+# and pulls many dependencies); each metric is checked instead against a straightforward
+# implementation written from the definitions of Bylinskii, Judd, Oliva, Torralba & Durand,
+# "What do different evaluation metrics tell us about saliency models?", IEEE TPAMI 41(3),
+# 2019, Section 3, and against analytic cases.
+def _ref_cc(s, d):
+    return np.corrcoef(s.ravel(), d.ravel())[0, 1]           # Pearson's r (their Eq. 7)
+
+
+def _ref_nss(s, f):
+    z = (s - s.mean()) / s.std(ddof=1)                        # their Eq. 4 (MATLAB std)
+    return float(np.mean([z[r, c] for r, c in zip(*np.nonzero(f))]))
+
+
+def _ref_kl(s, d, eps=sm.EPS):
+    p, q = s / s.sum(), d / d.sum()                           # their Eq. 9
+    return float(sum(qi * np.log(eps + qi / (pi + eps)) for pi, qi in zip(p.ravel(), q.ravel())))
+
+
+def _ref_sauc(s, f, o):
+    from sklearn.metrics import roc_auc_score                 # an independent ROC area
+    pos = s[f.astype(bool)]
+    neg = np.repeat(s.ravel(), o.astype(int).ravel())         # one negative per fixation
+    y = np.r_[np.ones(pos.size), np.zeros(neg.size)]
+    return roc_auc_score(y, np.r_[pos, neg])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_metrics_equal_independent_implementations(seed):
+    rng = np.random.default_rng(seed)
+    h, w = rng.integers(8, 40, 2)
+    s = rng.random((h, w)) ** 3
+    s[rng.random((h, w)) < 0.2] = 0.25                        # ties, as quantised maps have
+    d = rng.random((h, w)) ** 2
+    f = rng.random((h, w)) < 0.08
+    f[0, 0] = True
+    o = ((rng.random((h, w)) < 0.3) & ~f) * rng.integers(1, 4, (h, w))   # counts 0-3
+    o[-1, -1] = 2
+    assert sm.cc(s, d) == pytest.approx(_ref_cc(s, d), abs=1e-12)
+    assert sm.nss(s, f) == pytest.approx(_ref_nss(s, f), abs=1e-12)
+    assert sm.kl_div(s, d) == pytest.approx(_ref_kl(s, d), rel=1e-10)
+    assert sm.auc_shuffled(s, f, o) == pytest.approx(_ref_sauc(s, f, o), abs=1e-12)
+
+
+def test_analytic_cases():
+    # NSS of a one-pixel map at its fixated pixel: values one 1 and n-1 zeros have mean
+    # 1/n and sample std 1/sqrt(n), so NSS = (1 - 1/n) sqrt(n) = (n - 1) / sqrt(n)
+    n = 7 * 9
+    s = np.zeros((7, 9))
+    s[3, 4] = 1.0
+    assert sm.nss(s, s > 0) == pytest.approx((n - 1) / np.sqrt(n), rel=1e-12)
+    # KL of (0.25, 0.75) from (0.5, 0.5): 0.5 ln 2 + 0.5 ln(2/3)
+    kl = sm.kl_div(np.array([[0.25, 0.75]]), np.array([[0.5, 0.5]]))
+    assert kl == pytest.approx(0.5 * np.log(2) + 0.5 * np.log(2 / 3), abs=1e-12)
+    # CC of a positive affine transform is 1, of a negative one -1
+    d = np.random.default_rng(0).random((5, 6))
+    assert sm.cc(3 * d + 2, d) == pytest.approx(1.0) and sm.cc(2 - d, d) == pytest.approx(-1.0)
+
+
+def test_shuffled_auc_discounts_a_centre_bias():
+    """Every image's fixations come from one central Gaussian, the same for all images: a
+    pure centre-bias map then has AUC-Judd well above 0.5 but sAUC = 0.5 up to sampling
+    noise (negatives from the other images share the bias; Zhang et al. 2008)."""
+    rng = np.random.default_rng(0)
+    h, w, n_img = 60, 80, 30
+    yy, xx = np.mgrid[0:h, 0:w]
+    centre = np.exp(-((xx - w / 2) ** 2 / (2 * 12**2) + (yy - h / 2) ** 2 / (2 * 9**2)))
+    fix = np.zeros((n_img, h, w), bool)
+    pts = rng.normal([w / 2, h / 2], [12, 9], size=(n_img, 40, 2)).round().astype(int)
+    pts = np.clip(pts, 0, [w - 1, h - 1])
+    fix[np.arange(n_img)[:, None], pts[..., 1], pts[..., 0]] = True
+    counts = np.zeros((n_img, h, w))
+    np.add.at(counts, (np.arange(n_img)[:, None], pts[..., 1], pts[..., 0]), 1.0)
+    other = counts.sum(0) - counts                      # the other images' fixation counts
+    cb = np.broadcast_to(centre, fix.shape)
+    assert sm.auc_judd(cb, fix).mean() > 0.8
+    assert abs(sm.auc_shuffled(cb, fix, other).mean() - 0.5) < 0.02
+    # a binary union counts the crowded centre once: the centre bias then scores above 0.5
+    assert sm.auc_shuffled(cb, fix, other > 0).mean() > 0.53
+    # a map that knows each image's fixations (blurred) keeps its sAUC well above 0.5
+    from scipy.ndimage import gaussian_filter
+    oracle = np.stack([gaussian_filter(f.astype(float), 2) for f in fix])
+    assert sm.auc_shuffled(oracle, fix, other).mean() > 0.75

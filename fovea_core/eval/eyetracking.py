@@ -76,7 +76,8 @@ def _subject_array(sub: object) -> np.ndarray:
     return np.stack([x - 0.5, y - 0.5, d], axis=1)
 
 
-def load_osie(root: str | Path, *, max_images: int | None = None) -> list[FixationRecord]:
+def load_osie(root: str | Path, *, max_images: int | None = None,
+              empty_subjects: str = "error") -> list[FixationRecord]:
     """Read an OSIE folder (``stimuli/*.jpg``, ``eye/fixations.mat``).
 
     Only the records whose stimulus file is present are returned (the development subset
@@ -85,10 +86,15 @@ def load_osie(root: str | Path, *, max_images: int | None = None) -> list[Fixati
     Args:
         root: the dataset folder, e.g. ``fovea_core.paths.dataset_path("osie-dev")``.
         max_images: keep the first ``max_images`` records (``>= 1``); default all.
+        empty_subjects: what to do with an observer who has no fixation on an image:
+            ``"error"`` (default: such a record would silently shrink a half of the
+            observers), ``"drop"`` (leave the observer out of that image's record) or
+            ``"keep"`` (a ``[0, 3]`` array).
 
     Raises:
         FileNotFoundError: the folder lacks ``eye/fixations.mat`` or ``stimuli/``.
-        ValueError: ``max_images < 1``.
+        ValueError: ``max_images < 1``; an observer without fixations (the message names
+            the image and the observer) when ``empty_subjects="error"``.
     """
     from PIL import Image
     from scipy.io import loadmat
@@ -100,6 +106,9 @@ def load_osie(root: str | Path, *, max_images: int | None = None) -> list[Fixati
                                 "stimuli/)")
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images must be >= 1 or None, got {max_images}")
+    if empty_subjects not in ("error", "drop", "keep"):
+        raise ValueError(f"empty_subjects must be 'error', 'drop' or 'keep', got "
+                         f"{empty_subjects!r}")
     present = {p.name for p in stim.glob("*.jpg")}
     recs = np.atleast_1d(loadmat(mat, squeeze_me=True, struct_as_record=False)["fixations"])
     chosen = sorted((r for r in recs if str(r.img) in present), key=lambda r: str(r.img))
@@ -109,8 +118,32 @@ def load_osie(root: str | Path, *, max_images: int | None = None) -> list[Fixati
         with Image.open(path) as im:
             w, h = im.size
         subs = tuple(_subject_array(s) for s in np.atleast_1d(r.subjects))
+        empty = [i for i, s in enumerate(subs) if len(s) == 0]
+        if empty and empty_subjects == "error":
+            raise ValueError(f"image {r.img}: observer(s) {empty} have no fixations (pass "
+                             "empty_subjects='drop' or 'keep' to load them anyway)")
+        if empty_subjects == "drop":
+            subs = tuple(s for s in subs if len(s))
         out.append(FixationRecord(str(r.img), path, (h, w), subs))
     return out
+
+
+def check_image_size(record: FixationRecord, image: np.ndarray) -> None:
+    """Raise ``ValueError`` (naming the image) if ``image`` (``[H, W]``, ``[H, W, C]`` or
+    ``[C, H, W]`` with C in 1, 3, 4) is not of the record's size ``(H, W)``: fixations are
+    pixel coordinates of the image the observers saw, so a resized image would misplace them.
+    """
+    shape = tuple(np.shape(image))
+    if len(shape) == 2:
+        hw = shape
+    elif len(shape) == 3:
+        hw = shape[1:] if shape[0] in (1, 3, 4) and shape[-1] not in (1, 3, 4) else shape[:2]
+    else:
+        raise ValueError(f"image {record.image}: expected [H, W] or [H, W, C], got shape {shape}")
+    if tuple(hw) != tuple(record.size):
+        raise ValueError(f"image {record.image}: the image is {hw[0]}x{hw[1]} (H x W) but its "
+                         f"fixation record is for {record.size[0]}x{record.size[1]}; resize "
+                         "the fixations, not the image")
 
 
 # --------------------------------------------------------------------- maps
@@ -156,7 +189,7 @@ def fixation_map(points: np.ndarray, shape: tuple[int, int], *, scale: float = 1
 
 
 def fixation_density(points: np.ndarray, shape: tuple[int, int], *, sigma_px: float,
-                     scale: float = 1.0) -> np.ndarray:
+                     scale: float = 1.0, image: str | None = None) -> np.ndarray:
     """Fixation density ``[H, W]``: counts blurred by a Gaussian, normalised to sum 1.
 
     Zero padding at the borders (as ``imfilter(map, G, 0)`` in the OSIE code), kernel
@@ -169,13 +202,19 @@ def fixation_density(points: np.ndarray, shape: tuple[int, int], *, sigma_px: fl
         sigma_px: Gaussian sigma in *output* pixels, ``> 0`` (e.g.
             ``FIXATION_BLUR_DEG * OSIE_PIXELS_PER_DEGREE * scale``).
         scale: output pixels per input pixel.
+        image: the image's name, for the error message.
+
+    Raises:
+        ValueError: no fixation (an empty map is no density; the message names ``image``).
     """
     if not sigma_px > 0:
         raise ValueError(f"sigma_px must be > 0, got {sigma_px}")
+    if len(np.asarray(points).reshape(-1, 2)) == 0:
+        raise ValueError(f"image {image or '(unnamed)'}: no fixations, the fixation map is "
+                         "empty (a density needs at least one)")
     counts = fixation_counts(points, shape, scale=scale)
     d = ndimage.gaussian_filter(counts, sigma_px, mode="constant", truncate=3.5)
-    tot = d.sum()
-    return d / tot if tot > 0 else np.full_like(d, 1.0 / d.size)
+    return d / d.sum()
 
 
 def split_subjects(num_subjects: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -278,29 +317,41 @@ def score_against_half_splits(record: FixationRecord, maps: dict[str, np.ndarray
     Args:
         record: the image's fixations.
         maps: name -> predicted map ``[H, W]`` at the evaluation grid (non-negative).
-        other_fixations: binary ``[H, W]`` map of the fixations on the other images (sAUC
-            negatives).
+        other_fixations: ``[H, W]`` fixation counts of the other images (the sAUC
+            negatives, :func:`fixation_counts` summed over them; a binary map counts each
+            pixel once).
         scale: evaluation pixels per image pixel; sigma_px: target blur in evaluation pixels.
         n_splits: number of random halvings (``>= 1``); rng: their random generator.
 
     Returns:
         One dict per (split, map): ``image``, ``split``, ``model`` and the six metrics.
+
+    Raises:
+        ValueError: a map's shape differs from ``other_fixations``'; a half of the observers
+            has no fixation, or ``other_fixations`` is empty (each names the image).
     """
     from fovea_core.eval.saliency_metrics import all_metrics
 
     if n_splits < 1:
         raise ValueError(f"n_splits must be >= 1, got {n_splits}")
     shape = other_fixations.shape
+    bad = {k: np.shape(v) for k, v in maps.items() if np.shape(v) != shape}
+    if bad:
+        raise ValueError(f"image {record.image}: maps {bad} differ from the evaluation grid "
+                         f"{shape}")
+    if not np.asarray(other_fixations).any():
+        raise ValueError(f"image {record.image}: other_fixations is empty (the shuffled AUC "
+                         "needs the other images' fixations as negatives)")
     names = list(maps) + [ceiling_name]
     rows = []
     for split in range(n_splits):  # a handful of random halvings
         a, b = split_subjects(record.num_subjects, rng)
         pts_a, pts_b = record.points(a), record.points(b)
-        stack = np.stack([*maps.values(),
-                          fixation_density(pts_a, shape, sigma_px=sigma_px, scale=scale)])
+        stack = np.stack([*maps.values(), fixation_density(
+            pts_a, shape, sigma_px=sigma_px, scale=scale, image=record.image)])
         m = len(names)
         dens_b = np.broadcast_to(fixation_density(pts_b, shape, sigma_px=sigma_px,
-                                                  scale=scale), (m, *shape))
+                                                  scale=scale, image=record.image), (m, *shape))
         fix_b = np.broadcast_to(fixation_map(pts_b, shape, scale=scale), (m, *shape))
         other = np.broadcast_to(other_fixations, (m, *shape))
         res = all_metrics(stack, dens_b, fix_b, other)

@@ -1,7 +1,8 @@
 """Saliency metrics of the MIT/Tuebingen saliency benchmark, vectorised.
 
-Definitions follow Bylinskii, Judd, Oliva, Torralba & Durand (2018), "What do different
-evaluation metrics tell us about saliency models?" (IEEE TPAMI 41(3)), and the conventions
+Definitions follow Bylinskii, Judd, Oliva, Torralba & Durand, "What do different
+evaluation metrics tell us about saliency models?" (IEEE TPAMI 41(3), 2019; online 2018,
+cited as 2018 below), and the conventions
 of the benchmark's reference MATLAB code (``cvzoya/saliency``, ``code_forMetrics``):
 
 * ``cc`` (higher is better): the map against the blurred human fixation density;
@@ -16,6 +17,14 @@ and a target of the same shape, and returns a float (one map) or a float64 array
 Fixation maps are binary: a pixel fixated by several observers counts once, as in the
 reference code (Bylinskii et al. 2018). Maps must already have the target's shape
 (the reference code ``imresize``-s silently; we raise instead).
+
+Cross-checks: ``tests/test_saliency_metrics.py`` compares every metric with a
+straightforward implementation written from those definitions (and sklearn's ROC area for
+sAUC) and with analytic cases. A one-off comparison with ``pysaliency`` 0.2.22's
+``metrics.py`` (read from its source distribution, not installed: its package needs a
+Cython build) agreed to 1e-16 for CC, SIM and NSS (theirs uses the population standard
+deviation: ours times ``sqrt(n / (n - 1))``) and to 2e-8 for KL (their ``eps`` is
+``2.2204e-16`` typed to 5 digits).
 
 Degenerate inputs get documented values instead of the reference code's NaN: a constant
 saliency map carries no information, so its CC and NSS are 0 and its SIM / KL treat it as
@@ -190,25 +199,33 @@ def auc_judd(saliency: ArrayLike, fixations: ArrayLike) -> float | np.ndarray:
     return _out(vals, single)
 
 
-def _auc_pos_neg(pos: np.ndarray, neg: np.ndarray) -> float:
-    """Exact ROC area between two score samples: ``P(pos > neg) + P(pos == neg) / 2``."""
+def _auc_pos_neg(pos: np.ndarray, neg: np.ndarray, neg_weight: np.ndarray | None = None
+                 ) -> float:
+    """Exact ROC area between two score samples: ``P(pos > neg) + P(pos == neg) / 2``,
+    each negative counted ``neg_weight`` times (default once)."""
     if pos.size == 0 or neg.size == 0:
         return float("nan")
-    ns = np.sort(neg)
-    below = np.searchsorted(ns, pos, side="left")
-    tied = np.searchsorted(ns, pos, side="right") - below
-    return float((below.sum() + 0.5 * tied.sum()) / (pos.size * neg.size))
+    wts = np.ones(neg.size) if neg_weight is None else np.asarray(neg_weight, np.float64)
+    order = np.argsort(neg, kind="stable")
+    ns, cw = neg[order], np.concatenate([[0.0], np.cumsum(wts[order])])
+    lo, hi = np.searchsorted(ns, pos, side="left"), np.searchsorted(ns, pos, side="right")
+    return float((cw[lo].sum() + 0.5 * (cw[hi] - cw[lo]).sum()) / (pos.size * cw[-1]))
 
 
 def auc_shuffled(saliency: ArrayLike, fixations: ArrayLike, other_fixations: ArrayLike
                  ) -> float | np.ndarray:
     """Shuffled AUC (Zhang et al. 2008; Bylinskii et al. 2018).
 
-    Positives: saliency at this image's fixated pixels. Negatives: saliency at the pixels
-    fixated on *other* images (``other_fixations``, a binary map, e.g. the union of the
-    fixations on all other images of the data set). Because negatives share the observers'
-    centre bias, a pure centre-bias map scores about 0.5: sAUC rewards only what is
-    image-specific.
+    Positives: saliency at this image's fixated pixels. Negatives: saliency at the
+    fixations on *other* images (``other_fixations``: a map of how many of the other
+    images' fixations fall on each pixel, e.g. the sum of their
+    :func:`~fovea_core.eval.eyetracking.fixation_counts`; a pixel counts as many negatives
+    as it holds fixations, so the negatives are the other images' fixations themselves,
+    as in Bylinskii et al. 2019 and pysaliency's ``nonfixations='shuffled'``; a binary
+    map counts each pixel once). Because negatives share the observers' centre bias, a
+    pure centre-bias map scores about 0.5 with counts: sAUC rewards only what is
+    image-specific. (With a binary union of many fixations the densely fixated centre is
+    under-counted and a centre bias scores above 0.5; tested.)
 
     Difference from ``AUC_shuffled.m``: that code thresholds at steps of 0.1 on the
     [0, 1]-rescaled map and averages 100 random subsets of as many negatives as fixations;
@@ -219,13 +236,14 @@ def auc_shuffled(saliency: ArrayLike, fixations: ArrayLike, other_fixations: Arr
     Args:
         saliency: ``[H, W]`` or ``[B, H, W]``.
         fixations: binary map of this image's fixations, same shape.
-        other_fixations: binary map of the other images' fixations, same shape.
+        other_fixations: fixation counts (or a binary map) of the other images, same shape.
     """
     s, f, single = _pair(saliency, fixations, "fixations")
     _, o, _ = _pair(saliency, other_fixations, "other_fixations")
     fb, ob = _binary(f), _binary(o)
-    vals = np.array([_auc_pos_neg(si[fi], si[oi])  # loop over images
-                     for si, fi, oi in zip(_flat(s), fb, ob)])
+    of = _flat(o)
+    vals = np.array([_auc_pos_neg(si[fi], si[oi], wi[oi])  # loop over images
+                     for si, fi, oi, wi in zip(_flat(s), fb, ob, of)])
     return _out(vals, single)
 
 

@@ -19,6 +19,8 @@ query             query-aware: MiniLM similarity of peripheral OCR lines x spati
 query_saliency    0.8 query + 0.2 saliency (needs ``query``)
 query_noprior     ``query`` without the spatial word prior (the ablation of chapter 07)
 query_saliency_noprior  0.8 query_noprior + 0.2 saliency
+fixation          learned fixation predictor: saliency channels, faces, text, centre bias
+                  (:mod:`~fovea_core.importance.fixation`, fitted on OSIE train images)
 none              all zeros: for allocators that look at the pixels themselves (reads nothing)
 ================  ===========================================================================
 
@@ -42,6 +44,7 @@ import torch
 
 from fovea_core.importance.base import (ImageLike, fixation_from_scores, normalise,
                                         pool_to_grid, prepare)
+from fovea_core.importance.fixation import fixation_reads, fixation_scores
 from fovea_core.importance.query import query_map, query_scores, read_page, spatial_prior
 from fovea_core.importance.saliency import center_bias, edge_density, spectral_residual
 from fovea_core.importance.text import read_text, text_likelihood, text_probability
@@ -157,6 +160,7 @@ SCORERS: dict[str, Scorer] = {
     "query_saliency": _query_saliency,
     "query_noprior": _query_noprior,
     "query_saliency_noprior": _query_saliency_noprior,
+    "fixation": _no_query(fixation_scores),
     "none": _none,
 }
 
@@ -193,6 +197,7 @@ READS: dict[str, Callable[[int, int], int]] = {
     "query_saliency": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
     "query_noprior": _half_px,
     "query_saliency_noprior": lambda h, w: _half_px(h, w) + _thumbnail_px(h, w),
+    "fixation": fixation_reads,
     "none": lambda h, w: 0,
 }
 
@@ -233,5 +238,6 @@ def score(name: str, image: ImageLike, *, query: str | None = None, patch: int =
 
 __all__ = ["PAGE_PARTS", "READS", "SCORERS", "ScorerCost", "query_saliency_from",
            "score_page", "scorer_cost", "center_bias", "edge_density", "fixation_from_scores",
-           "normalise", "pool_to_grid", "query_map", "query_scores", "read_page", "read_text",
-           "score", "spatial_prior", "spectral_residual", "text_likelihood", "text_probability"]
+           "fixation_scores", "normalise", "pool_to_grid", "query_map", "query_scores",
+           "read_page", "read_text", "score", "spatial_prior", "spectral_residual",
+           "text_likelihood", "text_probability"]
