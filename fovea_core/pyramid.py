@@ -10,6 +10,7 @@ samples, one per level-``l`` pixel.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -343,7 +344,8 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     All levels live in one ``[B, C, Ha, Wa]`` float32 image (:func:`atlas_layout`, memory
     channels last), each written in place (no repacking): by ``cv2.pyrDown`` on the CPU
     (1-4 channels; SIMD), by the ``pyr_down`` CUDA kernel on a GPU when the kernels are
-    available (:mod:`fovea_core.kernels`), else by :func:`pyr_down`; all three compute the
+    available and imported (:mod:`fovea_core.kernels` registers it,
+    :func:`register_pyr_down`), else by :func:`pyr_down`; all three compute the
     same filter (equal up to float rounding). ``levels[l]`` is the ``[B, C, H_l, W_l]`` view
     of its rectangle. Samplers read every level of every token through the one atlas: one
     ``grid_sample`` call in :func:`fovea_core.sample.sample`, one level table in
@@ -371,16 +373,38 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     atlas = nhwc.permute(0, 3, 1, 2)
     levels = [atlas[..., y:y + hh, xx:xx + ww] for (y, xx), (hh, ww) in zip(origins, sizes)]
     nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))          # rows of W*C floats: fast copies
-    kernel = None
-    if x.is_cuda and num_levels > 1 and min(h, w) >= 3:
-        try:
-            from fovea_core import kernels
-            kernel = kernels if kernels.backend_status()["cuda"] is None else None
-        except (ImportError, RuntimeError):
-            kernel = None
+    fast = _PYR_DOWN_STEPS.get(x.device.type) if min(h, w) >= 3 else None
     for m in range(1, num_levels):
-        if kernel is not None:
-            kernel.pyr_down_into(levels[m - 1], levels[m])
-        elif not _pyr_down_cv2(levels[m - 1], levels[m]):
+        if fast is not None and fast(levels[m - 1], levels[m]):
+            continue
+        if not _pyr_down_cv2(levels[m - 1], levels[m]):
             pyr_down(levels[m - 1], out=levels[m])
     return Pyramid(tuple(levels))
+
+
+#: device type -> a faster :func:`pyr_down` step for :func:`build_pyramid`:
+#: ``step(src [B, C, H, W], dst [B, C, ceil(H/2), ceil(W/2)]) -> bool`` writes the next level
+#: into ``dst`` in place and returns ``True``, or returns ``False`` (not taken: the torch step
+#: runs). This module never imports the kernel layer (layers point down, ``DESIGN.md``);
+#: :mod:`fovea_core.kernels` registers its ``pyr_down`` CUDA kernel here when imported.
+_PYR_DOWN_STEPS: dict[str, Callable[[torch.Tensor, torch.Tensor], bool]] = {}
+
+
+def register_pyr_down(device_type: str,
+                      step: Callable[[torch.Tensor, torch.Tensor], bool] | None) -> None:
+    """Make ``step`` :func:`build_pyramid`'s downsampling step for tensors on
+    ``device_type`` (``"cuda"``, ...; ``None`` removes it). The step must compute
+    :func:`pyr_down` (the same filter, equal up to float rounding); see ``_PYR_DOWN_STEPS``.
+    Raises ``ValueError`` for a device type torch does not know or a step that is not
+    callable."""
+    try:
+        torch.device(device_type)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device_type must be a torch device type such as 'cuda', got "
+                         f"{device_type!r}") from exc
+    if step is None:
+        _PYR_DOWN_STEPS.pop(device_type, None)
+    elif not callable(step):
+        raise ValueError(f"step must be callable (src, dst) -> bool or None, got {step!r}")
+    else:
+        _PYR_DOWN_STEPS[device_type] = step

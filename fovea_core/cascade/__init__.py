@@ -6,6 +6,17 @@ Stages (each callable alone): :func:`~fovea_core.cascade.core.gist`, a localiser
 chains them and is registered as the allocator ``"cascade"``. The learned localiser is
 trained by ``python -m fovea_core.cascade.train``; localisation metrics are in
 :mod:`fovea_core.cascade.metrics`.
+
+The modules are layers; each imports only the ones before it (``tests/test_layers.py``):
+
+1. :mod:`~fovea_core.cascade.raster` -- the token footprints on a raster (one rule, used
+   by the algorithm and by the metrics);
+2. :mod:`~fovea_core.cascade.core` -- the stages (gist, foveate, resampling);
+3. :mod:`~fovea_core.cascade.localisers`, :mod:`~fovea_core.cascade.learned` -- the maps;
+4. :mod:`~fovea_core.cascade.allocator` -- the chaining and the registered allocators;
+5. on top, the evaluation: :mod:`~fovea_core.cascade.metrics`,
+   :mod:`~fovea_core.cascade.evaluate`, :mod:`~fovea_core.cascade.train` (this package's
+   ``__init__`` imports none of them).
 """
 
 from fovea_core.cascade.core import (STAGE_FOVEA, STAGE_GIST, STAGE_SACCADE, Gist, foveate,

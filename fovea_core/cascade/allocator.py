@@ -27,6 +27,7 @@ from fovea_core.allocators.registry import register
 from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
                                      gist_to_grid)
 from fovea_core.cascade.localisers import get_localiser
+from fovea_core.cascade.raster import coverage_raster
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
@@ -90,9 +91,7 @@ def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
 def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step: int = 4
                   ) -> torch.Tensor:
     """``[B, Gh, Gw]``: share of each level-0 cell under some token footprint (a ``step``-px
-    raster, :func:`~fovea_core.cascade.metrics.coverage_raster`, averaged per cell)."""
-    from fovea_core.cascade.metrics import coverage_raster
-
+    raster, :func:`~fovea_core.cascade.raster.coverage_raster`, averaged per cell)."""
     cov = coverage_raster(tokens, stages=None, step=step).float()          # [B, rh, rw]
     k = patch // step
     gh, gw = grid

@@ -1,0 +1,202 @@
+"""The compiler driver: build ``cuda/fovea_kernels.cu`` with g++ (CPU shared library) or nvcc
+(ptx / cubin), cached under ``cuda/build/`` (or ``$XDG_CACHE_HOME/fovea_core``) by a hash of
+the sources, flags, compiler and CPU model, written to a temporary name and renamed
+atomically (concurrent first uses are safe). No torch, no ctypes: only files and processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from fovea_core.paths import project_root
+
+__all__ = ["CUDA_DIR", "SOURCES", "CXX_FLAGS", "NVCC_FLAGS", "OPENMP_FLAG", "KERNEL_NAMES",
+           "cuda_source", "source_excerpt", "build_cpu_library", "compile_cuda",
+           "kernel_resources"]
+
+CUDA_DIR = project_root() / "cuda"
+SOURCES = ("fovea_kernels.cu", "fovea_kernels.cuh")
+# -ffp-contract=off / -fmad=false: no fused multiply-add in either build, so both round every
+# operation separately, exactly as torch's elementwise ops do (bit-for-bit parity).
+CXX_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC",
+             "-x", "c++")
+NVCC_FLAGS = ("-O3", "-fmad=false")
+OPENMP_FLAG = "-fopenmp"
+KERNEL_NAMES = ("gather_patches", "pyr_down", "remap_lut", "v1_candidates")
+
+
+def _cache_dir() -> Path:
+    d = CUDA_DIR / "build"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if os.access(d, os.W_OK):
+            return d
+    except OSError:
+        pass
+    d = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fovea_core"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _compiler() -> str:
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    if cxx is None:
+        raise RuntimeError("the CPU kernel backend needs a C++ compiler: g++ was not found on "
+                           "PATH (install g++ / build-essential, or set CXX)")
+    return cxx
+
+
+def cuda_source() -> str:
+    """The kernel source text (for the book and for pycuda)."""
+    return (CUDA_DIR / "fovea_kernels.cu").read_text()
+
+
+def source_excerpt(name: str, with_comment: bool = True) -> str:
+    """The definition of function/kernel ``name`` in ``cuda/`` (for the book), with the
+    comment block just above it. Raises ``KeyError`` if there is no such definition."""
+    for fname in SOURCES[::-1]:
+        lines = (CUDA_DIR / fname).read_text().splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith((" ", "/", "#")) and f" {name}(" in line:
+                start = i
+                while with_comment and start > 0 and lines[start - 1].startswith("//"):
+                    start -= 1
+                end = i
+                while end < len(lines) and lines[end] != "}":
+                    end += 1
+                return "\n".join(lines[start:end + 1])
+    raise KeyError(f"no definition of {name!r} in {', '.join(SOURCES)}")
+
+
+def _source_hash(*extra: str) -> hashlib._Hash:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((CUDA_DIR / name).read_bytes())
+    for e in extra:
+        h.update(e.encode())
+    return h
+
+
+def build_cpu_library(force: bool = False) -> Path:
+    """Compile ``cuda/fovea_kernels.cu`` with g++ into a cached shared library; return it."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    h = _source_hash(" ".join(CXX_FLAGS), version, platform.machine())
+    try:  # -march=native: key by CPU model too
+        h.update(next(l for l in Path("/proc/cpuinfo").read_text().splitlines()
+                      if l.startswith("model name")).encode())
+    except (OSError, StopIteration):
+        pass
+    target = _cache_dir() / f"libfovea_cpu_{h.hexdigest()[:16]}.so"
+    if target.exists() and not force:
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", prefix=".tmp_fovea_", dir=target.parent)
+    os.close(fd)
+    src = str(CUDA_DIR / "fovea_kernels.cu")
+    base = [cxx, *CXX_FLAGS, "-I", str(CUDA_DIR), src, "-o", tmp]
+    res = subprocess.run(base[:1] + [OPENMP_FLAG] + base[1:], capture_output=True, text=True)
+    if res.returncode != 0:                                 # no OpenMP: serial build
+        res = subprocess.run(base, capture_output=True, text=True)
+    if res.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"g++ failed to build the CPU kernels:\n{res.stderr[-2000:]}")
+    os.replace(tmp, target)                                 # atomic: concurrent builds are safe
+    for old in target.parent.glob("libfovea_cpu_*.so"):     # builds of older sources
+        if old != target:
+            try:
+                old.unlink()
+            except OSError:
+                pass
+    return target
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+
+
+def compile_cuda(target: str = "ptx", arch: str = "sm_90", out_dir: Path | None = None) -> Path:
+    """Compile the kernels with nvcc (``NVCC_FLAGS``) to ``ptx`` or ``cubin`` for ``arch``."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc (the CUDA toolkit compiler) was not found on PATH")
+    if target not in ("ptx", "cubin"):
+        raise ValueError(f"target must be 'ptx' or 'cubin', got {target!r}")
+    out_dir = out_dir or _cache_dir()
+    out = Path(out_dir) / f"fovea_kernels_{arch}.{target}"
+    res = subprocess.run([nvcc, f"-{target}", f"-arch={arch}", *NVCC_FLAGS, "-I", str(CUDA_DIR),
+                          str(CUDA_DIR / "fovea_kernels.cu"), "-o", str(out)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch} ({target}):\n{res.stderr[-2000:]}")
+    return out
+
+
+def kernel_resources(arch: str = "sm_90") -> dict[str, dict[str, int]]:
+    """Registers, stack and spills per kernel as ptxas reports them (``--resource-usage``).
+
+    Returns ``{kernel: {"registers": r, "stack_bytes": s, "spill_stores": st,
+    "spill_loads": sl}}``; raises ``RuntimeError`` when nvcc is absent.
+    """
+    import re
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc (the CUDA toolkit compiler) was not found on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "--resource-usage",
+                              "-I", str(CUDA_DIR), str(CUDA_DIR / "fovea_kernels.cu"), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {arch}:\n{res.stderr[-2000:]}")
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in (res.stdout + res.stderr).splitlines():
+        m = re.search(r"Function properties for (\w+)", line)
+        if m:
+            current = m.group(1) if m.group(1) in KERNEL_NAMES else None
+            continue
+        if current is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                      r"loads", line)
+        if m:
+            out.setdefault(current, {}).update(stack_bytes=int(m.group(1)),
+                                               spill_stores=int(m.group(2)),
+                                               spill_loads=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            out.setdefault(current, {})["registers"] = int(m.group(1))
+    missing = set(KERNEL_NAMES) - set(out)
+    if missing:
+        raise RuntimeError(f"ptxas reported no resources for {sorted(missing)}")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _cubin(arch: str) -> bytes:
+    """The cubin for ``arch`` (e.g. ``sm_90``), built once and cached on disk by source hash."""
+    nvcc = _nvcc()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    h = _source_hash(" ".join(NVCC_FLAGS), version, arch)
+    target = _cache_dir() / f"fovea_kernels_{arch}_{h.hexdigest()[:16]}.cubin"
+    if not target.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".cubin", prefix=".tmp_fovea_", dir=target.parent)
+        os.close(fd)
+        res = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-I", str(CUDA_DIR),
+                              str(CUDA_DIR / "fovea_kernels.cu"), "-o", tmp],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(f"nvcc failed for {arch}:\n{res.stderr[-2000:]}")
+        os.replace(tmp, target)
+    return target.read_bytes()
