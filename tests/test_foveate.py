@@ -314,3 +314,16 @@ def test_save_foveation_writes_three_files(pages, tmp_path):
     rec = json.loads(paths["json"].read_text())
     assert rec["options"]["seed"] == 3 and len(rec["tokens"]) == 24
     assert {"x", "y", "cx", "cy", "level", "side", "score", "stage"} == set(rec["tokens"][0])
+
+
+def test_import_fovea_core_stays_light():
+    """``fovea_core.foveate`` is exported lazily: importing the package loads neither the
+    entry point nor the allocators; the first use does."""
+    code = ("import sys, fovea_core; "
+            "assert 'fovea_core.foveate' not in sys.modules; "
+            "assert 'fovea_core.allocators' not in sys.modules; "
+            "assert 'foveate' in fovea_core.__all__ and callable(fovea_core.foveate); "
+            "assert 'fovea_core.foveate' in sys.modules; print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
