@@ -53,7 +53,7 @@ def min_budget(name: str, pyr: Pyramid) -> int:
         return 64
     if name == "adaptive_stratified":
         return 4
-    if name in ("lod_dag", "resize"):
+    if name in ("lod_dag", "resize", "resize_nonblank"):
         gh, gw = pyr.grid_shape(PATCH, pyr.num_levels - 1)
         return gh * gw
     if name == "multi_fixation":

@@ -103,9 +103,9 @@ def test_resize_ignores_scores_and_fixation():
 
 
 def test_resize_reconstruction_equals_a_plain_downscale_upscale():
-    """What the reader sees from ``resize`` is the page at scale 2**-level, blown up with
-    nearest-neighbour blocks: on a page made of flat blocks aligned with the grid every
-    token sample is that block's value."""
+    """What the reader sees from ``resize`` is the page at scale 2**-level, blown up again:
+    on a page made of flat blocks aligned with the grid every token sample is that block's
+    value, and the reconstruction keeps it away from the block edges."""
     h, w, budget = 512, 768, 96
     r, c, level = resize_grid((h, w), budget)
     side = 16 * 2**level
@@ -120,7 +120,7 @@ def test_resize_reconstruction_equals_a_plain_downscale_upscale():
     pyr = build_pyramid(img)
     ts = allocate("resize", pyr, torch.zeros(1, *pyr.grid_shape(16, 0)), budget)
     out = render(ts[0:1], sample(pyr, ts))
-    # away from block edges (the pyramid's blur reaches a few samples), values are kept
+    # away from block edges (the bicubic reaches two samples), values are kept
     core = (((ys - oy) / side).frac() - 0.5).abs() < 0.2
     core &= (((xs - ox) / side).frac() - 0.5).abs() < 0.2
     assert (out[0, 0][core] - img[0, 0][core]).abs().max() < 0.02
@@ -161,7 +161,8 @@ def test_density_mass_follows_the_fractional_footprint():
 def test_render_paints_fractional_footprints_exactly():
     ts = _fractional_tokens()
     patches = torch.arange(3.0)[None, :, None, None, None].expand(1, 3, 1, 28, 28) + 1
-    out = render(ts, patches.contiguous(), background=torch.zeros(1, 1, 4, 4))[0, 0]
+    out = render(ts, patches.contiguous(), background=torch.zeros(1, 1, 4, 4),
+                 painter="blocks")[0, 0]
     for n in range(3):
         x0, y0, x1, y1 = ts.boxes()[0, n].tolist()
         # pixel centres well inside the footprint (away from finer tokens) show token n
