@@ -183,21 +183,37 @@ def test_oracle_cascade_reads_the_answer_at_full_budget():
         cascade(pyr, None, 273, query="an unknown question", localiser=orc, level=0.5)
 
 
-def test_cascade_never_reads_level_zero():
-    # a +-a checkerboard of period 2 px is removed exactly by the first pyrDown (the binomial
-    # kernel sums to 0 on it), so the two pages differ only at level 0: a cascade that
-    # looks only through its gist places the same tokens on both
+def test_cascade_sees_the_page_only_through_its_gist(monkeypatch):
+    """Budgeted: the cascade's decisions depend on the page only through its gist's tokens.
+    Every pixel read goes through ``sample`` of the gist (G tokens), and a page that differs
+    from another only at full resolution (a +-0.1 checkerboard of period 2 px, which pyrDown
+    removes, so the coarsest level and the page key agree), read through the other page's
+    gist, gets the same tokens: nothing else of it was looked at."""
+    import fovea_core.cascade.core as core
+
     doc = make_document(2)
     img = 0.2 + 0.6 * doc.image.astype(np.float32) / 255.0
     yy, xx = np.indices(img.shape[:2])
     other = img + np.where((yy + xx) % 2 == 0, 0.1, -0.1)[:, :, None].astype(np.float32)
     a, b = build_pyramid(img), build_pyramid(other)
     assert (a.base - b.base).abs().max() > 0.09
-    assert torch.allclose(a.levels[1], b.levels[1], atol=1e-6)
+    assert torch.allclose(a.levels[-1], b.levels[-1], atol=1e-6)
+    real, seen = core.sample, []
+
+    def through_page_a(pyramid, tokens, *args, **kwargs):
+        seen.append(tokens)
+        return real(a, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(core, "sample", through_page_a)
     for loc, level in (("gist_query", 0.5), (uniform, 0.5), ("learned", "auto")):
-        ta = cascade(a, None, 273, query=doc.questions[1].question, localiser=loc, level=level)
-        tb = cascade(b, None, 273, query=doc.questions[1].question, localiser=loc, level=level)
+        seen.clear()
+        ta = cascade(a, None, 273, query=doc.questions[1].question, localiser=loc, level=level,
+                     gist_budget=64)
+        tb = cascade(b, None, 273, query=doc.questions[1].question, localiser=loc, level=level,
+                     gist_budget=64)
         assert torch.equal(ta.centers, tb.centers) and torch.equal(ta.levels, tb.levels)
+        assert seen and all(t.budget <= 64 and float(t.levels.min()) >= 1 for t in seen), \
+            [(t.budget, float(t.levels.min())) for t in seen]
 
 
 def test_page_key_identifies_pages():

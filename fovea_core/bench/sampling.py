@@ -9,8 +9,10 @@ all paths interleaved round by round, :func:`~fovea_core.bench.common.time_round
   gather pass (the g++ build of the CUDA source); its two halves are timed too;
 * ``grid_sample_one_call``: one ``F.grid_sample`` call gathering all 273 patches from
   level 0: what the torch path is measured against;
-* ``sample_torch``: :func:`fovea_core.sample.sample` on the packed mip atlas of
-  :func:`fovea_core.pyramid.build_pyramid` (one ``grid_sample`` call); ``sample_reference``
+* ``sample_torch``: :func:`fovea_core.sample.sample` with ``filter="mip"`` (what the kernels
+  compute) on the packed mip atlas of :func:`fovea_core.pyramid.build_pyramid` (one
+  ``grid_sample`` call); ``sample_area``: the default area filter (summed-area table of the
+  base image, the book's reading of every token); ``sample_reference``
   (the exact arithmetic) and ``loop`` (one ``grid_sample`` per token, the seeds' sampler);
 * log-polar LUT remap (256 x 256 from the whole image): ``cv2.remap`` on the HWC image,
   :func:`fovea_core.sample.remap` (exact float weights) and ``remap_fast`` (one
@@ -45,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core import kernels as K
-from fovea_core.allocators.cortical import v1_cortical
+from fovea_core.allocators.cortical import v1_cortical, v1_layout
 from fovea_core.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
@@ -170,8 +172,8 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
         lut = torch.rand(b, 64, 48, 2, generator=g) * torch.tensor([w + 4.0, h + 4.0]) - 2
         fix = torch.rand(b, 2, generator=g).double()
         budget = min(BUDGET, (h // patch) * (w // patch))
-        cen, lev = K.v1_layout(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
-                               backend=backend)
+        cen, lev = v1_layout(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
+                             backend=backend)
         ref = v1_cortical(pyr, torch.zeros(b, *pyr.grid_shape(patch)), budget, fixation=fix,
                           patch=patch)
         exact = sample_reference(pyr, ts)
@@ -183,7 +185,7 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
                                 - sample_reference(pyr, tri)).abs().max()),
             "remap": float((K.remap(pyr.base, lut, backend=backend).cpu()
                             - remap_reference(pyr.base, lut)).abs().max()),
-            "torch_vs_reference": float((sample(pyr, tri) - sample_reference(pyr, tri))
+            "torch_vs_reference": float((sample(pyr, tri, filter="mip") - sample_reference(pyr, tri))
                                         .abs().max()),
             "reference_vs_grid_sample": float((exact - grid_sample_by_level(pyr, ts))
                                               .abs().max()),
@@ -218,7 +220,8 @@ def cpu_section(rounds: int) -> dict:
                                               - sample_reference(pyr_cv2, tokens)).abs().max()),
         "kernel_e2e_vs_torch_pyramid_max_abs": float((K.sample_image(img, tokens) - exact)
                                                      .abs().max()),
-        "torch_vs_reference_max_abs": float((sample(pyr, tokens) - exact).abs().max()),
+        "torch_vs_reference_max_abs": float((sample(pyr, tokens, filter="mip") - exact)
+                                            .abs().max()),
         "loop_vs_reference_max_abs": float((loop_sample(pyr, tokens) - exact).abs().max()),
         "remap_torch_vs_reference_max_abs": float((remap(base_hwc, lut)
                                                    - remap_reference(base_hwc, lut)).abs().max()),
@@ -235,7 +238,8 @@ def cpu_section(rounds: int) -> dict:
         "grid_sample_one_call": lambda: F.grid_sample(base_hwc, grid, mode="bilinear",
                                                       padding_mode="border",
                                                       align_corners=False),
-        "sample_torch": lambda: sample(pyr, tokens),
+        "sample_torch": lambda: sample(pyr, tokens, filter="mip"),
+        "sample_area": lambda: sample(pyr, tokens),
         "remap_cv2": lambda: cv2.remap(img, mx, my, cv2.INTER_LINEAR,
                                        borderMode=cv2.BORDER_CONSTANT),
         "remap_torch": lambda: remap(base_hwc, lut),
@@ -245,7 +249,7 @@ def cpu_section(rounds: int) -> dict:
     t = time_rounds(fns, rounds=rounds, warmup=3)
     slow = {
         "pyramid_torch_all_levels": lambda: build_pyramid(img),
-        "e2e_torch": lambda: sample(build_pyramid(img), tokens),
+        "e2e_torch": lambda: sample(build_pyramid(img), tokens, filter="mip"),
         "sample_reference": lambda: sample_reference(pyr, tokens),
         "loop": lambda: loop_sample(pyr, tokens),
     }
@@ -254,6 +258,7 @@ def cpu_section(rounds: int) -> dict:
     ratios = {
         "e2e_kernel/copy_floor": ratio(t, "e2e_kernel", "copy_floor"),
         "sample_torch/grid_sample_one_call": ratio(t, "sample_torch", "grid_sample_one_call"),
+        "sample_area/grid_sample_one_call": ratio(t, "sample_area", "grid_sample_one_call"),
         "remap_torch/remap_cv2": ratio(t, "remap_torch", "remap_cv2"),
         "remap_torch_grid_sample/remap_cv2": ratio(t, "remap_torch_grid_sample", "remap_cv2"),
         "remap_kernel/remap_cv2": ratio(t, "remap_kernel", "remap_cv2"),
@@ -373,7 +378,7 @@ def gpu_section(batch: int) -> dict:
         "e2e_kernel_nhwc": lambda: K.sample_image(x_cl, tokens),
         "pyramid_kernel": lambda: K.device_pyramid(x),
         "e2e_kernel": lambda: K.sample_image(x, tokens),
-        "sample_torch": lambda: sample(apyr, tokens),
+        "sample_torch": lambda: sample(apyr, tokens, filter="mip"),
         "pyramid_torch_atlas": lambda: build_pyramid(x),
         "grid_sample_one_call": lambda: F.grid_sample(x, grid, mode="bilinear",
                                                       padding_mode="border",

@@ -127,9 +127,9 @@ def gist(pyramid: Pyramid, budget: int, *, patch: int = 16) -> Gist:
     patch)``, centred on the page exactly as the ``resize`` allocator centres it, and only
     its ``rows * cols`` cells are tokens (``resize`` would spend the leftovers on finer
     copies of the centre; here they go to the fovea). The patches are read with
-    :func:`~fovea_core.sample.sample` at the grid's continuous level (trilinear between mip
-    levels) and assembled into :attr:`Gist.image`; this is everything later stages may
-    know about the page's pixels.
+    :func:`~fovea_core.sample.sample` at the grid's continuous level (the page
+    area-resampled at that scale, as a processor resizes it) and assembled into
+    :attr:`Gist.image`; this is everything later stages may know about the page's pixels.
 
     Raises ``ValueError`` when the budget is outside ``[1, Gh * Gw]`` or the pyramid is too
     shallow for the gist's level.
