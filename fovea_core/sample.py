@@ -380,16 +380,17 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
 
 # --------------------------------------------------------------------------- area read
 def _summed_area(pyramid: Pyramid, device: torch.device) -> torch.Tensor:
-    """Summed-area table of the base image padded by one replicated pixel on every side:
-    ``[B, C, H + 3, W + 3]`` float64, ``S[..., i, j]`` = sum of padded pixels above-left of
-    corner ``(i, j)`` (cached on the pyramid per device). float64 keeps a box sum exact to
-    ~1e-9 on any page size (float32 would lose ~0.5 / area)."""
+    """Summed-area table of the base image padded by one replicated pixel on every side,
+    channels last: ``[B, H + 3, W + 3, C]`` float64, ``S[b, i, j]`` = sum of padded pixels
+    above-left of corner ``(i, j)`` (cached on the pyramid per device). float64 keeps a box
+    sum exact to ~1e-9 on any page size (float32 would lose ~0.5 / area); channels last, so
+    a table read gathers one contiguous ``C``-vector."""
     cache = pyramid.__dict__.setdefault("_summed_area", {})
     if device not in cache:
         base = pyramid.base.to(device)
         pad = F.pad(base.to(torch.float64), (1, 1, 1, 1), mode="replicate")
-        sat = pad.new_zeros(*pad.shape[:2], pad.shape[2] + 1, pad.shape[3] + 1)
-        sat[..., 1:, 1:] = pad.cumsum(-1).cumsum(-2)
+        sat = pad.new_zeros(pad.shape[0], pad.shape[2] + 1, pad.shape[3] + 1, pad.shape[1])
+        sat[:, 1:, 1:] = pad.permute(0, 2, 3, 1).cumsum(2).cumsum(1)
         cache[device] = sat
     return cache[device]
 
@@ -434,8 +435,8 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
     """
     p = check_sample_args(pyramid, tokens, patch)
     dev = pyramid.base.device
-    sat = _summed_area(pyramid, dev)                                       # [B, C, H+3, W+3]
-    b, c, hs, ws = sat.shape
+    sat = _summed_area(pyramid, dev)                                       # [B, H+3, W+3, C]
+    b, hs, ws, c = sat.shape
     h, w = tokens.image_size
     n = tokens.levels.shape[1]
     step = torch.exp2(tokens.levels.to(dev, torch.float64))[..., None]     # [B, N, 1]
@@ -447,19 +448,21 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
     ey = torch.round((cen[..., 1:2] * h + e * step + 1.0) * _SNAP) / _SNAP
     x0, fx = _table_weights(ex, w)
     y0, fy = _table_weights(ey, h)
-    flat = sat.reshape(b, c, hs * ws)
-
-    def rows(yi: torch.Tensor, wy: torch.Tensor) -> torch.Tensor:          # [B, C, N, p+1, p+1]
-        def tap(xi: torch.Tensor) -> torch.Tensor:
-            idx = (yi[..., :, None] * ws + xi[..., None, :]).reshape(b, 1, -1)
-            return torch.gather(flat, 2, idx.expand(b, c, -1)).view(b, c, n, p + 1, p + 1)
-        fxx = fx[:, None, :, None, :]
-        return (tap(x0) * (1 - fxx) + tap(x0 + 1) * fxx) * wy[:, None, :, :, None]
-
-    corner = rows(y0, 1 - fy) + rows(y0 + 1, fy)                           # integral at edges
-    box = corner[..., 1:, 1:] - corner[..., :-1, 1:] - corner[..., 1:, :-1] + corner[..., :-1, :-1]
-    out = box / (step * step)[:, None, :, :, None]
-    return out.to(pyramid.base.dtype).permute(0, 2, 1, 3, 4).contiguous()
+    rows = (torch.arange(b, device=dev).view(b, 1, 1) * hs + y0) * ws      # [B, N, p+1]
+    flat = sat.view(b * hs * ws, c)
+    wy = torch.stack([1 - fy, fy])[..., :, None, None]                     # [2, B, N, p+1, 1, 1]
+    wx = torch.stack([1 - fx, fx])[..., None, :, None]                     # [2, B, N, 1, p+1, 1]
+    corner = None                                   # the integral at every box corner
+    for dy in (0, 1):
+        for dx in (0, 1):
+            idx = (rows[..., :, None] + dy * ws) + (x0[..., None, :] + dx)  # [B, N, p+1, p+1]
+            tap = flat.index_select(0, idx.reshape(-1)).view(b, n, p + 1, p + 1, c)
+            term = tap * (wy[dy] * wx[dx])
+            corner = term if corner is None else corner.add_(term)
+    box = corner[:, :, 1:, 1:] - corner[:, :, :-1, 1:] - corner[:, :, 1:, :-1] \
+        + corner[:, :, :-1, :-1]                                           # [B, N, p, p, C]
+    out = box / (step * step)[..., None, None]
+    return out.to(pyramid.base.dtype).permute(0, 1, 4, 2, 3).contiguous()
 
 
 def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device
