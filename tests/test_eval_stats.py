@@ -194,3 +194,18 @@ def test_prefill_flops_is_chapter_15s_count():
             prefill_flops(bad)
     with pytest.raises(ValueError, match="n_text"):
         prefill_flops(273, n_text=-3)
+
+
+def test_target_verdict_reads_the_ci_against_the_bar():
+    from fovea_core.eval.stats import target_verdict
+
+    assert target_verdict(0.72, 0.80, 0.70, 30) == "met"
+    assert target_verdict(0.50, 0.69, 0.70, 30) == "not met"
+    assert target_verdict(0.65, 0.75, 0.70, 30) == "undecided"
+    assert target_verdict(0.65, float("inf"), 0.70, 30) == "undecided"
+    assert target_verdict(0.01, 0.04, 0.05, 30, at_most=True) == "met"        # a gap <= 5
+    assert target_verdict(0.06, 0.20, 0.05, 30, at_most=True) == "not met"
+    assert target_verdict(0.02, 0.08, 0.05, 30, at_most=True) == "undecided"
+    assert target_verdict(0.9, 1.0, 0.7, 12) == "too few documents (n = 12)"
+    with pytest.raises(ValueError, match="lo must be <= hi"):
+        target_verdict(0.8, 0.7, 0.7, 30)

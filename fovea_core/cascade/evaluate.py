@@ -34,7 +34,7 @@ from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 
 __all__ = ["BOOK_LOCALISERS", "Method", "book_methods", "cascade_method", "evaluate",
-           "kept_difference", "unbudgeted_method"]
+           "kept_difference", "real_set_methods", "unbudgeted_method"]
 
 # ----------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
@@ -92,6 +92,17 @@ def book_methods() -> list[Method]:
     same cache keys and chapter 17 re-reads what chapter 14.5 computed."""
     return ([cascade_method(k, v) for k, v in BOOK_LOCALISERS.items()]
             + [unbudgeted_method(a) for a in ("topk", "pyramid")])
+
+
+def real_set_methods(oracle, *, gist_budget: int | None = None) -> list[Method]:
+    """The rows every real set is read with (chapters 14.5 and 17, the same cache keys):
+    ``resize`` (the baseline), ``resize_nonblank`` (the training-free document peer), the
+    learned cascade (``"cascade | learned"``, budgeted) and the cascade told the answer's
+    boxes (``"cascade | oracle"``, the named upper bound of localisation; never a method)."""
+    return [Method("resize", "resize", scorer="none", query_aware=False),
+            Method("resize_nonblank", "resize_nonblank", scorer="none", query_aware=False),
+            cascade_method("cascade | learned", "learned", gist_budget=gist_budget),
+            cascade_method("cascade | oracle", oracle, gist_budget=gist_budget)]
 
 
 def _fingerprint(doc: Document) -> str:

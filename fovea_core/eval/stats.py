@@ -31,7 +31,7 @@ import pandas as pd
 
 from fovea_core.eval.metrics import bootstrap_ci
 
-__all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "verdict", "split_halves", "holm",
+__all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_verdict", "verdict", "split_halves", "holm",
            "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "curve_kept_at",
            "curve_budget_at", "saving_factor", "prefill_flops"]
 
@@ -46,6 +46,24 @@ ALPHA = 0.05
 def too_few(n_docs: int, min_docs: int = MIN_DOCS) -> str | None:
     """``"too few documents (n = K)"`` when ``n_docs < min_docs``, else ``None``."""
     return f"too few documents (n = {int(n_docs)})" if int(n_docs) < min_docs else None
+
+
+def target_verdict(lo: float, hi: float, bar: float, n_docs: int, *, at_most: bool = False,
+                   min_docs: int = MIN_DOCS) -> str:
+    """Whether a measured quantity with 95 % CI ``[lo, hi]`` meets a target ``bar``.
+
+    ``"met"`` when the whole CI clears the bar (``lo >= bar``; with ``at_most``, a ceiling
+    such as a gap of at most 5 points, ``hi <= bar``), ``"not met"`` when the whole CI misses
+    it, ``"undecided"`` when the CI straddles it or is not finite at the needed end, and
+    ``"too few documents (n = K)"`` below ``min_docs`` documents (``shared/PROTOCOL.md``).
+    """
+    few = too_few(n_docs, min_docs)
+    if few:
+        return few
+    if lo > hi:
+        raise ValueError(f"lo must be <= hi, got [{lo}, {hi}]")
+    ok, miss = (hi <= bar, lo > bar) if at_most else (lo >= bar, hi < bar)
+    return "met" if ok else "not met" if miss else "undecided"
 
 
 def verdict(lo: float, hi: float, n_docs: int, *, p: float | None = None,
