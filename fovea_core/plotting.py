@@ -177,3 +177,41 @@ def token_panel(image: np.ndarray | torch.Tensor | Pyramid, tokens: TokenSet,
     if recon is not None:
         show_reconstruction(axes[k], recon, index=index)
     return fig
+
+
+def resize_curve_figure(view, ceilings: dict[str, float], *, budget: int = 273) -> Figure:
+    """The resize curve and the methods at their budget, per dataset: kept (mean ANLS over
+    the full page's, ``ceilings[dataset]``) against visual tokens (top row, log axis) and
+    against the prefill FLOPs of a 2B-class VLM plus side compute (bottom row).
+
+    Args:
+        view: :func:`fovea_core.eval.curve.compute_view` rows (``dataset, method, budget,
+            kept, flops``); the method ``"resize"`` is drawn as the curve, every other
+            method as a marker.
+        ceilings: the full page's mean ANLS per dataset.
+        budget: the methods' N (a dotted line).
+    """
+    sets = [d for d in dict.fromkeys(view.dataset) if d in ceilings]
+    fig, axes = plt.subplots(2, len(sets), figsize=(4.2 * len(sets), 6.4), squeeze=False,
+                             layout="constrained")
+    others = [m for m in dict.fromkeys(view.method) if m != "resize"]
+    marks = dict(zip(others, "osD^v<>"))
+    for j, ds in enumerate(sets):
+        v = view[view.dataset == ds]
+        c = max(ceilings[ds], 1e-12)
+        cur = v[v.method == "resize"].sort_values("budget")
+        for ax, x in ((axes[0, j], "budget"), (axes[1, j], "flops")):
+            ax.plot(cur[x], 100 * cur.kept / c, "-o", color="0.35", ms=3, label="resize")
+            for m in others:
+                p = v[v.method == m]
+                ax.plot(p[x], 100 * p.kept / c, marks[m], ms=7, label=m, ls="none")
+            ax.set_xscale("log")
+            ax.axhline(100, color="0.7", lw=0.8, ls="--")
+            ax.set_ylabel("kept (% of the full page)")
+            ax.grid(alpha=0.3)
+        axes[0, j].axvline(budget, color="0.6", lw=0.8, ls=":")
+        axes[0, j].set_title(ds, fontsize=10)
+        axes[0, j].set_xlabel("visual tokens N")
+        axes[1, j].set_xlabel("prefill FLOPs (2B-class VLM) + side compute")
+    axes[0, -1].legend(fontsize=7, loc="lower right")
+    return fig

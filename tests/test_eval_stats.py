@@ -209,3 +209,13 @@ def test_target_verdict_reads_the_ci_against_the_bar():
     assert target_verdict(0.9, 1.0, 0.7, 12) == "too few documents (n = 12)"
     with pytest.raises(ValueError, match="lo must be <= hi"):
         target_verdict(0.8, 0.7, 0.7, 30)
+
+
+def test_target_row_formats_and_judges():
+    from fovea_core.eval.stats import target_row
+
+    r = target_row("kept >= 70 %", 0.81, 0.74, 0.87, 0.70, 40)
+    assert r == dict(target="kept >= 70 %", measured="81 % [74, 87] (n = 40)", verdict="met")
+    r = target_row("factor >= 3x", float("nan"), 2.5, float("inf"), 3.0, 35, scale=1, unit="x",
+                   digits=1)
+    assert r["measured"] == "n/a [2.5, inf] (n = 35)" and r["verdict"] == "undecided"

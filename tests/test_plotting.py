@@ -134,3 +134,20 @@ def test_token_panel_layout(with_scores, with_recon, n_panels):
         assert np.asarray(fig.canvas.buffer_rgba()).std() > 0
     finally:
         plt.close(fig)
+
+
+def test_resize_curve_figure_draws_the_curve_and_the_methods():
+    import pandas as pd
+
+    from fovea_core.plotting import resize_curve_figure
+
+    view = pd.DataFrame([dict(dataset=d, method="resize", budget=n, kept=k, flops=1e9 * n)
+                         for d in ("a", "b") for n, k in ((273, 0.2), (1024, 0.6))]
+                        + [dict(dataset="a", method="cascade", budget=273, kept=0.5, flops=3e11)])
+    fig = resize_curve_figure(view, {"a": 0.8, "b": 0.8})
+    axes = fig.axes
+    assert len(axes) == 4
+    curve = axes[0].lines[0]
+    assert list(curve.get_xdata()) == [273, 1024]
+    assert list(curve.get_ydata()) == pytest.approx([25.0, 75.0])        # kept / ceiling, %
+    assert any(list(ln.get_ydata()) == pytest.approx([62.5]) for ln in axes[0].lines[1:])

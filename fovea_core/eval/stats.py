@@ -31,7 +31,7 @@ import pandas as pd
 
 from fovea_core.eval.metrics import bootstrap_ci
 
-__all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_verdict", "verdict", "split_halves", "holm",
+__all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_row", "target_verdict", "verdict", "split_halves", "holm",
            "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "curve_kept_at",
            "curve_budget_at", "saving_factor", "prefill_flops"]
 
@@ -64,6 +64,20 @@ def target_verdict(lo: float, hi: float, bar: float, n_docs: int, *, at_most: bo
         raise ValueError(f"lo must be <= hi, got [{lo}, {hi}]")
     ok, miss = (hi <= bar, lo > bar) if at_most else (lo >= bar, hi < bar)
     return "met" if ok else "not met" if miss else "undecided"
+
+
+def target_row(target: str, est: float, lo: float, hi: float, bar: float, n_docs: int, *,
+               at_most: bool = False, scale: float = 100.0, unit: str = " %",
+               digits: int = 0) -> dict:
+    """One row of a targets table: ``{"target", "measured", "verdict"}``, the measured text
+    ``"81 % [74, 87] (n = 40)"`` (values times ``scale``, ``digits`` decimals; a NaN
+    estimate, e.g. a censored factor, shows as ``n/a``) and :func:`target_verdict`."""
+    fmt = lambda v: (f"{scale * v:.{digits}f}" if math.isfinite(v) else  # noqa: E731
+                     "n/a" if math.isnan(v) else "inf" if v > 0 else "-inf")
+    head = fmt(est) + (unit if math.isfinite(est) else "")
+    measured = f"{head} [{fmt(lo)}, {fmt(hi)}] (n = {int(n_docs)})"
+    return dict(target=target, measured=measured,
+                verdict=target_verdict(lo, hi, bar, n_docs, at_most=at_most))
 
 
 def verdict(lo: float, hi: float, n_docs: int, *, p: float | None = None,
