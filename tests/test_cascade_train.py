@@ -15,17 +15,34 @@ import torch
 from fovea_core.cascade.learned import (GistLocaliserNet, LearnedLocaliser, file_sha256,
                                         load_model, weights_path)
 from fovea_core.cascade import train as train_module
-from fovea_core.cascade.train import (TrainConfig, build_parser, default_output, output_path,
-                                      train)
+from fovea_core.cascade.train import (REAL_SOURCES, TrainConfig, TrainingSet, answer_text_px,
+                                      build_parser, default_output, embed_vocabulary,
+                                      merge_repeated, output_path, phrase_embedding,
+                                      real_pages, train, vocabulary)
+from fovea_core.eval.documents import FORM_FIELD, FORM_WORDINGS, Question
+from fovea_core.paths import DatasetNotFound, dataset_path
 
 WEIGHTS = weights_path()
 RECORD = WEIGHTS.with_suffix(".json")
 needs_weights = pytest.mark.skipif(not WEIGHTS.exists(), reason="no committed weights")
 
+
+def _have_real() -> bool:
+    try:
+        return all(dataset_path(name).is_dir() for name in REAL_SOURCES)
+    except DatasetNotFound:
+        return False
+
+
+needs_real = pytest.mark.skipif(not _have_real(), reason="the real training folders "
+                                f"{sorted(REAL_SOURCES)} are not under FOVEA_DATA / data/external")
+#: a synthetic-only configuration for quick tests of the training loop
+SMALL = dict(gists_per_page=1, epochs=1, batch=2, valid_pages=1, real=())
+
 #: SHA-256 of the committed data/models/gist_localiser.pt. Pinned here, not only in the JSON
 #: beside the weights, which a retraining rewrites together with them: a run that replaced
 #: the weights (``--replace-committed``) fails this test until the new hash is copied here.
-COMMITTED_SHA256 = "7b772896be963403fa1c4137093668a43808ed5e2346a8e8d6ad2732c7f7c01a"
+COMMITTED_SHA256 = "07d0a18b0b3a78782c5666c26f4dafc2f7b87809f7bd07fb5686525b0b8ceaf1"
 
 
 def _record() -> dict:
@@ -62,9 +79,30 @@ def test_the_defaults_are_the_committed_configuration():
     defaults = vars(build_parser().parse_args([]))
     fields = {k: v for k, v in defaults.items() if k in _committed_config()}
     assert fields and fields == {k: _committed_config()[k] for k in fields}
-    assert set(defaults) - set(fields) == {"out", "replace_committed", "threads"}
+    assert set(defaults) - set(fields) == {"out", "replace_committed", "threads", "data_dir",
+                                           "allow_missing_real"}
     assert defaults["threads"] == _record()["environment"]["threads"]
     assert defaults["out"] is None and defaults["replace_committed"] is False
+    assert defaults["allow_missing_real"] is False
+    assert _record()["data"]["allow_missing_real"] is False and not _record()["data"]["missing"]
+
+
+@needs_weights
+def test_the_record_says_what_each_source_gave():
+    """The committed run trained on synthetic pages and on both real training folders; the
+    record names every real page, none of them a validation page or a dev page."""
+    rec = _record()
+    src = rec["train"]["sources"]
+    assert set(src) == {"synthetic", *REAL_SOURCES}
+    assert src["synthetic"]["pages"] == rec["config"]["pages"]
+    for name, layout in REAL_SOURCES.items():
+        s = src[name]
+        assert s["pages"] == len(s["page_ids"]) > 0 and s["layouts"] == {layout: s["pages"]}
+        assert s["questions"] > s["pages"] and not set(s["page_ids"]) & set(s["validation_ids"])
+        assert all(i.startswith(layout) for i in s["page_ids"]) and "dev" not in s["path"]
+    assert src["funsd-train"]["repeated_questions"]["merged"] > 0
+    assert rec["train"]["pages_generated"] == sum(s["pages"] for s in src.values())
+    assert {"sroie/heldout", "funsd/heldout"} <= set(rec["validation"])
 
 
 def test_by_default_the_committed_weights_are_not_the_output():
@@ -98,7 +136,7 @@ def test_main_refuses_the_committed_path_before_training(monkeypatch, capsys):
 def test_main_writes_weights_and_record_where_told(tmp_path, monkeypatch):
     """The full command with a tiny run (training and validation replaced by small stand-ins):
     the weights and their record go to ``--out``, and the loader's hash check accepts them."""
-    small = TrainConfig(pages=2, gists_per_page=1, epochs=1, batch=2, valid_pages=1)
+    small = TrainConfig(pages=2, **SMALL)
     seen = {}
 
     def tiny_train(cfg, **kwargs):
@@ -106,7 +144,7 @@ def test_main_writes_weights_and_record_where_told(tmp_path, monkeypatch):
         return train(TrainConfig(**{**asdict(small), "seed": cfg.seed}), progress=False)
 
     monkeypatch.setattr(train_module, "train", tiny_train)
-    monkeypatch.setattr(train_module, "validation_samples", lambda cfg, layout: [])
+    monkeypatch.setattr(train_module, "validation_samples", lambda cfg, layout, **kw: [])
     monkeypatch.setattr(train_module, "evaluate", lambda net, samples, wording: {})
     before = file_sha256(WEIGHTS) if WEIGHTS.exists() else None
     out = tmp_path / "run" / "loc.pt"
@@ -133,6 +171,7 @@ def test_tampered_weights_are_refused(tmp_path):
 
 
 @needs_weights
+@needs_real
 def test_training_script_reproduces_the_committed_run():
     """Re-run the first steps of the committed configuration: the same pages, gists, initial
     weights, batches and augmentation give the same losses as the record (to float
@@ -147,7 +186,7 @@ def test_training_script_reproduces_the_committed_run():
 
 
 def test_training_is_deterministic_and_learns():
-    cfg = TrainConfig(pages=6, gists_per_page=1, epochs=3, batch=3, valid_pages=2)
+    cfg = TrainConfig(pages=6, gists_per_page=1, epochs=3, batch=3, valid_pages=2, real=())
     a, ra = train(cfg, progress=False)
     b, rb = train(cfg, progress=False)
     assert ra["loss"] == rb["loss"]
@@ -156,6 +195,85 @@ def test_training_is_deterministic_and_learns():
     assert np.mean(ra["loss"][-2:]) < np.mean(ra["loss"][:2])            # it learns
     c, rc = train(TrainConfig(**{**cfg.__dict__, "seed": 1}), progress=False)
     assert rc["loss"] != ra["loss"]                                       # the seed matters
+
+
+def test_repeated_form_questions_train_on_the_union_of_their_boxes():
+    def q(qid, key, box):
+        return Question(qid, f"What is the {key}?", (qid,), (box,), key)
+
+    qs = [q("q1-a2", "DATE", (0, 0, 5, 5)), q("q3-a4", "SCORE", (0, 10, 5, 15)),
+          q("q3-a5", "SCORE", (0, 20, 5, 25)), q("q6-a7", "NAME", (9, 9, 20, 20))]
+    out, merged = merge_repeated(qs)
+    assert merged == 2 and [x.field for x in out] == ["DATE", "SCORE", "NAME"]
+    assert out[1].boxes == ((0, 10, 5, 15), (0, 20, 5, 25)) and out[1].qid == "q3-a4+q3-a5"
+    assert out[0] == qs[0] and out[2] == qs[3]
+    assert merge_repeated(qs[:1]) == ((qs[0],), 0)
+
+
+def test_real_answers_take_their_line_height_as_text_size():
+    three = Question("a", "?", ("x",), ((0, 0, 9, 10), (0, 20, 9, 34), (0, 40, 9, 70)),
+                     "address")
+    assert answer_text_px(three) == 14.0                              # median of 10, 14, 30
+    assert answer_text_px(Question("b", "?", ("x",), ((0, 0, 9, 10),), "title", 31)) == 31.0
+
+
+def test_form_questions_are_phrased_from_the_train_form_wordings():
+    vocab = vocabulary("train", ["DATE", "TO"])
+    for t in FORM_WORDINGS["train"]:
+        assert t.format(key="DATE") in vocab and t.format(key="TO") in vocab
+    assert not any(t.format(key="DATE") in vocab for t in FORM_WORDINGS["heldout"])
+    emb = embed_vocabulary(vocab)
+    first = phrase_embedding((FORM_FIELD, "DATE"), emb, "train", None)
+    assert torch.equal(first, emb[FORM_WORDINGS["train"][0].format(key="DATE")])
+    mixed = phrase_embedding((FORM_FIELD, "DATE"), emb, "train", torch.Generator().manual_seed(0))
+    assert float(mixed.norm()) == pytest.approx(1.0, abs=1e-5)
+    span = torch.stack([emb[t.format(key="DATE")] for t in FORM_WORDINGS["train"]])   # [8, 384]
+    proj = span.T @ torch.linalg.lstsq(span.T, mixed[:, None]).solution[:, 0]
+    assert float(proj.norm()) > 0.9                  # a mix of DATE's templates, plus noise
+    other = torch.stack([emb[t.format(key="TO")] for t in FORM_WORDINGS["train"]])
+    assert not torch.allclose(other.T @ torch.linalg.lstsq(other.T, mixed[:, None]).solution[:, 0],
+                              proj, atol=0.1)
+
+
+def test_a_missing_training_folder_stops_the_run_unless_allowed(tmp_path, capsys):
+    with pytest.raises(DatasetNotFound, match="--allow-missing-real") as exc:
+        real_pages(("sroie-train",), None, 5, str(tmp_path))
+    assert "sroie-train" in str(exc.value) and str(tmp_path) in str(exc.value)
+    with pytest.raises(ValueError, match="never a \\*-dev"):
+        real_pages(("sroie-dev",), None, 5, str(tmp_path))
+    assert train_module.main(["--out", str(tmp_path / "x.pt"), "--data-dir",
+                              str(tmp_path)]) == 2
+    assert "--allow-missing-real" in capsys.readouterr().err
+    assert not (tmp_path / "x.pt").exists()
+    _, rec = train(TrainConfig(pages=2, **{**SMALL, "real": ("funsd-train",)}),
+                   progress=False, data_dir=tmp_path, allow_missing=True)
+    assert "funsd-train" in rec["sources"]["funsd-train"]["missing"]
+    assert rec["sources"]["funsd-train"]["pages"] == 0 and rec["pages_generated"] == 2
+
+
+@needs_real
+def test_real_pages_split_by_a_fixed_rule_and_feed_training():
+    import zlib
+
+    tr, va, rep = real_pages(tuple(REAL_SOURCES), None, 5)
+    ids_t, ids_v = {p.doc_id for p in tr}, {p.doc_id for p in va}
+    assert tr and va and not ids_t & ids_v
+    assert all(zlib.crc32(i.encode()) % 5 == 0 for i in ids_v)
+    assert all(zlib.crc32(i.encode()) % 5 != 0 for i in ids_t)
+    for name, layout in REAL_SOURCES.items():
+        assert rep[name]["page_ids"] == sorted(p.doc_id for p in tr if p.source == name)
+        assert all(len({q.field for q in p.questions}) == len(p.questions)
+                   for p in tr if p.layout == "funsd")             # no repeated text is left
+    cfg = TrainConfig(pages=1, gists_per_page=1, epochs=1, batch=3, real_pages=1)
+    data = TrainingSet(cfg)
+    assert len(data) == 1 + len(REAL_SOURCES)
+    assert [data.spec(i)[0] for i in range(1, 3)] == list(REAL_SOURCES.values())
+    _, rec = train(cfg, progress=False)
+    assert rec["steps"] == 1 and np.isfinite(rec["loss"]).all()
+    for name in REAL_SOURCES:
+        s = rec["sources"][name]
+        assert s["pages"] == 1 and s["page_ids"] == rep[name]["page_ids"][:1]
+        assert s["unused_ids"] == rep[name]["page_ids"][1:]
 
 
 @pytest.mark.skipif(not os.environ.get("FOVEA_RETRAIN"), reason="set FOVEA_RETRAIN=1 to retrain "

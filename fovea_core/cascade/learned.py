@@ -199,8 +199,11 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     """
     p = Path(path) if path else weights_path()
     if not p.exists():
-        raise FileNotFoundError(f"no localiser weights at {p}; train them with "
-                                "`python -m fovea_core.cascade.train`")
+        raise FileNotFoundError(f"no localiser weights at {p}; restore the committed ones "
+                                "(`git checkout data/models/gist_localiser.*`) or retrain "
+                                "them with `python -m fovea_core.cascade.train "
+                                "--replace-committed` (without that flag it writes "
+                                "_build/models/)")
     meta_path = p.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     if verify:
@@ -208,8 +211,10 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
         have = file_sha256(p)
         if want != have:
             raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., the record "
-                             f"{meta_path.name} says {str(want)[:12]}...; re-train with "
-                             "`python -m fovea_core.cascade.train` or restore the file")
+                             f"{meta_path.name} says {str(want)[:12]}...; restore the "
+                             "committed files (`git checkout data/models/gist_localiser.*`) "
+                             "or retrain both with `python -m fovea_core.cascade.train "
+                             "--replace-committed`")
     state = torch.load(p, map_location="cpu", weights_only=True)
     arch = meta.get("arch", {})
     net = GistLocaliserNet(**arch)
