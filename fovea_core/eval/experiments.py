@@ -53,18 +53,16 @@ SYNTHETIC_SEED = 1000
 #: published (default) book evaluates all 40 dev receipts and 60 synthetic pages, so every
 #: verdict rests on at least ``stats.MIN_DOCS`` = 20 documents per dataset (PROTOCOL.md)
 BOOK_DOCS = {"smoke": (3, 2), "default": (60, 40), "full": (200, 40)}
-#: FUNSD dev forms per profile, for the chapters that ask for them (``book_datasets(forms=True)``)
-BOOK_FORMS = {"smoke": 1, "default": 37, "full": 37}
 #: the reference budget the seeds' numbers refer to
 N_REF = 273
 
 
 def book_datasets(profile: str, *, data_dir=None, seed: int = 0, wording: str = "default",
-                  sizes: tuple[int, int] | None = None, forms: bool = False
+                  sizes: tuple[int, int] | None = None
                   ) -> tuple[dict[str, list[Document]], str]:
     """The evaluation documents of the experiment chapters for ``profile``
-    (:data:`BOOK_DOCS`; ``sizes`` overrides), with the message of :func:`load_datasets`;
-    with ``forms=True`` also the FUNSD dev forms (:data:`BOOK_FORMS`, key ``"funsd"``).
+    (:data:`BOOK_DOCS`; ``sizes`` overrides), with the message of :func:`load_datasets`
+    (the FUNSD forms of the real-document chapters: :func:`fovea_core.eval.realsets.book_forms`).
 
     Every chapter draws the same pages and receipts in the same order, so the sweep's cell
     cache and the reader's crop cache are shared across the book.
@@ -74,8 +72,7 @@ def book_datasets(profile: str, *, data_dir=None, seed: int = 0, wording: str = 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     n_syn, n_rec = sizes if sizes is not None else BOOK_DOCS[profile]
-    return load_datasets(n_syn, n_rec, data_dir=data_dir, seed=seed, wording=wording,
-                         n_forms=BOOK_FORMS[profile] if forms else 0)
+    return load_datasets(n_syn, n_rec, data_dir=data_dir, seed=seed, wording=wording)
 
 
 def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int = 0,

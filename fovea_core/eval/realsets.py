@@ -1,0 +1,87 @@
+"""The real documents of the book's thesis test, shared by chapters 14.5 and 17.
+
+The receipts (SROIE dev), the forms (FUNSD dev, the questions asked once on their form) and
+the forms asked with held-out wordings, each read with
+:func:`~fovea_core.cascade.evaluate.real_set_methods`. Both chapters call these functions with
+the same methods, so chapter 17 reads chapter 14.5's cached cells instead of computing a
+second copy through other code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from fovea_core.eval.documents import Document
+
+__all__ = ["DATASET_KEYS", "METHOD_KEYS", "book_forms", "kept_table", "real_family"]
+
+#: short glue keys of the datasets and methods the chapters report
+DATASET_KEYS = {"synthetic": "syn", "sroie": "rec", "funsd": "form",
+                "funsd (held-out wording)": "formho"}
+METHOD_KEYS = {"resize": "resize", "resize_nonblank": "nb", "cascade | learned": "learned",
+               "cascade | oracle": "oracle"}
+#: FUNSD dev forms per profile
+BOOK_FORMS = {"smoke": 1, "default": 37, "full": 37}
+
+
+def book_forms(profile: str, *, data_dir=None, seed: int = 0, limit: int | None = None
+               ) -> tuple[dict[str, list[Document]], str]:
+    """``({"funsd": forms, "funsd (held-out wording)": same forms reworded}, message)``.
+
+    The first ``limit`` (default :data:`BOOK_FORMS` ``[profile]``) FUNSD dev forms, each
+    keeping the questions whose key is asked once on it (:func:`~fovea_core.eval.funsd.
+    unambiguous`); forms left with no question are dropped. A missing folder gives ``({},
+    message)``, so a chapter prints the message and carries on.
+    """
+    from fovea_core.eval.funsd import load_funsd, reworded, unambiguous
+    from fovea_core.paths import DatasetNotFound
+
+    if profile not in BOOK_FORMS:
+        raise ValueError(f"profile must be one of {sorted(BOOK_FORMS)}, got {profile!r}")
+    try:
+        raw = load_funsd("funsd-dev", data_dir=data_dir,
+                         limit=BOOK_FORMS[profile] if limit is None else limit)
+    except DatasetNotFound as err:
+        return {}, f"FUNSD forms skipped: {err}"
+    forms = [f for f in map(unambiguous, raw) if f.questions]
+    msg = (f"{len(forms)} FUNSD dev forms, {sum(len(f.questions) for f in forms)} questions "
+           f"whose key is asked once on the form (of {sum(len(f.questions) for f in raw)} "
+           "linked question -> answer pairs)")
+    if not forms:
+        return {}, msg
+    return {"funsd": forms,
+            "funsd (held-out wording)": [reworded(f, "heldout", seed) for f in forms]}, msg
+
+
+def kept_table(table: pd.DataFrame, methods: Sequence[str], *, seed: int = 0) -> pd.DataFrame:
+    """Kept (the share of the full page's reading) of each method on each dataset of an
+    evaluation ``table``: ``dataset, method, n_docs, kept, lo, hi`` (95 % percentile bootstrap
+    over documents, :func:`~fovea_core.cascade.evaluate.kept_difference` against ``full``)."""
+    from fovea_core.cascade.evaluate import kept_difference
+
+    rows = []
+    for ds, t in table.groupby("dataset"):
+        for m in methods:
+            if m not in set(t.allocator):
+                continue
+            k = kept_difference(t, m, "full", seed=seed)
+            rows.append(dict(dataset=ds, method=m, n_docs=k["n_docs"], kept=1 + k["diff"],
+                             lo=1 + k["lo"], hi=1 + k["hi"]))
+    return pd.DataFrame(rows, columns=["dataset", "method", "n_docs", "kept", "lo", "hi"])
+
+
+def real_family(table: pd.DataFrame, methods: Sequence[str], budget: int, *,
+                baseline: str = "resize", seed: int = 0) -> pd.DataFrame:
+    """Every method minus ``baseline`` on every dataset of ``table``, paired over documents,
+    with Holm-adjusted p-values over the whole family (``p_holm``) and the verdict word they
+    allow (:func:`~fovea_core.eval.stats.verdict`)."""
+    from fovea_core.eval.stats import holm, paired_family, verdict
+
+    fam = paired_family(table, list(methods), baseline, budget, seed=seed, correct=False)
+    if len(fam):
+        fam["p_holm"] = holm(fam["p"].to_numpy())
+        fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                          for r in fam.itertuples()]
+    return fam
