@@ -22,11 +22,19 @@ import pandas as pd
 
 from fovea_core.eval.documents import Document
 
-__all__ = ["CURVE_BUDGETS", "compute_view", "doc_means", "full_grid", "resize_curve",
-           "saving_table"]
+__all__ = ["CURVE_BUDGETS", "book_curve_budgets", "compute_view", "doc_means", "full_grid",
+           "resize_curve", "saving_table"]
 
 #: the budgets of the book's resize curve (the protocol's list; the full page closes it)
 CURVE_BUDGETS = (273, 400, 576, 1024, 1600, 2304)
+
+
+def book_curve_budgets(profile: str) -> list[int]:
+    """The chapters' curve budgets for ``profile`` (smoke: two points), the same in every
+    chapter so that chapter 17 reads chapter 14.5's cached cells."""
+    from fovea_core.profiles import choose
+
+    return list(choose(profile, smoke=(273, 576), default=CURVE_BUDGETS, full=CURVE_BUDGETS))
 
 
 def full_grid(doc: Document, patch: int = 16) -> int:
