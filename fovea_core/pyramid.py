@@ -74,7 +74,10 @@ def as_image_batch(image: np.ndarray | torch.Tensor, *, device: str | torch.devi
         if not (arr.dtype == np.uint8 or kind == "f"):
             raise _bad_image("dtype must be uint8 (0..255) or float in [0, 1]; convert first, "
                              "e.g. img.astype(np.float32) / 65535 for uint16", image)
-        t = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:        # np.asarray(PIL image) is read-only: torch warns
+            arr = arr.copy()
+        t = torch.from_numpy(arr).permute(0, 3, 1, 2)
     elif isinstance(image, torch.Tensor):
         t = image[None] if image.ndim == 3 else image
         if t.ndim != 4:
@@ -355,12 +358,18 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
         image: anything :func:`as_image_batch` accepts; ``[B, C, H, W]`` after conversion.
         num_levels: number of levels including level 0; default
             :func:`default_num_levels` (coarsest level still >= one ``patch``).
-        patch: the token patch size in pixels (only used for the default level count).
+        patch: the token patch size in pixels, a positive int (only used for the default
+            level count).
 
     Returns:
         :class:`Pyramid` with ``num_levels`` levels, level ``l`` of size ``ceil(H/2**l)``,
         on the image's device.
+
+    Raises:
+        ValueError: ``patch`` is not a positive int (naming ``patch``).
     """
+    if isinstance(patch, bool) or not isinstance(patch, (int, np.integer)) or patch < 1:
+        raise ValueError(f"patch must be a positive int (pixels), got {patch!r}")
     x = as_image_batch(image)
     b, c, h, w = x.shape
     if num_levels is None:

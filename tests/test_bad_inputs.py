@@ -85,6 +85,8 @@ CASES = [
     ("num_levels too large", lambda: build_pyramid(IMG, num_levels=9), ValueError, "num_levels"),
     ("num_levels zero", lambda: build_pyramid(IMG, num_levels=0), ValueError, "num_levels"),
     ("num_levels float", lambda: build_pyramid(IMG, num_levels=2.5), ValueError, "num_levels"),
+    ("build_pyramid patch 0", lambda: build_pyramid(IMG, patch=0), ValueError, "patch"),
+    ("build_pyramid patch negative", lambda: build_pyramid(IMG, patch=-16), ValueError, "patch"),
     ("pyramid no levels", lambda: Pyramid(()), ValueError, "Pyramid"),
     # --- importance scorers
     ("scorer unknown", lambda: score("nope", IMG), ValueError, "scorer"),
@@ -277,3 +279,15 @@ def test_v1_cortical_fixation_differs_from_a_raw_argmax():
     flat = int(s.flatten().argmax())
     raw = torch.tensor([((flat % 16) + 0.5) / 16, ((flat // 16) + 0.5) / 16])
     assert (resolve_fixation(None, s)[0] - raw).abs().max() > 0.2
+
+
+# ----------------------------------------------------------------------------- read-only pages
+def test_read_only_numpy_page_builds_without_a_warning():
+    # np.asarray(PIL image) is read-only; torch.from_numpy warns on it (to every user)
+    page = NP_RGB.copy()
+    page.flags.writeable = False
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyr = build_pyramid(page)
+    assert torch.equal(pyr.levels[0], build_pyramid(NP_RGB).levels[0])
