@@ -64,7 +64,8 @@ def nan_at(x: torch.Tensor, value: float = float("nan")) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the table
-# (id, call, exception type, the argument the message must name)
+# (id, call, exception type, the argument the message must name[, a regex of the message of
+# the check the row exercises, where a later check would also name the argument])
 CASES = [
     # --- image input (fovea_core.pyramid.as_image_batch / build_pyramid)
     ("image RGBA numpy", lambda: build_pyramid(np.zeros((32, 32, 4), np.uint8)), ValueError, "image"),
@@ -85,8 +86,8 @@ CASES = [
     ("num_levels too large", lambda: build_pyramid(IMG, num_levels=9), ValueError, "num_levels"),
     ("num_levels zero", lambda: build_pyramid(IMG, num_levels=0), ValueError, "num_levels"),
     ("num_levels float", lambda: build_pyramid(IMG, num_levels=2.5), ValueError, "num_levels"),
-    ("build_pyramid patch 0", lambda: build_pyramid(IMG, patch=0), ValueError, "patch"),
-    ("build_pyramid patch negative", lambda: build_pyramid(IMG, patch=-16), ValueError, "patch"),
+    ("build_pyramid patch 0", lambda: build_pyramid(IMG, patch=0), ValueError, "patch", "patch must be a positive int"),
+    ("build_pyramid patch negative", lambda: build_pyramid(IMG, patch=-16), ValueError, "patch", "patch must be a positive int"),
     ("pyramid no levels", lambda: Pyramid(()), ValueError, "Pyramid"),
     # --- importance scorers
     ("scorer unknown", lambda: score("nope", IMG), ValueError, "scorer"),
@@ -109,8 +110,10 @@ CASES = [
     ("fixation_from_scores 2-D", lambda: fixation_from_scores(SC[0]), ValueError, "scores"),
     # --- allocators (shared checks; every registered name is also swept below)
     ("allocate unknown", lambda: allocate("nope", PYR, SC, 4), ValueError, "allocator"),
-    ("allocate NaN scores", lambda: allocate("topk", PYR, nan_at(SC), 4), ValueError, "scores"),
-    ("allocate inf scores", lambda: allocate("topk", PYR, nan_at(SC, float("inf")), 4), ValueError, "scores"),
+    ("allocate NaN scores", lambda: allocate("topk", PYR, nan_at(SC), 4), ValueError, "scores", r"^topk: scores contain NaN \(1 cells\); importance maps must be finite"),
+    ("allocate inf scores", lambda: allocate("topk", PYR, nan_at(SC, float("inf")), 4), ValueError, "scores", r"^topk: scores contain \+-inf; importance maps must be finite"),
+    ("allocate None scores", lambda: allocate("topk", PYR, None, 4), ValueError, "scores", "None is only accepted"),
+    ("allocate string scores", lambda: allocate("topk", PYR, "saliency", 4), ValueError, "scores", "numeric tensor or array"),
     ("allocate wrong grid", lambda: allocate("topk", PYR, torch.rand(1, 8, 8), 4), ValueError, "scores"),
     ("allocate float budget", lambda: allocate("topk", PYR, SC, 4.5), ValueError, "budget"),
     ("allocate bool budget", lambda: allocate("topk", PYR, SC, True), ValueError, "budget"),
@@ -209,7 +212,8 @@ PENDING_LEAD: set[str] = set()
 def _param(row):
     marks = [pytest.mark.xfail(strict=True, reason="lead's tokens.py/sample.py rewrite")] \
         if row[0] in PENDING_LEAD else []
-    return pytest.param(*row[1:], id=row[0], marks=marks)
+    call, exc, arg, *match = row[1:]
+    return pytest.param(call, exc, arg, match[0] if match else None, id=row[0], marks=marks)
 
 
 def test_fractional_levels_are_kept_not_truncated():
@@ -224,13 +228,15 @@ def test_table_is_large_and_ids_unique():
     assert PENDING_LEAD <= set(ids)
 
 
-@pytest.mark.parametrize("call, exc, arg", [_param(c) for c in CASES])
-def test_bad_input_raises_naming_the_argument(call, exc, arg):
+@pytest.mark.parametrize("call, exc, arg, match", [_param(c) for c in CASES])
+def test_bad_input_raises_naming_the_argument(call, exc, arg, match):
     with pytest.raises(exc) as info:
         call()
     assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
     assert re.search(rf"(?<![A-Za-z0-9_]){re.escape(arg)}(?![A-Za-z0-9_])", str(info.value)), \
         f"message does not name {arg!r}: {info.value}"
+    if match is not None:           # the message of the check this row exercises
+        assert re.search(match, str(info.value)), f"not the check {match!r}: {info.value}"
 
 
 # ----------------------------------------------------------------------------- every allocator
@@ -291,3 +297,13 @@ def test_read_only_numpy_page_builds_without_a_warning():
         warnings.simplefilter("error")
         pyr = build_pyramid(page)
     assert torch.equal(pyr.levels[0], build_pyramid(NP_RGB).levels[0])
+
+
+# ----------------------------------------------------------------------------- scores=None
+@pytest.mark.parametrize("name", sorted(n for n in ALLOCATORS if not INFO[n]["uses_scores"]
+                                        and INFO[n]["family"] != "cascade"))
+def test_allocators_that_read_no_scores_accept_none(name):
+    # resize & co. read no scores: None is a zero map, the same tokens as any map
+    n = None if name == "full" else 4              # full takes no budget but all cells
+    got, want = allocate(name, PYR, None, n), allocate(name, PYR, SC, n)
+    assert torch.equal(got.centers, want.centers) and torch.equal(got.levels, want.levels)

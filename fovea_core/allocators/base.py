@@ -50,7 +50,14 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
     """
     if not isinstance(pyramid, Pyramid):
         raise TypeError(f"{name}: pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
-    s = torch.as_tensor(scores).detach().to("cpu", torch.float32)
+    if scores is None:
+        raise ValueError(f"{name}: scores must be a [B, Gh, Gw] importance map; None is only "
+                         "accepted by allocators that do not read scores (uses_scores=False)")
+    try:
+        s = torch.as_tensor(scores).detach().to("cpu", torch.float32)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name}: scores must be a [B, Gh, Gw] numeric tensor or array, got "
+                         f"{type(scores).__name__}") from exc
     if s.ndim == 2:
         s = s[None]
     gh, gw = pyramid.grid_shape(patch, 0)

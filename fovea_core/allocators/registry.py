@@ -75,9 +75,26 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
 
 
 def allocate(name: str, pyramid, scores, budget=None, **kwargs):
-    """Run the allocator registered as ``name`` (see :data:`ALLOCATORS`)."""
+    """Run the allocator registered as ``name`` (see :data:`ALLOCATORS`).
+
+    ``scores`` may be ``None`` for an allocator registered with ``uses_scores=False`` (its
+    tokens do not depend on the map): a zero map ``[B, Gh, Gw]`` of the pyramid's patch
+    grid stands in for it, so the shared checks still run. The cascade takes ``None``
+    itself (its budget is not capped by the grid). Any other allocator raises
+    ``ValueError`` naming ``scores`` (:func:`~fovea_core.allocators.base.check_inputs`).
+    """
     if name not in ALLOCATORS:
         raise ValueError(f"unknown allocator {name!r}; registered: {sorted(ALLOCATORS)}")
+    info = INFO[name]
+    if scores is None and not info["uses_scores"] and info["family"] != "cascade":
+        import torch
+
+        from fovea_core.pyramid import Pyramid
+
+        patch = kwargs.get("patch", 16)
+        if isinstance(pyramid, Pyramid) and isinstance(patch, int) and not isinstance(
+                patch, bool) and patch >= 1:
+            scores = torch.zeros(pyramid.batch_size, *pyramid.grid_shape(patch, 0))
     return ALLOCATORS[name](pyramid, scores, budget, **kwargs)
 
 
