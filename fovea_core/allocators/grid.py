@@ -45,26 +45,16 @@ def resize_grid(image_size: tuple[int, int], budget: int, patch: int = 16
 
     Raises ``ValueError`` when ``budget`` is not in ``[1, Gh * Gw]`` (the full level-0 grid).
     """
-    h, w = (int(v) for v in image_size)
-    if h < 1 or w < 1:
-        raise ValueError(f"image_size must be positive (H, W), got {image_size!r}")
-    if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
-        raise ValueError(f"patch must be an int >= 1, got {patch!r}")
-    gh, gw = -(-h // patch), -(-w // patch)
+    s, rows, cols = resize_scales(image_size, patch)           # checks image_size and patch
+    gh, gw = int(rows[-1]), int(cols[-1])                      # s = 1: the level-0 grid
     if isinstance(budget, bool) or not 1 <= int(budget) <= gh * gw or int(budget) != budget:
         raise ValueError(f"budget must be an int in [1, {gh * gw}] for a {gh}x{gw} patch grid, "
                          f"got {budget!r}")
     if int(budget) == gh * gw:
         return gh, gw, 0.0
-    s = torch.cat([torch.arange(1, gh + 1, dtype=torch.float64) * patch / h,
-                   torch.arange(1, gw + 1, dtype=torch.float64) * patch / w]).clamp(max=1.0)
-    # rows/cols at each candidate scale (a hair of slack so k * patch / H * H / patch == k)
-    rows = torch.ceil(h * s / patch - 1e-9).clamp(min=1)
-    cols = torch.ceil(w * s / patch - 1e-9).clamp(min=1)
-    fits = rows * cols <= int(budget)
-    best = torch.where(fits, s, torch.zeros_like(s)).argmax()
-    sc = float(s[best])
-    return int(rows[best]), int(cols[best]), math.log2(1.0 / sc)
+    # rows * cols is non-decreasing in s: the largest fitting scale is the last that fits
+    best = int(torch.nonzero(rows * cols <= int(budget))[-1])
+    return int(rows[best]), int(cols[best]), math.log2(1.0 / float(s[best]))
 
 
 @register("resize", family="grid", version="baseline", coverage="all", uses_scores=False)
