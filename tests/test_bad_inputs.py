@@ -23,6 +23,8 @@ from fovea_core import build_pyramid
 from fovea_core.allocators import ALLOCATORS, INFO, allocate
 from fovea_core.allocators.base import resolve_fixation
 from fovea_core.biology import cortex as C
+from fovea_core.cascade.allocator import cascade, cascade_parts
+from fovea_core.cascade.localisers import uniform
 from fovea_core.biology import psychophysics as P
 from fovea_core.biology import retina as R
 from fovea_core.density import token_density
@@ -47,6 +49,7 @@ SC = torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(1))
 TS = allocate("topk", PYR, SC, 4)              # 4 level-0 tokens
 PATCHES = sample(PYR, TS)                      # [1, 4, 3, 16, 16]
 NP_RGB = (np.random.default_rng(0).random((40, 48, 3)) * 255).astype(np.uint8)
+CPYR = build_pyramid(torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3)))
 
 
 def tokens(**over) -> TokenSet:
@@ -130,6 +133,16 @@ CASES = [
     ("v1_cortical wrong grid", lambda: allocate("v1_cortical", PYR, torch.rand(1, 8, 8), 4), ValueError, "scores"),
     ("v1_cortical NaN fixation", lambda: allocate("v1_cortical", PYR, SC, 4, fixation=(0.5, float("nan"))), ValueError, "fixation"),
     ("multi_fixation NaN fixation", lambda: allocate("multi_fixation", PYR, SC, 4, fixation=torch.full((1, 2, 2), float("nan"))), ValueError, "fixation"),
+    # --- the cascade (fovea_core.cascade.allocator; the uniform localiser: no model needed)
+    ("cascade legible_px 0", lambda: cascade(CPYR, None, 40, localiser=uniform, legible_px=0), ValueError, "legible_px", "legible_px must be a finite number > 0"),
+    ("cascade level string", lambda: cascade(CPYR, None, 40, localiser=uniform, level="fine"), ValueError, "level", "level must be 'auto' or a finite number"),
+    ("cascade negative context", lambda: cascade(CPYR, None, 40, localiser=uniform, context=(-1, 2)), ValueError, "context", "context must be \\(rows, cols\\)"),
+    ("cascade query not a str", lambda: cascade(CPYR, None, 40, localiser=uniform, query=123), TypeError, "query", "query must be a str or None"),
+    ("cascade gist_budget 0", lambda: cascade(CPYR, None, 40, localiser=uniform, gist_budget=0), ValueError, "gist_budget", "gist_budget must be None or an int"),
+    ("cascade NaN context_weight", lambda: cascade(CPYR, None, 40, localiser=uniform, context_weight=float("nan")), ValueError, "context_weight", "context_weight must be a number in \\[0, 1\\]"),
+    ("cascade fixation outside", lambda: allocate("cascade_gist_query", CPYR, None, 40, fixation=(2, 2)), ValueError, "fixation", "fixation must be finite"),
+    ("cascade float budget", lambda: cascade(CPYR, None, 40.0, localiser=uniform), ValueError, "budget", "budget must be an int"),
+    ("cascade_parts surround 1", lambda: cascade_parts(CPYR, 40, localiser=uniform, surround=1.0), ValueError, "surround", "surround must be in"),
     # --- TokenSet (lead: float levels)
     ("TokenSet NaN level", lambda: tokens(levels=nan_at(TS.levels.float())), ValueError, "levels"),
     ("TokenSet inf level", lambda: tokens(levels=nan_at(TS.levels.float(), float("inf"))), ValueError, "levels"),
@@ -307,3 +320,12 @@ def test_allocators_that_read_no_scores_accept_none(name):
     n = None if name == "full" else 4              # full takes no budget but all cells
     got, want = allocate(name, PYR, None, n), allocate(name, PYR, SC, n)
     assert torch.equal(got.centers, want.centers) and torch.equal(got.levels, want.levels)
+
+
+# ----------------------------------------------------------------------------- the cascade
+def test_cascade_accepts_a_numpy_integer_budget():
+    # np.int64(N) (a budget from a numpy array) was rejected by the cascade only
+    a = cascade(CPYR, None, np.int64(40), localiser=uniform)
+    b = cascade(CPYR, None, 40, localiser=uniform)
+    assert a.centers.shape[1] == b.centers.shape[1] == 40
+    assert torch.equal(a.centers, b.centers) and torch.equal(a.levels, b.levels)

@@ -118,6 +118,51 @@ def _fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch
     return lo
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
+        x, (bool, np.bool_))
+
+
+def _check_args(budget, *, query, gist_budget, level, legible_px, surround, context,
+                context_weight) -> tuple[int, int | None]:
+    """Validate the cascade's keyword arguments; return ``(budget, gist_budget)`` as Python
+    ints (numpy integers accepted). Raises ``ValueError`` naming the argument and its range
+    (``TypeError`` for a ``query`` that is not a string)."""
+    if not _is_int(budget):
+        raise ValueError(f"cascade: budget must be an int (numpy integers accepted), got {budget!r}")
+    budget = int(budget)
+    if gist_budget is not None:
+        if not _is_int(gist_budget) or not 1 <= int(gist_budget) < budget:
+            raise ValueError(f"cascade: gist_budget must be None or an int in [1, {budget - 1}] "
+                             f"(leaving the fovea at least one of budget = {budget}), got "
+                             f"{gist_budget!r}")
+        gist_budget = int(gist_budget)
+    if query is not None and not isinstance(query, str):
+        raise TypeError(f"cascade: query must be a str or None, got {type(query).__name__}")
+    if not (isinstance(level, str) and level == "auto") and not (
+            _is_number(level) and math.isfinite(float(level))):
+        raise ValueError(f"cascade: level must be 'auto' or a finite number (a pyramid level), "
+                         f"got {level!r}")
+    if not _is_number(legible_px) or not (math.isfinite(float(legible_px))
+                                          and float(legible_px) > 0):
+        raise ValueError(f"cascade: legible_px must be a finite number > 0 (text height in "
+                         f"pixels), got {legible_px!r}")
+    if not _is_number(surround) or not 0.0 <= float(surround) < 1.0:
+        raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
+    if (not isinstance(context, (tuple, list)) or len(context) != 2
+            or not all(_is_int(c) and c >= 0 for c in context)):
+        raise ValueError(f"cascade: context must be (rows, cols), two ints >= 0 (a half-window "
+                         f"of neighbours), got {context!r}")
+    if not _is_number(context_weight) or not 0.0 <= float(context_weight) <= 1.0:
+        raise ValueError(f"cascade: context_weight must be a number in [0, 1] (the share of a "
+                         f"neighbour's mass a cell may borrow), got {context_weight!r}")
+    return budget, gist_budget
+
+
 class CascadeParts(tuple):
     """``(tokens, gist, localiser map [B, Gh, Gw], fovea levels [B])`` of one cascade call."""
 
@@ -141,11 +186,10 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it)."""
-    if not 0.0 <= surround < 1.0:
-        raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise ValueError(f"cascade: budget must be an int, got {budget!r}")
-    gist_budget = gist_budget_for(budget) if gist_budget is None else int(gist_budget)
+    budget, gist_budget = _check_args(budget, query=query, gist_budget=gist_budget,
+                                      level=level, legible_px=legible_px, surround=surround,
+                                      context=context, context_weight=context_weight)
+    gist_budget = gist_budget_for(budget) if gist_budget is None else gist_budget
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
     if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
             resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
@@ -215,9 +259,24 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
        that is slightly off and text larger than expected).
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
-    gist); ``fixation`` is replaced by the peak of the localiser's map. Returns a
-    :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens and 1 for the fovea's.
+    gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
+    held to the shared rule, :func:`~fovea_core.allocators.base.resolve_fixation`: finite,
+    in ``[0, 1]``). Returns a :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens
+    and 1 for the fovea's.
+
+    Raises:
+        ValueError: naming the argument, for a ``budget`` / ``gist_budget`` that is not an
+            int (numpy integers are accepted) or leaves no fovea token, a ``level`` that is
+            neither ``"auto"`` nor a finite number, ``legible_px <= 0``, ``surround``
+            outside ``[0, 1)``, ``context`` not two ints >= 0, ``context_weight`` outside
+            ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.
+        TypeError: ``query`` is neither a str nor None.
     """
+    if fixation is not None:            # ignored, but held to the shared rule
+        from fovea_core.allocators.base import resolve_fixation
+
+        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
+            pyramid, Pyramid) else 1, 1, 1))
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
