@@ -74,6 +74,25 @@ def main(argv: list[str] | None = None) -> int:
         result["scorers"][name] = time_it(lambda name=name: score(name, page), repeats=reps,
                                           warmup=1)
         print(f"{name:18s} {result['scorers'][name]['median_ms']:9.1f} ms")
+    # chapter 16's fixation predictor on an OSIE-sized 800 x 600 image, on one core
+    # (issue 23's budget: <= 50 ms); its ONNX text detector takes torch's thread count
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        from fovea_core.importance.fixation import _text_session
+
+        _text_session.cache_clear()                 # a session with one intra-op thread
+        photo = cv2.resize(page, (800, 600), interpolation=cv2.INTER_AREA)
+        result["fixation_800x600_one_core"] = time_it(lambda: score("fixation", photo),
+                                                      repeats=args.repeats, warmup=1)
+        result["fixation_800x600_one_core"]["target_ms"] = 50.0
+    finally:
+        torch.set_num_threads(threads)
+        cv2.setNumThreads(threads)
+    print(f"fixation 800x600 1 core {result['fixation_800x600_one_core']['median_ms']:7.1f} ms")
     result["query_cold_by_coarse_level"], result["lines_read_by_coarse_level"] = {}, {}
     for level in (0, 1, 2):
         def cold(level=level):
