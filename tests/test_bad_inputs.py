@@ -13,7 +13,11 @@ into a failure the moment the fix lands and the mark must be removed (empty toda
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +35,7 @@ from fovea_core.density import token_density
 from fovea_core.eval import metrics as M
 from fovea_core.eval.documents import synthetic_documents
 from fovea_core.eval.reader import Reader, crop_box
+from fovea_core.eval.sroie import load_sroie, match_field
 from fovea_core.eval.sweep import run_sweep
 from fovea_core.importance import center_bias, fixation_from_scores, score, spectral_residual
 from fovea_core.importance.query import query_scores
@@ -50,6 +55,29 @@ TS = allocate("topk", PYR, SC, 4)              # 4 level-0 tokens
 PATCHES = sample(PYR, TS)                      # [1, 4, 3, 16, 16]
 NP_RGB = (np.random.default_rng(0).random((40, 48, 3)) * 255).astype(np.uint8)
 CPYR = build_pyramid(torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3)))
+
+
+RECEIPT_BOX = "0,0,90,0,90,20,0,20,SHOP SDN BHD\n0,30,90,30,90,50,0,50,TOTAL 9.00\n"
+RECEIPT_KEY = '{"company": "SHOP SDN BHD", "total": "9.00"}'
+
+
+def sroie_dir(stems=("000",), *, key: str = RECEIPT_KEY, box: str | None = RECEIPT_BOX,
+              img: bool = True) -> Path:
+    """A fresh SROIE folder (``img/ box/ key/``) with one small receipt per stem; ``box=None``
+    leaves the box files out, ``img=False`` the images."""
+    import cv2
+
+    root = Path(tempfile.mkdtemp(prefix="sroie_"))
+    atexit.register(shutil.rmtree, root, True)
+    for sub in ("img", "box", "key"):
+        (root / sub).mkdir()
+    for stem in stems:
+        (root / "key" / f"{stem}.json").write_text(key, encoding="utf-8")
+        if box is not None:
+            (root / "box" / f"{stem}.csv").write_text(box, encoding="utf-8")
+        if img:
+            cv2.imwrite(str(root / "img" / f"{stem}.jpg"), np.full((60, 100, 3), 255, np.uint8))
+    return root
 
 
 def tokens(**over) -> TokenSet:
@@ -176,6 +204,12 @@ CASES = [
     ("bootstrap 3-D values", lambda: M.bootstrap_ci(np.zeros((2, 2, 2))), ValueError, "values"),
     ("reader engine", lambda: Reader("easyocr", cache_dir=None), ValueError, "engine"),
     ("reader inverted box", lambda: crop_box(NP_RGB, (10, 10, 5, 20)), ValueError, "box"),
+    ("sroie corrupt key JSON", lambda: load_sroie(sroie_dir(key='{"company": ')), ValueError, "000.json", "is not valid JSON"),
+    ("sroie key JSON a list", lambda: load_sroie(sroie_dir(key='["SHOP"]')), ValueError, "000.json", "must hold a JSON object"),
+    ("sroie limit string", lambda: load_sroie(sroie_dir(), limit="5"), ValueError, "limit", "limit must be a non-negative int"),
+    ("sroie max_nl negative", lambda: load_sroie(sroie_dir(), max_nl=-1), ValueError, "max_nl", r"max_nl must be a number in \[0, 1\]"),
+    ("match_field max_nl negative", lambda: match_field("TOTAL", [((0, 0, 9, 9), "TOTAL")], max_nl=-1), ValueError, "max_nl", r"max_nl must be a number in \[0, 1\]"),
+    ("match_field max_nl NaN", lambda: match_field("TOTAL", [((0, 0, 9, 9), "TOTAL")], max_nl=float("nan")), ValueError, "max_nl", r"max_nl must be a number in \[0, 1\]"),
     # --- log-polar
     ("logpolar radius", lambda: logpolar_lut((10, 10), (8, 8), 0.5), ValueError, "max_radius"),
     ("logpolar out_size", lambda: logpolar_lut((10, 10), (0, 8), 20), ValueError, "out_size"),
@@ -329,3 +363,29 @@ def test_cascade_accepts_a_numpy_integer_budget():
     b = cascade(CPYR, None, 40, localiser=uniform)
     assert a.centers.shape[1] == b.centers.shape[1] == 40
     assert torch.equal(a.centers, b.centers) and torch.equal(a.levels, b.levels)
+
+
+# ----------------------------------------------------------------------------- SROIE skips
+def test_sroie_receipt_without_a_box_file_is_a_counted_printed_skip(tmp_path):
+    root = sroie_dir(("000", "001"))
+    (root / "box" / "001.csv").unlink()
+    skipped, said = [], []
+    docs = load_sroie(root, skipped=skipped, log=said.append)
+    assert [d.doc_id for d in docs] == ["sroie000"]
+    assert skipped == [("box/001.csv", "no box file")]
+    assert len(said) == 1 and "1 receipts without a box file (box/001.csv)" in said[0]
+
+
+def test_sroie_receipt_with_garbage_box_rows_is_a_counted_printed_skip(capsys):
+    root = sroie_dir(("000",), box="not,a,box,row\n1,2,three\n")
+    skipped: list = []
+    assert load_sroie(root, skipped=skipped) == []
+    assert skipped == [("box/000.csv", "no question")]
+    out = capsys.readouterr().out                   # printed by default
+    assert "0 receipts, 0 questions" in out and "box/000.csv" in out
+
+
+def test_sroie_clean_folder_prints_nothing(capsys):
+    docs = load_sroie(sroie_dir(("000", "001")), limit=np.int64(1))
+    assert len(docs) == 1 and len(docs[0].questions) == 2
+    assert capsys.readouterr().out == ""

@@ -16,6 +16,17 @@ that contains it (a date printed after ``DATE:``), else the field is dropped. A 
 answer (an address) keeps one box per line, read separately. Accepted answers are the key
 value and the matched lines' transcription (the reader can only read what is printed).
 
+Bad input (one rule each, never a silent drop):
+
+* raises :class:`~fovea_core.paths.DatasetNotFound`: the folder, or its ``img/``, ``box/``
+  or ``key/``, is missing;
+* raises :class:`ValueError` naming the file: an unreadable image, a key JSON that does not
+  parse (corrupt or truncated) or is not an object ``{"company": ..., ...}``; and ``limit``
+  that is not a non-negative int, ``max_nl`` outside ``[0, 1]``;
+* skipped, counted and printed once per load (files named; also appended to ``skipped``):
+  a key without its image or box file, a receipt none of whose fields matches a box line
+  (e.g. garbage box rows), so that it has no question.
+
 Reference: Huang et al., "ICDAR2019 Competition on Scanned Receipt OCR and Information
 Extraction", ICDAR 2019.
 """
@@ -23,8 +34,10 @@ Extraction", ICDAR 2019.
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +46,12 @@ from fovea_core.eval.documents import Box, Document, Question, reword
 from fovea_core.eval.metrics import levenshtein
 from fovea_core.paths import DatasetNotFound, dataset_path
 
+__all__ = ["FIELDS", "QUESTIONS", "SHOW_SKIPS", "parse_box_file", "match_field", "load_receipt",
+           "reworded", "load_sroie"]
+
 FIELDS = ("company", "date", "address", "total")
+#: the most skipped receipts named per reason in the printed message (all are in ``skipped``)
+SHOW_SKIPS = 12
 QUESTIONS = {"company": "What is the company?", "date": "What is the date?",
              "address": "What is the address?", "total": "What is the total?"}
 
@@ -66,7 +84,18 @@ def match_field(value: str, lines: list[tuple[Box, str]], *, max_lines: int = 6,
     Among equally good runs the one whose line (or a line on the same row, e.g. a
     ``TOTAL`` label) mentions ``total`` wins for amounts, else the last one (receipts print
     the total near the bottom, after subtotals).
+
+    Raises:
+        ValueError: ``max_nl`` is not a number in ``[0, 1]`` (a normalised edit distance)
+            or ``max_lines`` is not an int >= 1.
     """
+    if isinstance(max_nl, bool) or not isinstance(max_nl, (int, float, np.integer, np.floating)) \
+            or not (math.isfinite(max_nl) and 0.0 <= max_nl <= 1.0):
+        raise ValueError(f"max_nl must be a number in [0, 1] (a normalised edit distance), got "
+                         f"{max_nl!r}")
+    if isinstance(max_lines, bool) or not isinstance(max_lines, (int, np.integer)) \
+            or max_lines < 1:
+        raise ValueError(f"max_lines must be an int >= 1, got {max_lines!r}")
     target = _key(value)
     if not target or not lines:
         return None
@@ -116,7 +145,14 @@ def load_receipt(root: str | Path, stem: str, *, max_nl: float = 0.25,
         raise ValueError(f"cannot read image {root / 'img' / f'{stem}.jpg'}")
     image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)          # the same bytes as bgr[..., ::-1], 30x faster
     lines = parse_box_file(root / "box" / f"{stem}.csv")
-    keys = json.loads((root / "key" / f"{stem}.json").read_text(encoding="utf-8"))
+    key_file = root / "key" / f"{stem}.json"
+    try:
+        keys = json.loads(key_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"SROIE key file {key_file} is not valid JSON: {exc}") from exc
+    if not isinstance(keys, dict):
+        raise ValueError(f"SROIE key file {key_file} must hold a JSON object with the fields "
+                         f"{list(FIELDS)}, got a {type(keys).__name__}")
     questions = []
     for name in FIELDS:
         value = str(keys.get(name, "")).strip()
@@ -144,21 +180,67 @@ def reworded(doc: Document, wording: str) -> Document:
 
 
 def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
-               max_nl: float = 0.25, wording: str = "default") -> list[Document]:
+               max_nl: float = 0.25, wording: str = "default",
+               skipped: list[tuple[str, str]] | None = None,
+               log: Callable[[str], object] = print) -> list[Document]:
     """The receipts under ``root`` (default: ``dataset_path("sroie-dev")``), sorted by id;
     questions phrased in ``wording`` (:func:`load_receipt`).
 
-    Raises :class:`~fovea_core.paths.DatasetNotFound` with a how-to-fix message when the
-    folder (or its ``img/``, ``box/``, ``key/``) is missing.
+    Args:
+        root: a folder with ``img/``, ``box/`` and ``key/``.
+        limit: the first ``limit`` receipts with a key file (a non-negative int; skipped
+            ones count) or ``None`` for all.
+        max_nl: the largest normalised edit distance of a matched field, in ``[0, 1]``.
+        wording: ``"default"``, ``"train"`` or ``"heldout"``.
+        skipped: a list to which ``(file, reason)`` is appended for every skipped receipt
+            (``reason``: ``"no image"``, ``"no box file"`` or ``"no question"``).
+        log: called once with a one-line summary when something was skipped (default
+            ``print``).
+
+    Raises:
+        DatasetNotFound: the folder (or its ``img/``, ``box/``, ``key/``) is missing, with a
+            how-to-fix message.
+        ValueError: ``limit`` or ``max_nl`` is invalid, or a key file is unreadable (named).
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer))
+                              or limit < 0):
+        raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
+    match_field("", [], max_nl=max_nl)                      # checks max_nl before any I/O
     root = dataset_path("sroie-dev") if root is None else Path(root).expanduser()
     for sub in ("img", "box", "key"):
         if not (root / sub).is_dir():
             raise DatasetNotFound(f"SROIE folder {root} has no {sub}/; expected img/, box/, "
                                   "key/ (set FOVEA_DATA or pass data_dir)")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 or None, got {limit}")
-    stems = sorted(p.stem for p in (root / "key").glob("*.json")
-                   if (root / "img" / f"{p.stem}.jpg").exists()
-                   and (root / "box" / f"{p.stem}.csv").exists())
-    return [load_receipt(root, s, max_nl=max_nl, wording=wording) for s in stems[:limit]]
+    skips: list[tuple[str, str]] = []
+    docs = []
+    for stem in sorted(p.stem for p in (root / "key").glob("*.json"))[:limit]:
+        if not (root / "img" / f"{stem}.jpg").exists():
+            skips.append((f"img/{stem}.jpg", "no image"))
+        elif not (root / "box" / f"{stem}.csv").exists():
+            skips.append((f"box/{stem}.csv", "no box file"))
+        else:
+            doc = load_receipt(root, stem, max_nl=max_nl, wording=wording)
+            if doc.questions:
+                docs.append(doc)
+            else:
+                skips.append((f"box/{stem}.csv", "no question"))
+    if skipped is not None:
+        skipped.extend(skips)
+    if skips:
+        log(_skip_message(root.name, docs, skips))
+    return docs
+
+
+def _skip_message(name: str, docs: list[Document], skips: list[tuple[str, str]]) -> str:
+    """One line: what a load kept and what it skipped, by reason, naming the files."""
+    words = {"no image": "receipts without an image", "no box file": "receipts without a box "
+             "file", "no question": "receipts whose box rows match no field (no question)"}
+    parts = []
+    for reason, text in words.items():
+        files = [f for f, r in skips if r == reason]
+        if files:
+            more = f" and {len(files) - SHOW_SKIPS} more" if len(files) > SHOW_SKIPS else ""
+            parts.append(f"{len(files)} {text} ({', '.join(files[:SHOW_SKIPS])}{more})")
+    n_q = sum(len(d.questions) for d in docs)
+    return (f"SROIE {name}: {len(docs)} receipts, {n_q} questions; skipped "
+            + "; ".join(parts) + ".")
