@@ -389,3 +389,14 @@ def test_sroie_clean_folder_prints_nothing(capsys):
     docs = load_sroie(sroie_dir(("000", "001")), limit=np.int64(1))
     assert len(docs) == 1 and len(docs[0].questions) == 2
     assert capsys.readouterr().out == ""
+
+
+# ----------------------------------------------------------------------------- constant images
+@pytest.mark.parametrize("value", [0.0, 0.5, 1.0], ids=["black", "grey", "white"])
+def test_saliency_of_a_constant_image_is_uniform(value):
+    # a black page used to put a round-off spike (peak 1) at cell (0, 0)
+    img = torch.cat([torch.full((1, 3, 64, 80), value),
+                     torch.rand(1, 3, 64, 80, generator=torch.Generator().manual_seed(4))])
+    m = score("saliency", img)
+    assert torch.all(m[0] == m[0, 0, 0])                       # uniform: nothing stands out
+    assert m[1].max() == 1 and m[1].min() < 1                  # the textured page is not

@@ -68,7 +68,8 @@ def spectral_residual(image: ImageLike, *, patch: int = 16, size: int = 64,
         sigma: Gaussian smoothing in working pixels, >= 0.
 
     Returns:
-        ``[B, Gh, Gw]`` float32, peak 1.
+        ``[B, Gh, Gw]`` float32, peak 1; all zero for a constant image (no residual: a
+        uniform map, as :func:`edge_density` gives, not a round-off spike).
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 8:
         raise ValueError(f"size must be an int >= 8, got {size!r}")
@@ -78,7 +79,11 @@ def spectral_residual(image: ImageLike, *, patch: int = 16, size: int = 64,
     h, w = x.shape[-2:]
     scale = size / max(h, w)
     hs, ws = max(3, round(h * scale)), max(3, round(w * scale))
-    g = F.interpolate(to_gray(x), size=(hs, ws), mode="area")[:, 0]          # [B, hs, ws]
+    gray = to_gray(x)                                                         # [B, 1, H, W]
+    # a constant image has no residual, only float round-off around the DC term (a spike at
+    # the first cell): its map is all zero, as edge_density's (uniform: nothing stands out)
+    flat = gray.amax(dim=(-3, -2, -1)) == gray.amin(dim=(-3, -2, -1))         # [B]
+    g = F.interpolate(gray, size=(hs, ws), mode="area")[:, 0]                # [B, hs, ws]
     spec = torch.fft.fft2(g.double())
     log_amp = torch.log(spec.abs() + 1e-12)
     avg = F.avg_pool2d(F.pad(log_amp[:, None], (1, 1, 1, 1), mode="replicate"), 3, stride=1)[:, 0]
@@ -86,6 +91,7 @@ def spectral_residual(image: ImageLike, *, patch: int = 16, size: int = 64,
     sal = torch.fft.ifft2(torch.exp(residual) * torch.exp(1j * torch.angle(spec))).abs() ** 2
     sal = gaussian_blur(sal.float()[:, None], sigma)
     full = F.interpolate(sal, size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+    full = torch.where(flat[:, None, None], torch.zeros_like(full), full)
     return normalise(pool_to_grid(full, patch))
 
 
