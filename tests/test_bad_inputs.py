@@ -4,7 +4,9 @@ One table, one row per bad input to the public API: the call, the exception type
 raise and the argument its message must name (as a whole word). Every row was checked to
 fail before its fix (see the issue-11 report for the reproduced ones), and each row fails
 again if the check it exercises is removed, because the call then either succeeds or dies
-with an unrelated error or message.
+with an unrelated error or message. Where a later check would name the same argument (the
+allocators' NaN/inf scores also reach ``fixation_from_scores``), the row also carries a
+regex of the message of its own check.
 
 Rows for files other owners maintain expect ``ValueError`` naming the argument; a row that
 does not pass yet is listed in ``PENDING_LEAD`` and marked ``xfail(strict=True)``, so it turns
