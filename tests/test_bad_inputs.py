@@ -30,6 +30,7 @@ from fovea_core.allocators import ALLOCATORS, INFO, allocate
 from fovea_core.allocators.base import resolve_fixation
 from fovea_core.biology import cortex as C
 from fovea_core.cascade.allocator import cascade, cascade_parts
+from fovea_core.cascade.core import gist
 from fovea_core.cascade.localisers import uniform
 from fovea_core.biology import psychophysics as P
 from fovea_core.biology import retina as R
@@ -172,6 +173,9 @@ CASES = [
     ("cascade NaN context_weight", lambda: cascade(CPYR, None, 40, localiser=uniform, context_weight=float("nan")), ValueError, "context_weight", "context_weight must be a number in \\[0, 1\\]"),
     ("cascade fixation outside", lambda: allocate("cascade_gist_query", CPYR, None, 40, fixation=(2, 2)), ValueError, "fixation", "fixation must be finite"),
     ("cascade float budget", lambda: cascade(CPYR, None, 40.0, localiser=uniform), ValueError, "budget", "budget must be an int"),
+    ("cascade localiser all NaN", lambda: cascade(CPYR, None, 40, localiser=lambda g, q: torch.full((1, 8, 8), float("nan"))), ValueError, "localiser", "no usable mass"),
+    ("cascade localiser all zero", lambda: cascade(CPYR, None, 40, localiser=lambda g, q: torch.zeros(1, 8, 8)), ValueError, "localiser", "no usable mass"),
+    ("cascade gist of another page", lambda: cascade_parts(CPYR, 40, localiser=uniform, gist_budget=16, gist_obj=gist(build_pyramid(torch.zeros(1, 3, 128, 128)), 16)), ValueError, "gist_obj", "gist of another page"),
     ("cascade_parts surround 1", lambda: cascade_parts(CPYR, 40, localiser=uniform, surround=1.0), ValueError, "surround", "surround must be in"),
     # --- TokenSet (lead: float levels)
     ("TokenSet NaN level", lambda: tokens(levels=nan_at(TS.levels.float())), ValueError, "levels"),

@@ -25,7 +25,7 @@ import torch
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.registry import register
 from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
-                                     gist_to_grid)
+                                     gist_to_grid, page_key)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.raster import coverage_raster
 from fovea_core.pyramid import Pyramid
@@ -194,6 +194,9 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
             resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
         raise ValueError("cascade: gist_obj is not this page's gist at gist_budget")
+    if gist_obj is not None and gist_obj.key and tuple(gist_obj.key) != tuple(page_key(pyramid)):
+        raise ValueError("cascade: gist_obj is the gist of another page (its page key differs "
+                         "from this pyramid's)")
     rest = budget - g.budget
     if rest < 1:
         raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "
@@ -203,7 +206,13 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
         raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
                          f"{(pyramid.batch_size, gh, gw)}")
-    loc = torch.nan_to_num(loc, nan=0.0).clamp(min=0)
+    dead = ~torch.isfinite(loc).flatten(1).all(1) | (loc.clamp(min=0).flatten(1).sum(1) <= 0)
+    if bool(dead.any()):
+        raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
+                         f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
+                         "inf, or nothing above 0); a localiser must return finite mass >= 0 "
+                         "that is positive somewhere")
+    loc = loc.clamp(min=0)
     if level == "auto":
         levels = choose_level(g, loc, legible_px=legible_px)
     else:
