@@ -831,6 +831,22 @@ def _canvases(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor, b: int
     return out
 
 
+def _memo_canvases(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor
+                   ) -> list[list[_Canvas]]:
+    """Every image's canvases (:func:`_canvases`), kept on ``tokens`` for the next window of
+    the same patches over the same background (a reader renders one crop per answer line,
+    and a page's questions share the tokens of a query-agnostic method). Keyed by the
+    identity and version counter of ``patches`` and ``bg``, so an in-place change of either
+    rebuilds them."""
+    key = (id(patches), patches._version, id(bg), bg._version)
+    memo = tokens.__dict__.get("_smooth_canvases")
+    if memo is not None and memo[0] == key and memo[1] is patches and memo[2] is bg:
+        return memo[3]
+    cvs = [_canvases(tokens, patches, bg, b) for b in range(patches.shape[0])]
+    tokens.__dict__["_smooth_canvases"] = (key, patches, bg, cvs)
+    return cvs
+
+
 def _render_smooth(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor,
                    size: tuple[int, int], window: tuple[int, int, int, int]) -> torch.Tensor:
     """The smooth painter of :func:`render` over ``window`` of an output of ``size``."""
@@ -842,8 +858,7 @@ def _render_smooth(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor,
     xs = (torch.arange(x0, x1, device=dev, dtype=patches.dtype) + 0.5) * (w / wo)
     gy, gx = torch.meshgrid(ys, xs, indexing="ij")
     imgs = []
-    for b in range(patches.shape[0]):                                    # images of the batch
-        cvs = _canvases(tokens, patches, bg, b)
+    for b, cvs in enumerate(_memo_canvases(tokens, patches, bg)):        # images of the batch
         val = _composite(cvs, bg[b], (h, w), gx.reshape(-1), gy.reshape(-1))
         imgs.append(val.T.reshape(-1, y1 - y0, x1 - x0))
     return torch.stack(imgs)

@@ -448,3 +448,28 @@ def test_cpu_painter_equals_the_torch_painter(seed, h, w, frac, size):
     finally:
         S._fast_painter = True
     assert torch.equal(fast, ref)
+
+
+def test_smooth_windows_of_the_same_tokens_reuse_their_canvases(monkeypatch):
+    """A reader renders one crop per answer line, and a page's questions share the tokens of
+    a query-agnostic method: the canvases are built once per (tokens, patches, background),
+    and rebuilt when the patches change (in place or another tensor)."""
+    import fovea_core.sample as S
+
+    g = torch.Generator().manual_seed(5)
+    pyr = build_pyramid(torch.rand(1, 3, 64, 80, generator=g), num_levels=3)
+    ts = _tokens(torch.rand(1, 12, 2, generator=g), torch.rand(1, 12, generator=g) * 2, (64, 80), 4)
+    patches = sample(pyr, ts)
+    calls = []
+    real = S._canvases
+    monkeypatch.setattr(S, "_canvases", lambda *a: calls.append(1) or real(*a))
+    full = render(ts, patches, background=pyr)
+    for win in [(0, 10, 0, 10), (20, 40, 5, 60), (50, 64, 70, 80)]:
+        assert torch.equal(render(ts, patches, background=pyr, window=win),
+                           full[..., win[0]:win[1], win[2]:win[3]])
+    assert len(calls) == 1
+    patches.mul_(0.5)                                        # in place: rebuilt
+    halved = render(ts, patches, background=pyr)
+    assert not torch.equal(halved, full) and len(calls) == 2
+    assert torch.equal(render(ts, patches.clone(), background=pyr), halved)   # another tensor
+    assert len(calls) == 3

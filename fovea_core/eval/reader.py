@@ -271,8 +271,13 @@ def read_answer(reader: Reader, pyramid: Pyramid, tokens: TokenSet,
     wins = [w for w in wins if w[1] > w[0] and w[3] > w[2]]
     if not wins:
         return ""
-    if patches is None:
-        patches = sample(pyramid, tokens)
+    if patches is None:                 # kept on the tokens: a page's questions share them
+        memo = tokens.__dict__.get("_read_patches")
+        if memo is not None and memo[0] is pyramid:
+            patches = memo[1]
+        else:
+            patches = sample(pyramid, tokens)
+            tokens.__dict__["_read_patches"] = (pyramid, patches)
     texts = []
     for win in wins:                                        # one line crop per box
         crop = render(tokens, patches, background=pyramid, window=win)[0].permute(1, 2, 0)
