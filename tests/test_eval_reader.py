@@ -121,3 +121,36 @@ def test_second_reader_missing_binary_is_a_clear_error(monkeypatch):
     assert "tesseract-ocr" in R.tesseract_missing()
     with pytest.raises(ValueError, match="tesseract-ocr"):
         Reader("tesseract", cache_dir=None)
+
+
+def _open_and_put(args):
+    """A worker of the race below: open a new cache file at the barrier and write to it."""
+    import os
+    from pathlib import Path
+
+    from fovea_core.eval.reader import _Cache
+
+    path, barrier = args
+    barrier.wait()
+    try:
+        _Cache(Path(path)).put(f"k{os.getpid()}", "v")
+        return "ok"
+    except Exception as err:                # noqa: BLE001 (the test reports what it was)
+        return repr(err)
+
+
+def test_cache_files_are_created_safely_by_processes_at_once(tmp_path):
+    """Two sweep workers opening a reader's cache for the first time at the same moment: a
+    new file's switch to WAL fails at once while another process holds its lock (it made
+    chapter 14.5 fail once, 'database is locked'); the set-up retries until it can. Before
+    the retry, several of these 40 rounds failed (checked)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    results = []
+    with ctx.Manager() as manager, ctx.Pool(6) as pool:
+        for i in range(40):
+            barrier = manager.Barrier(6)
+            results += pool.map(_open_and_put, [(str(tmp_path / f"c{i}.sqlite"), barrier)] * 6,
+                                chunksize=1)
+    assert results == ["ok"] * 240, [r for r in results if r != "ok"]

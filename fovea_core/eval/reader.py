@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,8 +68,13 @@ def crop_box(image: np.ndarray, box: Box, margin: float = 0.3, min_margin: int =
     return image[max(0, y0 - m):min(h, y1 + m), max(0, x0 - m):min(w, x1 + m)]
 
 
+#: attempts at a cache file's first set-up while another process holds its lock (~60 s in all)
+_SETUP_TRIES = 75
+
+
 class _Cache:
-    """A tiny thread-safe key -> text store in SQLite (one file per reader id)."""
+    """A tiny thread-safe key -> text store in SQLite (one file per reader id), safe to open
+    from several processes at once (WAL; a new file's set-up is retried while locked)."""
 
     def __init__(self, path: Path | None):
         self.path, self._lock, self._conn = path, threading.Lock(), None
@@ -77,9 +83,21 @@ class _Cache:
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("CREATE TABLE IF NOT EXISTS ocr (key TEXT PRIMARY KEY, text TEXT)")
+            conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+            # switching a new file to WAL takes an exclusive lock and fails at once (no busy
+            # wait) while another process creates the same file, e.g. two sweep workers
+            # opening a reader's cache for the first time: retry until that one is done
+            for attempt in range(_SETUP_TRIES):
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("CREATE TABLE IF NOT EXISTS ocr (key TEXT PRIMARY KEY, text TEXT)")
+                    break
+                except sqlite3.OperationalError as err:
+                    if "locked" not in str(err) or attempt == _SETUP_TRIES - 1:
+                        conn.close()
+                        raise
+                    time.sleep(0.02 * (attempt + 1))
+            self._conn = conn
         return self._conn
 
     def get(self, key: str) -> str | None:
