@@ -213,6 +213,60 @@ def test_choose_on_select_half_and_report_half():
     assert [d.doc_id for d in half] == rep
 
 
+def _select_table(scores, *, n_docs=30, budget=10, dataset="synthetic"):
+    """One question per document; ``scores[name] = (on select half, on report half)``."""
+    import pandas as pd
+
+    from fovea_core.eval.stats import split_halves
+
+    ids = [f"doc{i:03d}" for i in range(n_docs)]
+    sel, _ = split_halves(ids)
+    return pd.DataFrame([dict(dataset=dataset, doc_id=d, qid="q", allocator=name,
+                              budget=budget, anls=s[0] if d in sel else s[1])
+                         for d in ids for name, s in scores.items()])
+
+
+@pytest.mark.parametrize("order", [["b", "a", "c"], ["a", "b", "c"], ["c", "b", "a"]])
+def test_choose_on_select_half_tie_goes_to_the_candidate_listed_first(order):
+    """Equal select-half means: the first of them in ``candidates`` wins, whatever the
+    alphabet says (the old copies gave it to the alphabetical first); a lower one never."""
+    from fovea_core.eval.experiments import choose_on_select_half, select_then_report
+
+    t = _select_table({"a": (0.5, 0.9), "b": (0.5, 0.1), "c": (0.4, 1.0), "base": (0.3, 0.3)})
+    tied = [c for c in order if c in ("a", "b")]
+    ch = choose_on_select_half(t, order, 10).iloc[0]
+    assert ch.best == tied[0] and ch.select_mean == pytest.approx(0.5)
+    assert list(ch.index[4:]) == order                   # one column per candidate, in order
+    # select_then_report chooses with the same rule
+    assert select_then_report(t, order, "base", 10).iloc[0].best == tied[0]
+
+
+def test_choose_on_select_half_skips_nan_and_absent_and_checks_arguments():
+    import pandas as pd
+
+    from fovea_core.eval.experiments import choose_on_select_half
+
+    t = _select_table({"a": (float("nan"), 1.0), "b": (0.2, 0.0)})
+    # "a" has no finite select-half mean: never chosen, even listed first
+    ch = choose_on_select_half(t, ["a", "b", "gone"], 10).iloc[0]
+    assert ch.best == "b" and np.isnan(ch["a"]) and np.isnan(ch["gone"])
+    # nothing at this budget, or only NaN: no row for the dataset (columns kept)
+    none = choose_on_select_half(t, ["a"], 10)
+    assert none.empty and list(none.columns) == ["dataset", "best", "select_mean",
+                                                 "n_select", "a"]
+    assert choose_on_select_half(t, ["b"], 99).empty
+    # datasets are chosen separately, in sorted order
+    two = pd.concat([_select_table({"a": (0.9, 0), "b": (0.1, 0)}, dataset="sroie"),
+                     _select_table({"a": (0.1, 0), "b": (0.9, 0)})])
+    assert list(choose_on_select_half(two, ["a", "b"], 10).best) == ["a", "b"]
+    with pytest.raises(TypeError, match="candidates"):
+        choose_on_select_half(t, "ab", 10)
+    with pytest.raises(ValueError, match="candidates is empty"):
+        choose_on_select_half(t, [], 10)
+    with pytest.raises(ValueError, match="kept"):
+        choose_on_select_half(t, ["a"], 10, metric="kept")
+
+
 def test_loaded_datasets_are_cached_exactly(tmp_path, monkeypatch):
     """The second load reads the cache (no page is drawn again) and gives the same documents
     byte for byte; other arguments are another entry; ``cache_dir=None`` never caches."""

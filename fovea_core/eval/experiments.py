@@ -367,27 +367,24 @@ def select_then_report(table, candidates, baseline: str, budget: int, *,
     Returns a DataFrame per dataset: ``dataset, best, select_mean, n_select`` and the
     report-half paired difference of ``best - baseline`` (``diff, diff_lo, diff_hi, n_docs,
     p, verdict, text``; one comparison per dataset, so the family is the datasets: Holm
-    over them).
+    over them). The choice is :func:`choose_on_select_half`'s (its tie rule: the candidate
+    listed first).
     """
     import pandas as pd
 
-    from fovea_core.eval.stats import holm, paired_family, split_halves
+    from fovea_core.eval.stats import holm, split_halves
 
+    chosen = choose_on_select_half(table, candidates, budget, metric=metric)
     rows = []
-    for ds, t in table.groupby("dataset", sort=True):
-        sel, rep = split_halves(t["doc_id"].unique())
-        at = t[(t.budget == budget) & t.allocator.isin(list(candidates)) & t.doc_id.isin(sel)]
-        if at.empty:
-            continue
-        per = at.groupby(["allocator", "doc_id"])[metric].mean().groupby("allocator").mean()
-        best = str(per.idxmax())
-        fam = paired_family(t, [best], baseline, budget, metric=metric, docs=rep, seed=seed,
+    for r in chosen.itertuples():
+        t = table[table.dataset == r.dataset]
+        _, rep = split_halves(t["doc_id"].unique())
+        fam = paired_family(t, [r.best], baseline, budget, metric=metric, docs=rep, seed=seed,
                             correct=False)
-        r = fam.iloc[0]
-        rows.append(dict(dataset=ds, best=best, select_mean=float(per.max()), n_select=len(sel),
-                         **{k: r[k] for k in ("diff", "diff_lo", "diff_hi", "n_docs", "p")}))
-    from fovea_core.eval.stats import ci_text, verdict
-
+        f = fam.iloc[0]
+        rows.append(dict(dataset=r.dataset, best=r.best, select_mean=r.select_mean,
+                         n_select=r.n_select,
+                         **{k: f[k] for k in ("diff", "diff_lo", "diff_hi", "n_docs", "p")}))
     # (a dataset whose select half is empty, e.g. 2 documents, has no row; the columns stay)
     out = pd.DataFrame(rows, columns=["dataset", "best", "select_mean", "n_select", "diff",
                                       "diff_lo", "diff_hi", "n_docs", "p"])
@@ -448,32 +445,72 @@ def choose_on_select_half(table, candidates, budget: int, *, metric: str = "anls
     """Per dataset, the candidate with the highest mean ``metric`` at ``budget`` on the
     *select* half (:func:`~fovea_core.eval.stats.split_halves`) of the documents it ran on.
 
-    The first half of :func:`select_then_report`, for an ablation that ran on a subset of
-    the documents: the choice is then run on :func:`report_half` of *all* documents and
-    tested there (``paired_family(..., docs=report_ids)``), so the test has the power of
-    half the book's documents and never sees a document the choice was made on.
+    This is the library's one choose-on-the-select-half rule: :func:`select_then_report`
+    chooses with it, and chapters that choose a variant call it rather than write their
+    own. The choice is then tested on the *report* half only (:func:`report_half` of all
+    documents, ``paired_family(..., docs=report_ids)``), so the test never sees a document
+    the choice was made on.
 
-    Returns a DataFrame ``dataset, best, select_mean, n_select`` plus one column per
-    candidate (its select-half mean; NaN where it did not run). Questions are averaged
-    within a document first (the resampling unit). Ties go to the earlier candidate.
+    Parameters
+    ----------
+    table : DataFrame
+        Sweep rows with at least ``dataset, doc_id, allocator, budget`` and ``metric``
+        (one row per question). The halves are split over *all* of a dataset's document
+        ids in ``table``; only rows of ``candidates`` at ``budget`` on the select half count.
+    candidates : sequence of str
+        Allocator labels, in order of preference: duplicates are dropped, labels that did
+        not run are ignored (a NaN column).
+    budget : int
+        The ``budget`` whose rows are compared.
+    metric : str
+        The column averaged (default ``"anls"``).
+
+    Notes
+    -----
+    Questions are averaged within a document first (the resampling unit), then over the
+    select-half documents a candidate ran on; NaN values of ``metric`` are skipped, and a
+    candidate with no finite mean is never chosen. The highest mean wins; **a tie (exactly
+    equal means) goes to the candidate listed first in ``candidates``** (never to the
+    alphabetical first). A dataset with no select-half row of any candidate (e.g. a
+    2-document profile whose select half is empty) has no row: callers that need a choice
+    for every dataset fall back explicitly.
+
+    Returns
+    -------
+    DataFrame
+        ``dataset, best, select_mean, n_select`` (documents of the select half the
+        candidates ran on) plus one column per candidate (its select-half mean; NaN where
+        it did not run), one row per dataset in sorted order.
     """
     import pandas as pd
 
     from fovea_core.eval.stats import split_halves
 
-    cands = list(dict.fromkeys(candidates))
+    if isinstance(candidates, str):
+        raise TypeError(f"candidates must be a sequence of allocator labels, got the string "
+                        f"{candidates!r} (write [{candidates!r}])")
+    cands = list(dict.fromkeys(str(c) for c in candidates))
+    if not cands:
+        raise ValueError("candidates is empty: name at least one allocator to choose from")
+    missing = {"dataset", "doc_id", "allocator", "budget", metric} - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks the column(s) {sorted(missing)} that "
+                         f"choose_on_select_half reads (metric={metric!r})")
     rows = []
     for ds, t in table.groupby("dataset", sort=True):
         sel, _ = split_halves(t["doc_id"].unique())
         at = t[(t.budget == budget) & t.allocator.isin(cands) & t.doc_id.isin(sel)]
-        if at.empty:
+        per = (at.groupby(["allocator", "doc_id"])[metric].mean()
+               .groupby("allocator").mean().reindex(cands))     # in the candidates' order
+        ok = np.isfinite(per.to_numpy(dtype=float))
+        if not ok.any():
             continue
-        per = at.groupby(["allocator", "doc_id"])[metric].mean().groupby("allocator").mean()
-        per = per.reindex([c for c in cands if c in per.index])
-        best = str(per.idxmax())
-        rows.append(dict(dataset=ds, best=best, select_mean=float(per.max()),
-                         n_select=int(at.doc_id.nunique()), **per.to_dict()))
-    return pd.DataFrame(rows)
+        # first maximum in the candidates' order: a tie goes to the one listed first
+        best = per[ok].index[int(np.argmax(per[ok].to_numpy(dtype=float)))]
+        rows.append(dict(dataset=ds, best=str(best), select_mean=float(per[best]),
+                         n_select=int(at.doc_id.nunique()),
+                         **per.to_dict()))
+    return pd.DataFrame(rows, columns=["dataset", "best", "select_mean", "n_select", *cands])
 
 
 def report_half(datasets: dict) -> dict:
