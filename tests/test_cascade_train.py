@@ -276,6 +276,56 @@ def test_real_pages_split_by_a_fixed_rule_and_feed_training():
         assert s["unused_ids"] == rep[name]["page_ids"][1:]
 
 
+class _ZeroEmbeddings(dict):
+    """Every phrase embeds to zeros: :func:`collate` then needs no sentence model."""
+
+    def __missing__(self, key):
+        return torch.zeros(384)
+
+
+def _training_docs(data: TrainingSet, index: int):
+    """The document behind page ``index`` of ``data`` (synthetic or real)."""
+    from fovea_core.eval.documents import make_document
+
+    if index < data.cfg.pages:
+        layout, seed, _ = train_module.page_spec(data.cfg, index)
+        return make_document(seed, layout=layout)
+    return data.real[index - data.cfg.pages].document()
+
+
+@needs_real
+def test_training_targets_are_target_map_on_real_gists():
+    """The targets the training batches carry (:func:`collate`) are, bit for bit,
+    :func:`~fovea_core.cascade.learned.target_map` of each question's boxes on the page's
+    gist (the question-agnostic target: all answers' boxes), on synthetic receipts and
+    papers and on real SROIE and FUNSD training pages, at every gist budget: the one
+    target rule, so the committed weights (pinned hash) stay what this code trains."""
+    from fovea_core.cascade.learned import target_map
+    from fovea_core.cascade.train import collate, gist_of
+
+    cfg = TrainConfig(pages=4, gists_per_page=3, real_pages=3, null_share=0.5)
+    data = TrainingSet(cfg)
+    n_checked, n_null = 0, 0
+    for i in range(len(data)):
+        doc = _training_docs(data, i)
+        for s in data.samples(i):
+            target = collate([s], _ZeroEmbeddings())[4]                  # [Q, h, w]
+            g = gist_of(doc, s.gist_budget)
+            want = [q.boxes for q in doc.questions]
+            if len(s.queries) > len(doc.questions):                       # + the null target
+                want.append(np.concatenate([np.asarray(b, np.float64).reshape(-1, 4)
+                                            for b in want]))
+                n_null += 1
+            assert target.shape[0] == len(want) and target.dtype == torch.float32
+            for t, b in zip(target, want, strict=True):
+                ref = target_map(g, b)
+                assert ref.shape == t.shape and torch.equal(t, ref), (s.meta, s.gist_budget)
+                assert float(t.sum()) == pytest.approx(1.0, abs=1e-5)
+            n_checked += len(want)
+    assert n_checked > 30 and n_null > 0
+    assert {data.source(i) for i in range(len(data))} == {"synthetic", *REAL_SOURCES}
+
+
 @pytest.mark.skipif(not os.environ.get("FOVEA_RETRAIN"), reason="set FOVEA_RETRAIN=1 to retrain "
                     "the localiser in full (several minutes) and compare with the committed one")
 @needs_weights
