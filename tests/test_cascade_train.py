@@ -293,6 +293,36 @@ def _training_docs(data: TrainingSet, index: int):
     return data.real[index - data.cfg.pages].document()
 
 
+def test_answer_targets_are_box_areas_on_the_gist_pixels():
+    """Known areas: 1-px gist pixels centred at 0.5, 1.5, 2.5 (x) and 0.5, 1.5 (y)."""
+    from fovea_core.cascade.learned import answer_targets
+
+    ys = torch.tensor([0.5, 1.5], dtype=torch.float64)
+    xs = torch.tensor([0.5, 1.5, 2.5], dtype=torch.float64)
+    inside = torch.ones(2, 3, dtype=torch.bool)
+    t = answer_targets(ys, xs, 0.5, inside, [
+        [(0, 0, 2, 1)],                      # two whole pixels
+        [(0.5, 0, 1.5, 1), (2, 1, 3, 2)],    # two half pixels + one whole pixel, area 2
+        [(10, 10, 20, 20)],                  # off the gist: all zeros
+        [(2.25, 1.5, 2.75, 2)],              # a quarter of a pixel's area: still sums to 1
+    ])
+    assert t.shape == (4, 2, 3) and t.dtype == torch.float32
+    assert torch.equal(t[0], torch.tensor([[0.5, 0.5, 0], [0, 0, 0]]))
+    assert torch.equal(t[1], torch.tensor([[0.25, 0.25, 0], [0, 0, 0.5]]))
+    assert torch.equal(t[2], torch.zeros(2, 3))
+    assert torch.equal(t[3], torch.tensor([[0.0, 0, 0], [0, 0, 1]]))
+    off = inside.clone()
+    off[0, 1] = False                        # a pixel off the page takes no mass
+    assert torch.equal(answer_targets(ys, xs, 0.5, off, [[(0, 0, 2, 1)]])[0],
+                       torch.tensor([[1.0, 0, 0], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="half must be > 0"):
+        answer_targets(ys, xs, 0.0, inside, [[(0, 0, 1, 1)]])
+    with pytest.raises(ValueError, match="inside has shape"):
+        answer_targets(ys, xs, 0.5, inside.T, [[(0, 0, 1, 1)]])
+    with pytest.raises(ValueError, match="boxes is empty"):
+        answer_targets(ys, xs, 0.5, inside, [])
+
+
 @needs_real
 def test_training_targets_are_target_map_on_real_gists():
     """The targets the training batches carry (:func:`collate`) are, bit for bit,

@@ -47,7 +47,8 @@ from fovea_core.paths import file_digest as file_sha256  # (SHA-256; a name of t
 from fovea_core.paths import project_root
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
-           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "target_map", "pool_target", "encode_gist"]
+           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "answer_targets", "target_map",
+           "pool_target", "encode_gist"]
 
 IN_CHANNELS = 7
 EMBED_DIM = 384
@@ -161,17 +162,55 @@ def pool_target(t: torch.Tensor) -> torch.Tensor:
                             (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
 
 
+def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torch.Tensor,
+                   boxes) -> torch.Tensor:
+    """The localiser's training target, one map per question: ``[Q, h, w]`` float32.
+
+    Each map is the area (base px^2) of the question's answer boxes on each gist pixel --
+    the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
+    y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
+    distribution over locations, the cross-entropy's target; all zeros when the boxes
+    miss the page). This is the one definition: :func:`target_map` (one question on a
+    :class:`~fovea_core.cascade.core.Gist`) and the training batches
+    (:func:`fovea_core.cascade.train.collate`) both call it, and the committed weights
+    were trained on exactly these values (``tests/test_cascade_train.py``).
+
+    Parameters
+    ----------
+    ys, xs : Tensor
+        ``[h]`` and ``[w]`` base-pixel centres of the gist pixels (float64,
+        :meth:`~fovea_core.cascade.core.Gist.pixel_centres`).
+    half : float
+        Half a gist pixel in base px (``gist.pixel / 2``), > 0.
+    inside : Tensor
+        ``[h, w]`` bool, gist pixels on the page (:meth:`~fovea_core.cascade.core.Gist.inside`).
+    boxes : sequence of array-like
+        Per question, its answer boxes ``[K, 4]`` ``(x0, y0, x1, y1)`` in base px.
+    """
+    if not half > 0:
+        raise ValueError(f"answer_targets: half must be > 0 (half a gist pixel), got {half!r}")
+    if inside.shape != (len(ys), len(xs)):
+        raise ValueError(f"answer_targets: inside has shape {tuple(inside.shape)}, the pixel "
+                         f"centres give ({len(ys)}, {len(xs)})")
+    if len(boxes) == 0:
+        raise ValueError("answer_targets: boxes is empty (give one [K, 4] array per question)")
+    out = []
+    for b in boxes:                                     # a handful of questions per page
+        bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1, 4))
+        oy = (torch.minimum(ys[None] + half, bt[:, 3:4]) -
+              torch.maximum(ys[None] - half, bt[:, 1:2])).clamp(min=0)   # [K, h]
+        ox = (torch.minimum(xs[None] + half, bt[:, 2:3]) -
+              torch.maximum(xs[None] - half, bt[:, 0:1])).clamp(min=0)   # [K, w]
+        t = torch.einsum("ky,kx->yx", oy, ox) * inside
+        out.append(t / t.sum().clamp(min=1e-12))
+    return torch.stack(out).float()
+
+
 def target_map(g: Gist, boxes: list[tuple[int, int, int, int]] | np.ndarray) -> torch.Tensor:
-    """``[h, w]`` training target: the area of ``boxes`` on each gist pixel (base px^2,
-    separable overlaps), normalised to sum 1 (all zeros if the boxes miss the page)."""
-    b = torch.as_tensor(np.asarray(boxes, dtype=np.float64).reshape(-1, 4))
+    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
+    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
     ys, xs = g.pixel_centres()
-    half = g.pixel / 2
-    oy = (torch.minimum(ys[None] + half, b[:, 3:4]) - torch.maximum(ys[None] - half, b[:, 1:2])).clamp(min=0)
-    ox = (torch.minimum(xs[None] + half, b[:, 2:3]) - torch.maximum(xs[None] - half, b[:, 0:1])).clamp(min=0)
-    t = torch.einsum("ky,kx->yx", oy, ox) * g.inside()
-    s = t.sum()
-    return (t / s if s > 0 else t).float()
+    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
 
 
 # ----------------------------------------------------------------------------- embeddings

@@ -37,7 +37,8 @@ results: the book reports on the ``*-dev`` folders only.
 
 Model and loss: :class:`~fovea_core.cascade.learned.GistLocaliserNet`, cross-entropy
 between the softmax over the page's gist pixels and the answer boxes' area on them
-(:func:`~fovea_core.cascade.learned.target_map`), Adam with a cosine learning-rate decay.
+(:func:`~fovea_core.cascade.learned.answer_targets`, the one definition), Adam with a
+cosine learning-rate decay.
 
 Reproducibility: one seed fixes the pages, the gist budgets, the initial weights, the
 batch order and the augmentation; page ``i`` is a pure function of ``(seed, i)``, so the
@@ -84,8 +85,9 @@ import numpy as np
 import torch
 
 from fovea_core.cascade.core import Gist, gist
-from fovea_core.cascade.learned import (GistLocaliserNet, file_sha256, gist_features,
-                                        pool_target, question_embedding, weights_path)
+from fovea_core.cascade.learned import (GistLocaliserNet, answer_targets, file_sha256,
+                                        gist_features, pool_target, question_embedding,
+                                        weights_path)
 from fovea_core.eval.documents import FORM_FIELD, Document, Question, make_document
 from fovea_core.paths import DatasetNotFound, dataset_path, project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
@@ -462,20 +464,6 @@ def epoch_batches(cfg: TrainConfig, gen: torch.Generator, data: TrainingSet
     return [batches[k] for k in order]
 
 
-def _targets(s: Sample) -> torch.Tensor:
-    """``[Q, h, w]`` normalised answer areas per gist pixel (separable overlaps)."""
-    out = []
-    for b in s.boxes:                                   # a handful of questions
-        bt = torch.as_tensor(b)
-        oy = (torch.minimum(s.ys[None] + s.half, bt[:, 3:4]) -
-              torch.maximum(s.ys[None] - s.half, bt[:, 1:2])).clamp(min=0)
-        ox = (torch.minimum(s.xs[None] + s.half, bt[:, 2:3]) -
-              torch.maximum(s.xs[None] - s.half, bt[:, 0:1])).clamp(min=0)
-        t = torch.einsum("ky,kx->yx", oy, ox) * s.inside
-        out.append(t / t.sum().clamp(min=1e-12))
-    return torch.stack(out).float()
-
-
 #: standard deviation of the Gaussian noise added to each embedding coordinate in training
 EMBED_NOISE = 0.01
 
@@ -529,7 +517,7 @@ def collate(samples: list[Sample], emb: dict, *, augment: torch.Generator | None
         h, w = s.x.shape[1:]
         x[i, :, :h, :w] = s.x.float()
         mask[i, :h, :w] = s.inside
-        t = _targets(s)
+        t = answer_targets(s.ys, s.xs, s.half, s.inside, s.boxes)
         tg.append(torch.nn.functional.pad(t, (0, wmax - w, 0, hmax - h)))
         qs += [phrase_embedding(q, emb, wording, augment) for q in s.queries]
         page += [i] * len(s.queries)
