@@ -297,30 +297,14 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
 
     ``filter="area"`` (default): :func:`sample_area`, the page resampled at scale
     ``2**-level`` as a VLM processor resamples it. ``filter="mip"``: the Gaussian-pyramid
-    read described below (what the kernels compute; :func:`sample_reference` is its exact
-    definition).
-
-    Token ``n`` of image ``b`` at level ``l`` and centre ``(x, y)`` samples a ``p x p`` grid
-    with spacing ``2**l`` base pixels (one level-``l`` pixel; ``p * 2**l`` base pixels in
-    all) centred on ``(x W, y H)``, with **clamp-to-edge** (replicate) borders: a sample
-    outside the image takes the value of the nearest edge pixel. See the module docstring
-    for the exact coordinate formula.
-
-    * Integer ``l``: bilinear in mip level ``l``. Grid-aligned tokens
-      (``TokenSet.from_grid``) read pixels exactly (no interpolation).
-    * Fractional ``l`` (any scale): **trilinear**, the OpenGL mip-mapping rule
-      [Williams 1983]: the same base positions read bilinearly in levels ``floor(l)`` and
-      ``floor(l) + 1`` and blended with weights ``1 - frac`` and ``frac``. The pyramid's
-      levels are low-pass filtered before decimation, so the blend of two filtered levels
-      approximates an area resample at scale ``2**-l`` (anti-aliased); the test
-      ``test_fractional_level_matches_area_resample`` checks it against ``cv2.resize``
-      with ``INTER_AREA`` and shows that reading level ``floor(l)`` alone aliases.
+    read (what the kernels compute), whose definition -- the ``p x p`` grid of spacing
+    ``2**l`` base pixels around each centre, clamp-to-edge borders, bilinear at integer
+    levels and trilinear between two levels at fractional ones [Williams 1983] -- is
+    written once, in :func:`sample_reference`'s docstring.
 
     Args:
-        pyramid: :class:`~fovea_core.pyramid.Pyramid` with levels ``[B, C, H_l, W_l]``.
-        tokens: :class:`~fovea_core.tokens.TokenSet` with the same ``B`` and ``image_size``,
-            levels in ``[0, pyramid.num_levels - 1]``.
-        patch: samples per side; default ``tokens.patch``.
+        pyramid, tokens, patch: as in :func:`sample_reference`.
+        filter: ``"area"`` or ``"mip"`` (:data:`FILTERS`).
 
     Implementation: the path a torch user gets on any device. A pyramid from
     :func:`~fovea_core.pyramid.build_pyramid` is one mip atlas (:meth:`Pyramid.atlas`):
