@@ -267,6 +267,59 @@ def test_choose_on_select_half_skips_nan_and_absent_and_checks_arguments():
         choose_on_select_half(t, ["a"], 10, metric="kept")
 
 
+def test_chosen_line_says_each_case():
+    import pandas as pd
+
+    from fovea_core.eval.experiments import chosen_line
+
+    chosen = pd.DataFrame([dict(dataset="synthetic", best="pyramid 70/30", select_mean=0.5,
+                                n_select=np.int64(12))])
+    rep = pd.DataFrame([dict(dataset="synthetic", method="chosen split", n_docs=20,
+                             verdict="no detectable difference", text="+1.2 [-0.3, 2.7]")])
+    assert chosen_line(chosen, "synthetic", rep) == (
+        "`pyramid 70/30` (chosen on 12 documents); on the 20 report-half documents, minus "
+        "`resize`: **no detectable difference** (+1.2 [-0.3, 2.7] ANLS points)")
+    assert chosen_line(chosen, "synthetic", rep, note="`atlas` = 24", baseline="topk",
+                       unit="points") == (
+        "`pyramid 70/30` (`atlas` = 24; chosen on 12 documents); on the 20 report-half "
+        "documents, minus `topk`: **no detectable difference** (+1.2 [-0.3, 2.7] points)")
+    assert chosen_line(chosen, "synthetic", rep.iloc[:0]) == (
+        "`pyramid 70/30` (chosen on 12 documents); not tested (no report-half document)")
+    assert chosen_line(chosen, "synthetic", None).endswith("not tested (no report-half document)")
+    assert chosen_line(chosen, "synthetic", rep, result="**equivalent**") == (
+        "`pyramid 70/30` (chosen on 12 documents): **equivalent**")
+    assert chosen_line(chosen, "sroie", rep) == (
+        "not chosen (no ablation document in the select half)")
+    assert chosen_line(chosen.iloc[:0], "sroie", what="variant") == (
+        "not chosen (no variant document in the select half)")
+    assert chosen_line(chosen, "sroie", measured=False) == "not measured (no SROIE data)"
+    with pytest.raises(ValueError, match="report has 2 rows"):
+        chosen_line(chosen, "synthetic", pd.concat([rep, rep]))
+    with pytest.raises(ValueError, match="chosen has 2 rows"):
+        chosen_line(pd.concat([chosen, chosen]), "synthetic", rep)
+
+
+def test_relabel_exact_then_first_matching_pattern():
+    import pandas as pd
+
+    from fovea_core.eval.experiments import relabel
+
+    t = pd.DataFrame(dict(allocator=["pseudo_logpolar_centres((0.1, 0.2),)", "pseudo_logpolar",
+                                     "resize", "pyramid_level_budget64", "hybrid"],
+                          anls=[0.1, 0.2, 0.3, 0.4, 0.5]))
+    out = relabel(t, {"pseudo_logpolar_centres*": "pseudo_logpolar",
+                      "pseudo_logpolar": "pseudo_logpolar_init",
+                      "pseudo_*": "never (an earlier key matched)",
+                      "pyramid_level_budget64": "pyramid 64", "h?brid": "hybrid!"})
+    assert list(out.allocator) == ["pseudo_logpolar", "pseudo_logpolar_init", "resize",
+                                   "pyramid 64", "hybrid!"]
+    assert list(out.anls) == list(t.anls) and t.allocator[0].startswith("pseudo_logpolar_c")
+    m = relabel(t.rename(columns={"allocator": "method"}), {"resize": "r"}, column="method")
+    assert list(m.method)[2] == "r"
+    with pytest.raises(ValueError, match="no column 'method'"):
+        relabel(t, {}, column="method")
+
+
 def test_loaded_datasets_are_cached_exactly(tmp_path, monkeypatch):
     """The second load reads the cache (no page is drawn again) and gives the same documents
     byte for byte; other arguments are another entry; ``cache_dir=None`` never caches."""

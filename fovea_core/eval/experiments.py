@@ -15,9 +15,10 @@
 * the chapter kit: :func:`book_datasets`, :func:`chapter_sweep`, :func:`family_text` /
   :func:`family_line` (verdict sentences), :func:`select_then_report`,
   :func:`choose_on_select_half` + :func:`report_half` (choose a variant on the select half
-  of an exploratory ablation, test it on the report half of all documents) and
-  :func:`equivalence_family` ("does A at N_a read as much as B at N_b?", two one-sided
-  tests with a margin).
+  of an exploratory ablation, test it on the report half of all documents;
+  :func:`chosen_line` says it in a sentence), :func:`relabel` (sweep labels -> a chapter's
+  names) and :func:`equivalence_family` ("does A at N_a read as much as B at N_b?", two
+  one-sided tests with a margin).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import pickle
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +44,8 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text",
-           "family_line", "select_then_report", "choose_on_select_half", "report_half",
+           "family_line", "select_then_report", "choose_on_select_half", "chosen_line",
+           "relabel", "report_half",
            "equivalence_family", "load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
            "ci_table", "paired_vs", "predicted_vs_measured",
            "ci_text", "SYNTHETIC_SEED"]
@@ -511,6 +514,86 @@ def choose_on_select_half(table, candidates, budget: int, *, metric: str = "anls
                          n_select=int(at.doc_id.nunique()),
                          **per.to_dict()))
     return pd.DataFrame(rows, columns=["dataset", "best", "select_mean", "n_select", *cands])
+
+
+def chosen_line(chosen, dataset: str, report=None, *, measured: bool = True, note: str = "",
+                baseline: str = "resize", unit: str = "ANLS points", what: str = "ablation",
+                result: str | None = None,
+                missing: str = "not measured (no SROIE data)") -> str:
+    """One markdown sentence on the variant :func:`choose_on_select_half` chose for
+    ``dataset`` and its test on the report half, as the experiment chapters glue it:
+    ``"`best` (note; chosen on 12 documents); on the 20 report-half documents, minus
+    `resize`: **verdict** (+1.2 [-0.3, 2.7] ANLS points)"``.
+
+    Args:
+        chosen: the DataFrame of :func:`choose_on_select_half` (``dataset, best,
+            n_select``; may be empty).
+        dataset: the dataset the sentence is about.
+        report: the report-half test, a :func:`~fovea_core.eval.stats.paired_family`
+            table (``dataset, n_docs, verdict, text``) with at most one row per dataset
+            (the chosen variant against ``baseline``); ``None`` or no row for ``dataset``:
+            "not tested (no report-half document)".
+        measured: ``False`` when the dataset was not run at all (its data is missing):
+            the sentence is ``missing``.
+        note: words put before "chosen on" inside the parentheses (e.g. the default
+            value of the chosen parameter: ``"`atlas` = 24"``).
+        baseline, unit: named in the sentence.
+        what: what the select half lacked when nothing was chosen: "not chosen (no
+            ``what`` document in the select half)".
+        result: the caller's own words on the report-half test, written after ``": "``
+            instead of ``report``'s verdict (e.g. an equivalence claim).
+        missing: the sentence for a dataset that was not measured.
+    """
+    if not measured:
+        return missing
+    row = chosen[chosen["dataset"] == dataset] if len(chosen) else chosen
+    if len(row) == 0:
+        return f"not chosen (no {what} document in the select half)"
+    if len(row) > 1:
+        raise ValueError(f"chosen has {len(row)} rows for dataset {dataset!r}; expected at "
+                         "most one (the output of choose_on_select_half)")
+    c = row.iloc[0]
+    inner = f"{note}; " if note else ""
+    head = f"`{c['best']}` ({inner}chosen on {int(c['n_select'])} documents)"
+    if result is not None:
+        return f"{head}: {result}"
+    rep = (report[report["dataset"] == dataset]
+           if report is not None and len(report) else report)
+    if rep is None or len(rep) == 0:
+        return head + "; not tested (no report-half document)"
+    if len(rep) > 1:
+        raise ValueError(f"report has {len(rep)} rows for dataset {dataset!r}; expected at "
+                         "most one (the chosen variant against the baseline)")
+    r = rep.iloc[0]
+    return (f"{head}; on the {int(r['n_docs'])} report-half documents, minus `{baseline}`: "
+            f"**{r['verdict']}** ({r['text']} {unit})")
+
+
+def relabel(table, labels: Mapping[str, str], *, column: str = "allocator"):
+    """``table`` with its ``column`` renamed by ``labels`` (a copy; labels that match no
+    key are kept), e.g. a sweep's spec labels (``"pyramid_level_budget64"``) to the names a
+    chapter's text uses.
+
+    A key matches a label exactly; failing that, a key with a glob wildcard (``*``, ``?``,
+    ``[...]``; :func:`fnmatch.fnmatchcase`) matches a label it fits, the first such key in
+    ``labels``' order winning. So ``{"pseudo_logpolar_centres*": "pseudo_logpolar",
+    "pseudo_logpolar": "pseudo_logpolar_init"}`` names a sweep label that carries trained
+    parameters without spelling them out.
+    """
+    from fnmatch import fnmatchcase
+
+    if column not in table.columns:
+        raise ValueError(f"relabel: table has no column {column!r} (columns: "
+                         f"{list(table.columns)})")
+    patterns = [(k, v) for k, v in labels.items() if any(ch in k for ch in "*?[")]
+
+    def new(label: str) -> str:
+        if label in labels:
+            return labels[label]
+        return next((v for k, v in patterns if fnmatchcase(str(label), k)), label)
+
+    names = {a: new(a) for a in table[column].unique()}      # once per distinct label
+    return table.assign(**{column: table[column].map(names)})
 
 
 def report_half(datasets: dict) -> dict:
