@@ -73,28 +73,65 @@ def test_read_answer_reads_what_the_reader_reads_on_the_full_render():
         assert read_answer(reader, pyr, tok, patches, q.boxes) == reader.read(full, q.boxes)
 
 
-def test_rows_match_the_sweep(tmp_path):
+#: the cascade's localisation columns, added by its columns hook (not in the sweep's rows)
+LOCALISATION = ("fovea_share", "cell_auc", "fovea_level")
+
+
+def _every_column_equal(a: pd.DataFrame, b: pd.DataFrame, *, skip: tuple = ()) -> None:
+    """The two tables have the same columns and equal rows in every column but the timings
+    (:data:`~fovea_core.eval.sweep.TIMING_COLUMNS`) and ``skip``, named here."""
+    from fovea_core.eval.sweep import TIMING_COLUMNS
+
+    assert list(a.columns) == list(b.columns)
+    cols = [c for c in a.columns if c not in TIMING_COLUMNS + tuple(skip)]
+    assert len(cols) >= 24, cols
+    pd.testing.assert_frame_equal(a[cols].reset_index(drop=True), b[cols].reset_index(drop=True))
+
+
+@pytest.mark.parametrize("query_aware", [False, True])
+def test_rows_match_the_sweep_in_every_column(tmp_path, query_aware):
+    """The two entry points give the same rows on the same documents: every column but the
+    timings, query-agnostic and query-aware, a random allocator included (its seed)."""
+    from fovea_core.eval.evaluator import ROW_COLUMNS
     from fovea_core.eval.sweep import run_sweep
 
-    docs = {"synthetic": [make_document(31)]}
+    docs = {"synthetic": [make_document(31)], "receipts": [make_document(52, layout="receipt")]}
     reader = Reader(cache_dir=tmp_path / "reader")
-    ours = evaluate(docs, [Method("resize", "resize", scorer="saliency", query_aware=False),
-                           Method("topk", "topk", scorer="saliency", query_aware=False)],
-                    273, reader=reader, cache_path=tmp_path / "cells.sqlite")
-    theirs = run_sweep(["resize", "topk"], [273], docs, scorer="saliency", reader=reader,
-                       cache_dir=None, progress=False)
-    cols = ["allocator", "qid", "pred", "anls", "total_tokens"]
-    a = ours[cols].sort_values(["allocator", "qid"]).reset_index(drop=True)
-    b = theirs[cols].sort_values(["allocator", "qid"]).reset_index(drop=True)
-    b["allocator"] = b["allocator"].astype(str)
-    pd_equal = a.equals(b) or (a.drop(columns="total_tokens").equals(b.drop(columns="total_tokens"))
-                               and np.allclose(a.total_tokens, b.total_tokens))
-    assert pd_equal, (a, b)
-    # a second call is served from the cell cache
-    again = evaluate(docs, [Method("resize", "resize", scorer="saliency", query_aware=False)],
-                     273, reader=Reader(cache_dir=None), cache_path=tmp_path / "cells.sqlite")
-    assert again[again.allocator == "resize"].pred.tolist() == \
-        ours[ours.allocator == "resize"].pred.tolist()
+    names = ["resize", "topk", "random"]
+    ours = evaluate(docs, [Method(a, a, scorer="center_bias", query_aware=query_aware)
+                           for a in names],
+                    160, reader=reader, seed=3, cache_path=tmp_path / "cells.sqlite")
+    theirs = run_sweep(names, [160], docs, scorer="center_bias", query_aware=query_aware,
+                       reader=reader, seed=3, cache_dir=None, progress=False)
+    assert list(ours.columns) == list(ROW_COLUMNS)          # no cascade method: no extras
+    assert set(ours.allocator) == {"full", *names} and len(ours) == 4 * 11
+    _every_column_equal(ours, theirs)
+    # a second call is served from the cell cache: the same rows, timings included
+    again = evaluate(docs, [Method(a, a, scorer="center_bias", query_aware=query_aware)
+                            for a in names],
+                     160, reader=Reader(cache_dir=None), seed=3,
+                     cache_path=tmp_path / "cells.sqlite")
+    pd.testing.assert_frame_equal(again, ours)
+
+
+def test_cascade_hook_rows_match_the_registered_cascade_in_the_sweep(tmp_path):
+    """A cascade method (its allocate and columns hooks) gives the rows of the registered
+    ``cascade`` allocator in the sweep, in every column but the timings and the label, plus
+    the localisation columns."""
+    from fovea_core.eval.sweep import run_sweep
+
+    docs = {"synthetic": [make_document(33)]}
+    reader = Reader(cache_dir=tmp_path / "reader")
+    ours = evaluate(docs, [Method("cascade_localiseruniform", "cascade",
+                                  dict(localiser="uniform"), scorer="none", cascade=True)],
+                    273, reader=reader, cache_path=None)
+    theirs = run_sweep([("cascade", {"localiser": "uniform"})], [273], docs, scorer="none",
+                       query_aware=True, reader=reader, cache_dir=None, progress=False)
+    assert list(ours.columns[-3:]) == list(LOCALISATION)
+    r = ours[ours.allocator != "full"]
+    assert r[list(LOCALISATION)].notna().all().all()
+    assert ours[ours.allocator == "full"][list(LOCALISATION)].isna().all().all()
+    _every_column_equal(ours.drop(columns=list(LOCALISATION)), theirs)
 
 
 def test_cascade_rows_carry_localisation(tmp_path):
@@ -136,16 +173,22 @@ def test_book_methods_are_the_cascade_chapter_rows():
     cached cells), the gist defaulting to ``DEFAULT_GIST``, the prior-only localiser
     allocating once per page."""
     from fovea_core.cascade.allocator import DEFAULT_GIST
-    from fovea_core.cascade.evaluate import (BOOK_LOCALISERS, book_methods, cascade_method,
+    from fovea_core.cascade.evaluate import (BOOK_LOCALISERS, book_methods, cascade_allocate,
+                                             cascade_columns, cascade_method,
                                              unbudgeted_method)
 
     methods = book_methods()
     assert [m.label for m in methods] == list(BOOK_LOCALISERS) + [
         "topk | query_saliency", "pyramid | query_saliency"]
     for m, (label, loc) in zip(methods, BOOK_LOCALISERS.items()):
-        assert m == cascade_method(label, loc, gist_budget=DEFAULT_GIST)
-        assert m.cascade and m.query_aware and m.params["gist_budget"] == DEFAULT_GIST
+        # written out field by field (not rebuilt with cascade_method)
+        want = Method(label, "cascade", {"localiser": loc, "gist_budget": DEFAULT_GIST},
+                      scorer="none", query_aware=True, cascade=True)
+        assert m == want and m.identity() == want.identity()
+        assert (m.allocate, m.columns) == (cascade_allocate, cascade_columns)
     assert not cascade_method("p", "learned_prior").query_aware
+    assert cascade_method("g", "learned", gist_budget=32).params["gist_budget"] == 32
     q = unbudgeted_method("topk")
-    assert (q.allocator, q.scorer, q.query_aware, q.cascade) == ("topk", "query_saliency",
-                                                                 True, False)
+    assert (q.label, q.allocator, q.params, q.scorer, q.query_aware, q.cascade,
+            q.allocate, q.columns) == ("topk | query_saliency", "topk", {},
+                                       "query_saliency", True, False, None, None)
