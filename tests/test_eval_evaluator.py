@@ -151,3 +151,24 @@ def test_the_pool_is_replaced_after_a_shutdown_and_after_a_break():
         E.shutdown_pools()
     with pytest.raises(ValueError, match="workers"):
         E.process_pool(0)
+
+
+def _level_columns(state, method, question, tokens, parts):
+    return {"finest": float(tokens.levels.min())}
+
+
+def test_chain_columns_merges_hooks_and_enters_the_key_by_their_names(reader):
+    chain = E.ChainColumns(_count_columns, _level_columns)
+    m = E.Method("t", "topk", scorer="center_bias", query_aware=False, columns=chain)
+    df = E.rows_frame(E.evaluate_document(DOC, "syn", [m], [64], reader=reader))
+    assert list(df.columns[-4:]) == ["n_tokens", "parts_shape", "pyramid_levels", "finest"]
+    assert (df[df.allocator == "t"].finest == 0).all()
+    ctx = E._context("syn", DOC, reader, 0, 16, 8, "cpu")
+    same = E.Method("t", "topk", scorer="center_bias", query_aware=False,
+                    columns=E.ChainColumns(_count_columns, _level_columns))
+    other = E.Method("t", "topk", scorer="center_bias", query_aware=False,
+                     columns=E.ChainColumns(_count_columns))
+    assert E.cell_key(ctx, same, 64) == E.cell_key(ctx, m, 64) != E.cell_key(ctx, other, 64)
+    with pytest.raises(ValueError, match="earlier hook"):
+        E.evaluate_document(DOC, "syn", [E.Method("d", "resize", columns=E.ChainColumns(
+            _level_columns, _level_columns))], [64], reader=reader)

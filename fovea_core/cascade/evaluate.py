@@ -76,7 +76,9 @@ class Method(EvalMethod):
     with ``params`` (``localiser=``, ``gist_budget=``, ...; ``allocator`` should then be
     ``"cascade"``, whose declared read cost is used): the hooks become
     :func:`cascade_allocate` and :func:`cascade_columns` (unless given), and the
-    localisation metrics are recorded.
+    localisation metrics are recorded. To add columns to a cascade's rows, pass
+    ``columns=ChainColumns(cascade_columns, more)``
+    (:class:`~fovea_core.eval.evaluator.ChainColumns`).
     """
 
     cascade: bool = False                      # also record the localisation metrics

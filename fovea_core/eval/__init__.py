@@ -12,5 +12,7 @@ Submodules (imported lazily, so ``import fovea_core.eval`` stays cheap):
 - :mod:`fovea_core.eval.funsd`      the FUNSD forms as question/answer documents
 - :mod:`fovea_core.eval.reader`     rapidocr recognition on answer crops, cached by hash
 - :mod:`fovea_core.eval.metrics`    ANLS, exact match, coverage, bootstrap CIs
+- :mod:`fovea_core.eval.evaluator`  the one per-document evaluator (rows, method hooks,
+                                    cell cache, in-process / process-pool dispatch)
 - :mod:`fovea_core.eval.sweep`      allocators x budgets x datasets -> tidy table
 """

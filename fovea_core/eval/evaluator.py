@@ -33,7 +33,8 @@ once per page.
     extra columns of one question's row (the cascade's ``fovea_share``, ``cell_auc``,
     ``fovea_level`` come this way, and so can side-compute costs); called once per
     question with the CPU copy of ``tokens`` and the ``parts`` the allocate hook returned.
-    A key it returns must not be one of :data:`ROW_COLUMNS`.
+    A key it returns must not be one of :data:`ROW_COLUMNS`. Several hooks combine with
+    :class:`ChainColumns` (e.g. the cascade's localisation columns and side-compute costs).
 
 Hooks must be module-level functions when the documents run on a process pool (they are
 pickled), and they enter the cell key by their qualified name (with the ``fovea_core``
@@ -82,8 +83,8 @@ from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["CELL_KEY_VERSION", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ColumnsHook",
-           "Method", "PageState", "alloc_read_tokens", "allocate_with_scores", "cached_score",
+__all__ = ["CELL_KEY_VERSION", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
+           "ColumnsHook", "Method", "PageState", "alloc_read_tokens", "allocate_with_scores", "cached_score",
            "cell_cache_path", "cell_key", "code_fingerprint", "default_cache_dir",
            "document_fingerprint", "evaluate_document", "evaluate_documents",
            "evict_stale_caches", "library_versions", "map_processes", "process_pool",
@@ -185,9 +186,15 @@ def document_fingerprint(doc: Document) -> str:
 
 
 def _fn_id(fn: Callable | str | None) -> str | None:
+    """How a callable enters a cache key: a function or class by its qualified name, any
+    other callable object by its type and ``repr`` (an object without a ``__repr__`` of its
+    own then misses the cache in every new process, never reuses another's row)."""
     if fn is None or isinstance(fn, str):
         return fn
-    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if hasattr(fn, "__qualname__"):
+        return f"{getattr(fn, '__module__', '')}.{fn.__qualname__}"
+    t = type(fn)
+    return f"{t.__module__}.{t.__qualname__}:{fn!r}"
 
 
 # ----------------------------------------------------------------------------- score maps
@@ -342,6 +349,38 @@ def allocate_with_scores(state: PageState, method: Method, query: str | None, bu
                      **method.params), scores
 
 
+class ChainColumns:
+    """A columns hook made of several (``ChainColumns(cascade_columns, side_columns)``):
+    their columns merged in order; two hooks returning the same column is an error. It
+    pickles when its hooks do, and enters the cell key by its hooks' names."""
+
+    def __init__(self, *hooks: ColumnsHook) -> None:
+        if not hooks or not all(callable(h) for h in hooks):
+            raise ValueError(f"ChainColumns: hooks must be callables, got {hooks!r}")
+        self.hooks = tuple(hooks)
+
+    def __call__(self, state: PageState, method: Method, question: Question,
+                 tokens: TokenSet, parts: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for hook in self.hooks:
+            more = hook(state, method, question, tokens, parts)
+            clash = sorted(set(more) & set(out))
+            if clash:
+                raise ValueError(f"ChainColumns: {_fn_id(hook)} returned {clash}, which an "
+                                 "earlier hook returned")
+            out.update(more)
+        return out
+
+    def __repr__(self) -> str:
+        return f"ChainColumns({', '.join(str(_fn_id(h)) for h in self.hooks)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChainColumns) and other.hooks == self.hooks
+
+    def __hash__(self) -> int:
+        return hash(self.hooks)
+
+
 @dataclass(frozen=True)
 class Method:
     """One row label of the evaluation: an allocator (registry name or callable), its
@@ -392,16 +431,20 @@ def cell_cache_path(cache_dir: str | Path | None = None) -> Path:
 def evict_stale_caches(cache_dir: str | Path | None = None) -> list[Path]:
     """Delete the cell caches of other source fingerprints in ``cache_dir`` (default
     :func:`default_cache_dir`): ``rows-*.sqlite`` but the current one, the unversioned
-    ``rows.sqlite`` and the cascade's ``cells-*.sqlite`` of older code, with their SQLite
+    ``rows.sqlite`` and the cascade's ``cells-*.sqlite`` of older code (with the default
+    folder, also those in ``data/cache/cascade``, where they were), with their SQLite
     ``-wal`` / ``-shm`` files. Their keys hold another fingerprint, so no row in them could
     be read again. Not called automatically (a kernel still running older code may be
     writing one); returns the deleted paths."""
     d = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    keep = cell_cache_path(d).name
+    keep = cell_cache_path(d)
+    old = [(d, p) for p in ("rows-*.sqlite", "rows.sqlite", "cells-*.sqlite")]
+    if cache_dir is None:                       # where the cascade's cells used to go
+        old.append((project_root() / "data" / "cache" / "cascade", "cells-*.sqlite"))
     gone = []
-    for pattern in ("rows-*.sqlite", "rows.sqlite", "cells-*.sqlite"):
-        for f in sorted(d.glob(pattern)):
-            if f.name == keep:
+    for folder, pattern in old:
+        for f in sorted(folder.glob(pattern)):
+            if f == keep:
                 continue
             for g in (f, f.with_name(f.name + "-wal"), f.with_name(f.name + "-shm")):
                 if g.exists():
