@@ -19,11 +19,10 @@ The modules are layers; each imports only the ones before it (``tests/test_layer
    ``__init__`` imports none of them).
 """
 
-from fovea_core.cascade.core import (STAGE_FOVEA, STAGE_GIST, STAGE_SACCADE, Gist, foveate,
-                                     gist, gist_to_grid)
+from fovea_core.cascade.core import STAGE_FOVEA, STAGE_GIST, Gist, foveate, gist, gist_to_grid
 from fovea_core.cascade.allocator import cascade, cascade_parts, choose_level  # registers
 from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_localiser
 
-__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "foveate",
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "foveate",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
            "OracleLocaliser", "get_localiser"]

@@ -1,4 +1,4 @@
-"""The budgeted cascade: gist -> localise -> foveate (-> second saccade), all inside N tokens.
+"""The budgeted cascade: gist -> localise -> foveate, all inside N tokens.
 
 A VLM that must find the answer with the same N tokens it reads with cannot first OCR the
 page at half resolution (the query scorer of :mod:`fovea_core.importance.query` does, outside
@@ -14,15 +14,16 @@ alone:
 (b) *localise* -- a :data:`Localiser` maps the gist (and the question) to a score map on the
     level-0 patch grid ``[B, Gh, Gw]`` (:mod:`fovea_core.cascade.localisers`).
 (c) :func:`foveate` -- the remaining tokens on the level-``l`` grid (``l`` continuous, the
-    scale that makes text legible, :func:`fovea_level`), the cells that hold the most score
-    mass, each cell's priority raised by the mass of its neighbours (context).
-(d) optionally a second saccade (:mod:`fovea_core.cascade.saccade`) that looks again
-    where what (c) read matches the question.
+    scale that makes text legible, chosen from the localiser's text-size map by
+    :func:`~fovea_core.cascade.allocator.choose_level`), the cells that hold the most
+    score mass, each cell's priority raised by the mass of its neighbours (context); a
+    surround one octave coarser is a second :func:`foveate` call with the same label.
 
-:func:`cascade` chains them; the token counts add up to exactly ``N`` and
-``TokenSet.stage`` says where every token came from (:data:`STAGE_GIST` = 0,
-:data:`STAGE_FOVEA` = 1, :data:`STAGE_SACCADE` = 2). It is registered as the allocator
-``"cascade"`` (:mod:`fovea_core.cascade.allocator`).
+:func:`~fovea_core.cascade.allocator.cascade` chains them; the token counts add up to
+exactly ``N`` and ``TokenSet.stage`` says where every token came from
+(:data:`STAGE_GIST` = 0, :data:`STAGE_FOVEA` = 1). It is registered as the allocator
+``"cascade"`` (:mod:`fovea_core.cascade.allocator`). There is no second look yet: the
+seeds' "look again" step is not built.
 
 The idea is the seeds' "saccade" Homunculus (look coarsely, decide, look again) and the
 classic coarse-to-fine search of active vision [Ballard 1991, Animate vision]; the
@@ -47,11 +48,11 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.sample import sample
 from fovea_core.tokens import TokenSet
 
-__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SACCADE", "Gist", "gist", "page_key",
-           "overlap_matrix", "gist_to_grid", "grid_mass", "fovea_grid", "fovea_level",
-           "foveate", "combine", "Localiser"]
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "page_key", "overlap_matrix",
+           "gist_to_grid", "grid_mass", "fovea_grid", "foveate", "combine", "Localiser"]
 
-STAGE_GIST, STAGE_FOVEA, STAGE_SACCADE = 0, 1, 2
+#: ``TokenSet.stage`` labels: the gist's tokens, the fovea's (core and surround)
+STAGE_GIST, STAGE_FOVEA = 0, 1
 
 
 def page_key(pyramid: Pyramid) -> list[str]:
@@ -238,25 +239,6 @@ def fovea_grid(image_size: tuple[int, int], level: float, patch: int = 16
     return math.ceil(h / side - 1e-9), math.ceil(w / side - 1e-9), side
 
 
-def fovea_level(gist_obj: Gist, *, text_px: float = 14.0, legible_px: float = 14.0,
-                ref_width: float = 1024.0, max_level: float | None = None) -> float:
-    """The continuous level at which the fovea reads text legibly, from the page geometry.
-
-    Documents are laid out for a physical width, so the size of their text in pixels grows
-    with the scan's resolution: a page ``W`` pixels wide carries text of about
-    ``text_px * W / ref_width`` pixels (the synthetic pages: 1024 px wide, body text 11-14
-    px). Text stays legible to the reader while its height is at least ``legible_px`` at
-    the level read, so the fovea reads at ``level = log2(text_px W / (ref_width
-    legible_px))``, clipped to ``[0, max_level]`` (default: one octave below the gist).
-    The page width is the one thing the gist knows for sure; the constants are chosen on
-    synthetic pages (the cascade chapter), never on the receipts.
-    """
-    w = gist_obj.image_size[1]
-    top = gist_obj.level - 1.0 if max_level is None else float(max_level)
-    lv = math.log2(max(text_px * w / (ref_width * legible_px), 1e-9))
-    return float(min(max(lv, 0.0), max(top, 0.0)))
-
-
 def _context(mass: torch.Tensor, context: tuple[int, int], weight: float) -> torch.Tensor:
     """``max(m, weight * maxpool(m))`` over a ``(2 cy + 1) x (2 cx + 1)`` window: cells next
     to probable cells rank before far-away cells of the same (low) mass."""
@@ -279,7 +261,8 @@ def foveate(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int], l
             probability or any mass; only its order after pooling matters).
         budget: tokens to place (``<=`` cells of the level grid).
         image_size: ``(H, W)``.
-        level: continuous level of every fovea token (:func:`fovea_level`).
+        level: continuous level of every fovea token
+            (:func:`~fovea_core.cascade.allocator.choose_level`).
         context: ``(rows, cols)`` half-window of neighbours whose mass lends priority
             (text runs along rows, so the window is wider than tall).
         context_weight: share of a neighbour's mass a cell may borrow (0: none).

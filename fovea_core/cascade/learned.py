@@ -27,7 +27,7 @@ answer on the page (a question-agnostic prior of where answers sit). A second ou
 map of the text height (log2, in gist pixels, so the prediction scales with the page's
 resolution), is trained on the answers' font sizes (squared error of its mean over the
 answer); averaged under the predicted location it tells the fovea which scale makes the
-answer legible (:func:`~fovea_core.cascade.core.fovea_level`).
+answer legible (:func:`~fovea_core.cascade.allocator.choose_level`).
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def merge_repeated(questions: tuple[Question, ...] | list[Question]
 @dataclass(frozen=True)
 class RealPage:
     """A page of a real training folder: where it is and its (merged) questions. The image
-    is read again on use (:meth:`document`), so that a run holds only the gists."""
+    is read again on use (:meth:`RealPage.document`), so that a run holds only the gists."""
 
     source: str                           # dataset name, e.g. "funsd-train"
     layout: str                           # REAL_SOURCES[source]
