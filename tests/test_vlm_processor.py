@@ -24,8 +24,9 @@ QUESTION = "What is the total?"
 KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw")
 
 
-def _page(hm: int, wm: int, f: int, seed: int = 0, extra: tuple[int, int] = (0, 0)) -> np.ndarray:
-    """A random 8-bit RGB page of (hm * f + extra[0]) x (wm * f + extra[1]) pixels, with structure."""
+def _page(hm: int, wm: int, f: int, seed: int = 0,
+          extra: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """A random 8-bit RGB page of (hm * f + extra[0]) x (wm * f + extra[1]) pixels."""
     rng = np.random.default_rng(seed)
     h, w = hm * f + extra[0], wm * f + extra[1]
     page = np.full((h, w, 3), 235, np.uint8)
@@ -163,11 +164,12 @@ def test_bad_input_raises_clear_errors(family_setup, tmp_path):
 def test_unsupported_processors_and_models_are_named():
     from transformers import LlamaConfig
 
-    fp_family = FAMILIES[0]
-    tok = FoveatedProcessor.from_model(build_qwen(f"{fp_family}-tiny")).processor.tokenizer
+    for family in FAMILIES:                    # each processor is told apart (2 and 2.5 look alike)
+        assert processor_family(stock_processor(build_qwen(f"{family}-tiny"))) == family
+    tok = FoveatedProcessor.from_model(build_qwen(f"{FAMILIES[0]}-tiny")).processor.tokenizer
     for bad in (tok, object()):
-        with pytest.raises(ValueError, match="Qwen2VLProcessor.*Qwen2_5_VLProcessor.*Qwen3VLProcessor"):
+        with pytest.raises(ValueError,
+                           match="Qwen2VLProcessor.*Qwen2_5_VLProcessor.*Qwen3VLProcessor"):
             FoveatedProcessor(bad)
     with pytest.raises(ValueError, match="config_or_model.*supported: Qwen2VLProcessor"):
         FoveatedProcessor.from_model(LlamaConfig())
-    assert processor_family(stock_processor(build_qwen(f"{fp_family}-tiny"))) == fp_family

@@ -53,7 +53,7 @@ SUPPORTED_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_V
 
 
 def _processor_classes() -> dict[str, type]:
-    """Installed processor classes by family (a family the installed transformers lacks is left out)."""
+    """Installed processor classes by family (one the installed transformers lacks is left out)."""
     import transformers
 
     out = {}
@@ -78,13 +78,12 @@ def processor_family(processor: Any) -> str:
         ValueError: ``processor`` is not one of :data:`SUPPORTED_PROCESSORS` (the message
             lists them).
     """
-    # most specific first: Qwen2.5-VL's and Qwen3-VL's processors are not subclasses of each
-    # other, but check in a fixed order in case a later transformers makes them so
+    # the most derived class first, should a later transformers derive one family's from another's
     for fam, cls in sorted(_processor_classes().items(), key=lambda kv: -len(kv[1].__mro__)):
         if isinstance(processor, cls):
             return fam
-    raise ValueError(f"processor: a {type(processor).__name__} is not supported; FoveatedProcessor "
-                     f"wraps one of {_supported_text()}")
+    raise ValueError(f"processor: a {type(processor).__name__} is not supported; "
+                     f"FoveatedProcessor wraps one of {_supported_text()}")
 
 
 def offline_tokenizer(config: Any):
@@ -108,12 +107,13 @@ def offline_tokenizer(config: Any):
     vocab = {"<unk>": 0, **{chr(c): c - 29 for c in range(32, 127)}}
     clash = sorted(set(vocab.values()) & set(specials.values()))
     if clash or max(specials.values()) >= cfg.text_config.vocab_size:
-        raise ValueError(f"config: its special-token ids {specials} clash with the character ids "
-                         f"0..97 or exceed vocab_size {cfg.text_config.vocab_size}")
+        raise ValueError(f"config: its special-token ids {specials} clash with the character "
+                         f"ids 0..97 or exceed vocab_size {cfg.text_config.vocab_size}")
     vocab.update(specials)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                   eos_token="<|endoftext|>")
     fast.add_special_tokens({"additional_special_tokens": list(specials)})
     return fast
 
@@ -135,11 +135,12 @@ def stock_processor(config_or_model: Any, tokenizer: Any = None):
         raise ValueError(f"config_or_model: {err}; supported: {_supported_text()}") from None
     classes = _processor_classes()
     if family not in classes:
-        raise ValueError(f"config_or_model: this transformers has no {SUPPORTED_PROCESSORS[family]}")
+        raise ValueError(f"config_or_model: this transformers has no "
+                         f"{SUPPORTED_PROCESSORS[family]}")
     mean, std = PIXEL_NORM[family]
-    image_processor = Qwen2VLImageProcessorPil(patch_size=QWEN_PATCH[family], merge_size=QWEN_MERGE,
-                                               temporal_patch_size=2, image_mean=list(mean),
-                                               image_std=list(std))
+    image_processor = Qwen2VLImageProcessorPil(patch_size=QWEN_PATCH[family],
+                                               merge_size=QWEN_MERGE, temporal_patch_size=2,
+                                               image_mean=list(mean), image_std=list(std))
     tok = tokenizer if tokenizer is not None else offline_tokenizer(config_or_model)
     return _images_only(classes[family])(image_processor=image_processor, tokenizer=tok,
                                          video_processor=None)
@@ -183,15 +184,16 @@ class FoveatedProcessor:
                 "temporal_patch_size": 2}
         got = {k: getattr(ip, k, None) for k in want}
         if got != want:
-            raise ValueError(f"processor: its image processor has {got}; FoveatedProcessor needs the "
-                             f"{self.family} sizes {want}")
+            raise ValueError(f"processor: its image processor has {got}; FoveatedProcessor needs "
+                             f"the {self.family} sizes {want}")
         mean, std = PIXEL_NORM[self.family]
         if not (torch.allclose(torch.tensor(list(ip.image_mean), dtype=torch.float64),
                                torch.tensor(mean, dtype=torch.float64))
                 and torch.allclose(torch.tensor(list(ip.image_std), dtype=torch.float64),
                                    torch.tensor(std, dtype=torch.float64))):
-            raise ValueError(f"processor: image_mean / image_std {ip.image_mean} / {ip.image_std} "
-                             f"differ from the {self.family} normalisation {mean} / {std}")
+            raise ValueError(f"processor: image_mean / image_std {ip.image_mean} / "
+                             f"{ip.image_std} differ from the {self.family} normalisation "
+                             f"{mean} / {std}")
         self.image_token = processor.image_token
         self.image_token_id = int(processor.image_token_id)
         self.vision_start = getattr(processor, "vision_start_token", "<|vision_start|>")
@@ -212,7 +214,8 @@ class FoveatedProcessor:
     def resized_page(self, images: Any) -> torch.Tensor:
         """The page as the stock processor resizes it: ``[1, 3, Hr, Wr]`` float32 in [0, 1].
 
-        ``images``: a path, PIL image, numpy array or tensor (:func:`fovea_core.foveate.load_image`).
+        ``images``: a path, PIL image, numpy array or tensor
+        (:func:`fovea_core.foveate.load_image`).
         ``(Hr, Wr)`` follows ``smart_resize`` with the image processor's min / max pixels
         (:func:`~fovea_core.vlm.positions.merged_grid_shape`); a page already of that size
         is kept bit for bit, another is resized by the image processor's own ``resize`` on
@@ -237,7 +240,8 @@ class FoveatedProcessor:
 
     def _prompt(self, text: str) -> tuple[str, bool]:
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str (one prompt for one page), got {type(text).__name__}")
+            raise TypeError("text must be a str (one prompt for one page), got "
+                            f"{type(text).__name__}")
         k = text.count(self.image_token)
         if k > 1:
             raise ValueError(f"text holds {k} image placeholders {self.image_token!r}; "
@@ -247,8 +251,8 @@ class FoveatedProcessor:
         return text, True
 
     # ------------------------------------------------------------------------- call
-    def __call__(self, images: Any, text: str, *, budget: int | None = 273, method: str = "cascade",
-                 question: str | None = None, **method_options: Any):
+    def __call__(self, images: Any, text: str, *, budget: int | None = 273,
+                 method: str = "cascade", question: str | None = None, **method_options: Any):
         """Inputs of ``model.generate`` / ``model`` for one foveated page.
 
         Args:
@@ -284,8 +288,8 @@ class FoveatedProcessor:
         from fovea_core.foveate import foveate
 
         if "patch" in method_options:
-            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for {self.family}); "
-                             "leave it out")
+            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
+                             f"{self.family}); leave it out")
         prompt, templated = self._prompt(text)
         if question is None and not templated and text.strip():
             question = text
@@ -299,7 +303,8 @@ class FoveatedProcessor:
             msg = str(err)
             if msg.startswith("budget"):
                 raise ValueError(f"{msg} (the processor resizes this page to {hr}x{wr} px: "
-                                 f"{hm}x{wm} = {hm * wm} merged tokens of {self.cell_px} px)") from None
+                                 f"{hm}x{wm} = {hm * wm} merged tokens of {self.cell_px} px)"
+                                 ) from None
             raise
         tokens = fov.tokens
         n = tokens.budget
@@ -323,7 +328,7 @@ class FoveatedProcessor:
             patches = patches.expand(-1, 3, -1, -1)
         f = self.cell_px
         strip = patches.permute(1, 2, 0, 3).reshape(1, 3, f, n * f)        # tokens side by side
-        pv, _ = pixel_values(strip, self.family, grid_hw=(1, n))          # [4N, 3*2*p*p]
+        pv, _ = pixel_values(strip, self.family, grid_hw=(1, n))           # [4N, 3*2*p*p]
         full = (n == hm * wm and bool((tokens.levels == 0).all())
                 and bool((tokens.footprint() == f).all())
                 and torch.equal(pos.cells[0, :, 0] * wm + pos.cells[0, :, 1],
