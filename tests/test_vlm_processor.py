@@ -127,12 +127,16 @@ def test_budget_273_holds_273_visual_tokens_at_their_cells_and_generates(family_
 
 def test_templated_prompt_and_question_keyword(family_setup):
     family, model, fp = family_setup
+    warnings.simplefilter("ignore", FoveateWarning)          # 'resize' does not read questions
     f = merged_cell_px(family)
     prompt = "Q: <|vision_start|><|image_pad|><|vision_end|> A:"
-    inputs = fp(_page(4, 4, f), prompt, budget=5, method="resize", question=None)
+    inputs = fp(_page(4, 4, f), prompt, budget=5, method="resize")
     ids = inputs["input_ids"][0]
     assert int((ids == fp.image_token_id).sum()) == 5 and ids[0] != fp.image_token_id
-    assert inputs.foveation.question is None
+    assert inputs.foveation.question is None                 # a templated prompt is no question
+    assert fp(_page(4, 4, f), QUESTION, budget=5, method="resize").foveation.question == QUESTION
+    plain = fp(_page(4, 4, f), QUESTION, budget=5, method="resize", question=None)
+    assert plain.foveation.question is None
     assert model.generate(**inputs, max_new_tokens=1).shape[1] == ids.shape[0] + 1
     model.model.rope_deltas = None
 

@@ -8,10 +8,10 @@ inputs of ``model.generate`` for a foveated page) imports it when called.
 from fovea_core.vlm.positions import (MRopePositions, footprint_weights, full_grid_tokens,
                                       merged_cell_px, merged_cells, merged_grid_shape,
                                       mrope_positions, rope2d_angles, token_scale)
-from fovea_core.vlm.processor import (SUPPORTED_PROCESSORS, FoveatedProcessor, offline_tokenizer,
-                                      processor_family, stock_processor)
+from fovea_core.vlm.processor import (FROM_TEXT, SUPPORTED_PROCESSORS, FoveatedProcessor,
+                                      offline_tokenizer, processor_family, stock_processor)
 
-__all__ = ["FoveatedProcessor", "SUPPORTED_PROCESSORS", "offline_tokenizer", "processor_family",
+__all__ = ["FROM_TEXT", "FoveatedProcessor", "SUPPORTED_PROCESSORS", "offline_tokenizer", "processor_family",
            "stock_processor", "MRopePositions", "footprint_weights", "full_grid_tokens",
            "merged_cell_px", "merged_cells", "merged_grid_shape", "mrope_positions",
            "rope2d_angles", "token_scale"]

@@ -44,12 +44,24 @@ from fovea_core.vlm.positions import (QWEN_MERGE, QWEN_PATCH, merged_cell_px, me
                                       mrope_positions)
 from fovea_core.vlm.qwen import PIXEL_NORM, family_of, pixel_values
 
-__all__ = ["FoveatedProcessor", "SUPPORTED_PROCESSORS", "offline_tokenizer", "processor_family",
-           "stock_processor"]
+__all__ = ["FROM_TEXT", "FoveatedProcessor", "SUPPORTED_PROCESSORS", "offline_tokenizer",
+           "processor_family", "stock_processor"]
 
 #: family -> the ``transformers`` processor class it wraps
 SUPPORTED_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
                         "qwen3-vl": "Qwen3VLProcessor"}
+
+
+class _FromText:
+    """Type of :data:`FROM_TEXT`."""
+
+    def __repr__(self) -> str:
+        return "FROM_TEXT"
+
+
+#: default of ``FoveatedProcessor.__call__(question=)``: the prompt is the question when it
+#: holds no image placeholder, else there is none
+FROM_TEXT = _FromText()
 
 
 def _processor_classes() -> dict[str, type]:
@@ -252,7 +264,8 @@ class FoveatedProcessor:
 
     # ------------------------------------------------------------------------- call
     def __call__(self, images: Any, text: str, *, budget: int | None = 273,
-                 method: str = "cascade", question: str | None = None, **method_options: Any):
+                 method: str = "cascade", question: str | None | _FromText = FROM_TEXT,
+                 **method_options: Any):
         """Inputs of ``model.generate`` / ``model`` for one foveated page.
 
         Args:
@@ -265,8 +278,8 @@ class FoveatedProcessor:
             budget: N, merged tokens the model receives, in ``[1, Hm * Wm]`` of the resized
                 page; ``None``: every merged cell.
             method: a :func:`fovea_core.foveate.method_names` method (default the cascade).
-            question: what the method reads as the question; default ``text`` when ``text``
-                has no placeholder, else ``None``.
+            question: what the method reads as the question (a str), or ``None`` for none;
+                default (:data:`FROM_TEXT`): ``text`` when it has no placeholder, else none.
             **method_options: passed to :func:`fovea_core.foveate` (``scorer=``,
                 ``fixation=``, the allocator's keywords); not ``patch`` (the merged cell).
 
@@ -291,8 +304,8 @@ class FoveatedProcessor:
             raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
                              f"{self.family}); leave it out")
         prompt, templated = self._prompt(text)
-        if question is None and not templated and text.strip():
-            question = text
+        if isinstance(question, _FromText):
+            question = text if not templated and text.strip() else None
         page = self.resized_page(images)
         hr, wr = page.shape[-2:]
         hm, wm = hr // self.cell_px, wr // self.cell_px
