@@ -83,6 +83,23 @@ def test_full_budget_equals_the_stock_processor_and_model(family_setup, extra):
         assert torch.equal(again[k], ref[k]), k
 
 
+def test_another_image_processor_resizes_with_pil_to_the_same_grid(family_setup):
+    """A non-PIL image processor (e.g. transformers' torchvision one, not installable here) is
+    resized with PIL and its filter: same grid, pixels close to the PIL processor's."""
+    import types
+
+    family, model, fp = family_setup
+    page = _page(6, 5, merged_cell_px(family), extra=(9, -11))
+    ip = fp.processor.image_processor
+    other = FoveatedProcessor(fp.processor)
+    other.processor = types.SimpleNamespace(
+        image_processor=types.SimpleNamespace(size=ip.size, do_resize=True, resample=ip.resample),
+        tokenizer=fp.processor.tokenizer)
+    ours, ref = other.resized_page(page), fp.resized_page(page)
+    assert ours.shape == ref.shape == (1, 3, 6 * merged_cell_px(family), 5 * merged_cell_px(family))
+    assert (ours - ref).abs().max() <= 1 / 255 + 1e-6
+
+
 # ----------------------------------------------------------------------------- N = 273
 def test_budget_273_holds_273_visual_tokens_at_their_cells_and_generates(family_setup):
     family, model, fp = family_setup

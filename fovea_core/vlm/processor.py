@@ -230,8 +230,9 @@ class FoveatedProcessor:
         (:func:`fovea_core.foveate.load_image`).
         ``(Hr, Wr)`` follows ``smart_resize`` with the image processor's min / max pixels
         (:func:`~fovea_core.vlm.positions.merged_grid_shape`); a page already of that size
-        is kept bit for bit, another is resized by the image processor's own ``resize`` on
-        the page's 8-bit RGB pixels, as the stock call does.
+        is kept bit for bit, another is resized on the page's 8-bit RGB pixels by the PIL
+        image processor's own ``resize`` (bit-equal with the stock call), or, for another image
+        processor (e.g. the torchvision one), by PIL with its ``resample`` filter.
         """
         import numpy as np
 
@@ -247,7 +248,17 @@ class FoveatedProcessor:
         if (hm * self.cell_px, wm * self.cell_px) == (h, w) or not ip.do_resize:
             return x.contiguous().float()
         u8 = (x[0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()        # [3, H, W]
-        out = ip.resize(u8, size=ip.size, resample=ip.resample, factor=self.cell_px)
+        from transformers import Qwen2VLImageProcessorPil
+
+        if isinstance(ip, Qwen2VLImageProcessorPil):
+            out = ip.resize(u8, size=ip.size, resample=ip.resample, factor=self.cell_px)
+        else:          # e.g. the torchvision processor: PIL with its filter (close, not bit-equal)
+            from PIL import Image
+
+            filt = Image.Resampling(int(ip.resample)) if getattr(ip, "resample", None) is not None \
+                else Image.Resampling.BICUBIC
+            out = np.asarray(Image.fromarray(u8.transpose(1, 2, 0)).resize(
+                (wm * self.cell_px, hm * self.cell_px), resample=filt)).transpose(2, 0, 1)
         return torch.from_numpy(np.ascontiguousarray(out)).float()[None] / 255
 
     def _prompt(self, text: str) -> tuple[str, bool]:
