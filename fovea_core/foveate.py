@@ -70,11 +70,14 @@ class Cost:
         total_tokens: ``tokens + scorer_tokens + alloc_read_tokens``.
         side_pixels: pixels read outside the N tokens (0 for a budgeted method).
         side_ms: CPU milliseconds of that outside look (the scorer's call; 0 if none).
-        side_flops: FLOPs of the outside look where the method declares them (``None``: the
-            library declares FLOPs for no scorer yet).
+        side_flops: FLOPs of the outside look where the method declares them (the cascade's
+            text detector, :func:`~fovea_core.cascade.side.detector_flops`; ``None``: not
+            declared, as for the scorers).
         reads_text: the outside look recognises text (an OCR): unbudgeted whatever its size.
         label: ``"budgeted"`` (nothing read outside N), ``"side compute"`` (a look outside N
-            that costs at most N tokens and recognises no text) or ``"unbudgeted"``.
+            that recognises no text: costs at most N tokens' worth of pixels, or a method
+            registered as side compute, costed in FLOPs and milliseconds beside N) or
+            ``"unbudgeted"``.
     """
 
     tokens: int
@@ -330,27 +333,36 @@ def uses_question(method: str, **options: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- cost
-def _cost(method: str, scorer: str, pyramid, budget: int, side_ms: float) -> Cost:
-    """The cost record, with the sweep's rules: the scorer's reads count only for a method
-    that ranks the map (``_uses_scores``), what is read outside N over N is unbudgeted."""
-    from fovea_core.eval.sweep import _uses_scores, alloc_read_tokens, scorer_tokens
+def _cost(method: str, scorer: str, pyramid, budget: int, side_ms: float,
+          side_cost=None) -> Cost:
+    """The cost record, with the evaluator's rules: the scorer's reads count only for a
+    method that ranks the map (``uses_scores``); what is read outside N is side compute for
+    a method registered so (``side_compute``), else unbudgeted when it exceeds N. ``side``:
+    the cascade side channel's :class:`~fovea_core.cascade.side.SideCost` (its FLOPs and
+    milliseconds), if any."""
+    from fovea_core.eval.evaluator import (alloc_read_tokens, scorer_tokens, side_compute,
+                                           uses_scores)
     from fovea_core.allocators.registry import allocator_reads
     from fovea_core.importance import READS
 
     h, w = pyramid.image_size
-    used = _uses_scores(method)
+    used = uses_scores(method)
     s_tok = scorer_tokens(scorer, (h, w)) if used else 0.0
     a_tok = alloc_read_tokens(method, pyramid)
     extra = s_tok + a_tok
     side_px = (int(READS[scorer](h, w)) if used else 0) + int(allocator_reads(method, pyramid))
     reads_text = used and scorer in _query_scorers()
-    unbudgeted = bool(extra > budget) if math.isfinite(extra) else True   # sweep's rule
-    label = ("unbudgeted" if unbudgeted or reads_text else
+    side = side_compute(method)
+    unbudgeted = (not side and (bool(extra > budget) if math.isfinite(extra) else True))
+    label = ("unbudgeted" if unbudgeted or reads_text else       # the evaluator's rule
              "side compute" if extra > 0 else "budgeted")
     return Cost(tokens=int(budget), scorer=scorer, scorer_tokens=float(s_tok),
                 alloc_read_tokens=float(a_tok), total_tokens=float(budget + extra),
-                side_pixels=side_px, side_ms=float(side_ms if used and s_tok > 0 else 0.0),
-                side_flops=None, reads_text=bool(reads_text), label=label)
+                side_pixels=side_px,
+                side_ms=float(side_cost.cpu_ms if side_cost is not None else
+                              side_ms if used and s_tok > 0 else 0.0),
+                side_flops=None if side_cost is None else float(side_cost.flops),
+                reads_text=bool(reads_text), label=label)
 
 
 # ----------------------------------------------------------------------------- foveate
@@ -466,7 +478,13 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
                          "foveate needs exactly N")
     patches = sample(pyr, tokens)
     view = render(tokens, patches, background=pyr)[0].clamp(0, 1)
-    cost = _cost(method, scorer, pyr, budget, side_ms)
+    side = None
+    if INFO[method].get("side_compute") and INFO[method]["family"] == "cascade":
+        from fovea_core.cascade.core import page_key      # the run the cascade just made
+        from fovea_core.cascade.side import detect_text
+
+        side = detect_text(pyr, patch=patch, key=page_key(pyr)).cost
+    cost = _cost(method, scorer, pyr, budget, side_ms, side)
     return Foveation(tokens=tokens, patches=patches, view=view, cost=cost, method=method,
                      options=dict(opts, patch=patch, **({"scorer": scorer}
                                                         if scorer != "none" else {})),

@@ -74,6 +74,7 @@ def test_read_answer_reads_what_the_reader_reads_on_the_full_render():
 
 
 #: the cascade's localisation columns, added by its columns hook (not in the sweep's rows)
+SIDE_COSTS = ("side_flops", "side_ms", "side_px")
 LOCALISATION = ("fovea_share", "cell_auc", "fovea_level")
 
 
@@ -127,11 +128,13 @@ def test_cascade_hook_rows_match_the_registered_cascade_in_the_sweep(tmp_path):
                     273, reader=reader, cache_path=None)
     theirs = run_sweep([("cascade", {"localiser": "uniform"})], [273], docs, scorer="none",
                        query_aware=True, reader=reader, cache_dir=None, progress=False)
-    assert list(ours.columns[-3:]) == list(LOCALISATION)
+    extra = list(LOCALISATION) + list(SIDE_COSTS)
+    assert list(ours.columns[-len(extra):]) == extra
     r = ours[ours.allocator != "full"]
     assert r[list(LOCALISATION)].notna().all().all()
-    assert ours[ours.allocator == "full"][list(LOCALISATION)].isna().all().all()
-    _every_column_equal(ours.drop(columns=list(LOCALISATION)), theirs)
+    assert (r[list(SIDE_COSTS)] == 0).all().all()          # a budgeted cascade: no side cost
+    assert ours[ours.allocator == "full"][extra].isna().all().all()
+    _every_column_equal(ours.drop(columns=extra), theirs)
 
 
 def test_cascade_rows_carry_localisation(tmp_path):

@@ -425,7 +425,7 @@ def _nonblank_reads(pyramid: Pyramid) -> int:
 
 
 @register("resize_nonblank", family="grid", version="peer", coverage="all", content=True,
-          reads=_nonblank_reads, uses_scores=False)
+          reads=_nonblank_reads, uses_scores=False, side_compute=True)
 def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
                     threshold: float = NONBLANK_THRESHOLD, fixation=None, query=None,
                     seed: int = 0, patch: int = 16) -> TokenSet:

@@ -27,7 +27,7 @@ def _signature_defaults(fn: Callable) -> dict:
 def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
              coverage: str | None = None, content: bool = False, learned: bool = False,
              reads: Callable | None = None, uses_scores: bool = True,
-             **defaults) -> Callable[[Callable], Callable]:
+             side_compute: bool = False, **defaults) -> Callable[[Callable], Callable]:
     """Decorator adding ``fn`` (optionally with fixed keyword ``defaults``) as ``name``.
 
     Metadata: ``family`` (module), ``version`` (Homunculus variant, e.g. ``"v1"``),
@@ -37,7 +37,10 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     ``reads`` (for a ``content`` method: ``reads(pyramid) -> pixels`` it looks at, its cost
     outside the token budget; see :func:`allocator_reads`), ``uses_scores`` (``False``: the
     tokens' centres and levels do not depend on the score map, so a sweep does not charge
-    the scorer's reads to this method; ``tests/test_allocators.py`` holds it to that).
+    the scorer's reads to this method; ``tests/test_allocators.py`` holds it to that),
+    ``side_compute`` (what ``reads`` declares is *side compute* in ``shared/PROTOCOL.md``'s
+    labels: a look outside N that says where text or ink is and never what it says, costed
+    in FLOPs, milliseconds and pixels beside N, not as unbudgeted reading).
 
     A keyword bound here with a value that differs from ``fn``'s own default makes ``name``
     a *variant* (e.g. ``"stratified_8x8"`` = ``stratified`` with ``strata=8``): that value
@@ -46,6 +49,8 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     running another method under the variant's name. A keyword bound to ``fn``'s own
     default is documentation only (``INFO[name]["params"]``) and may be overridden.
     """
+    if side_compute and reads is None:
+        raise ValueError(f"allocator {name!r} declares side compute: declare reads= (its pixels)")
     if content and reads is None:
         raise ValueError(f"allocator {name!r} reads pixels (content=True): declare reads=")
     def deco(fn: Callable) -> Callable:
@@ -69,7 +74,7 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
             ALLOCATORS[name] = fn
         INFO[name] = dict(family=family, version=version, kind=kind, coverage=coverage,
                           content=content, learned=learned, params=defaults, fixed=fixed,
-                          reads=reads, uses_scores=uses_scores)
+                          reads=reads, uses_scores=uses_scores, side_compute=side_compute)
         return fn
     return deco
 

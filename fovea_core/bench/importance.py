@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
     try:
-        from fovea_core.importance.fixation import _text_session
+        from fovea_core.importance.fixation import text_session
 
-        _text_session.cache_clear()                 # a session with one intra-op thread
+        text_session.cache_clear()                 # a session with one intra-op thread
         photo = cv2.resize(page, (800, 600), interpolation=cv2.INTER_AREA)
         result["fixation_800x600_one_core"] = time_it(lambda: score("fixation", photo),
                                                       repeats=args.repeats, warmup=1)

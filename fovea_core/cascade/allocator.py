@@ -7,6 +7,8 @@ Registered names (all take the keyword parameters of :func:`cascade`):
 ``cascade``               the learned localiser (default gist of 64 tokens)
 ``cascade_gist_query``    today's query scorer on the gist image
 ``cascade_prior``         the learned localiser without the question (query-agnostic)
+``cascade_text``          the learned localiser with the text detector as side compute
+                          (:mod:`fovea_core.cascade.side`: where text is and how tall)
 ========================  ===================================================================
 
 The allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -28,6 +31,7 @@ from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
                                      gist_to_grid, page_key)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.raster import coverage_raster
+from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
@@ -51,6 +55,15 @@ def gist_budget_for(budget: int) -> int:
 #: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
 SURROUND = 0.5
+#: side channels the cascade accepts (:mod:`fovea_core.cascade.side`); ``None``: none
+SIDES = ("text",)
+#: with ``side="text"``, the localiser map is tempered to this power and multiplied by
+#: ``SIDE_FLOOR + text mask``. Chosen on the held-out fifth of the training pages (forms and
+#: receipts the localiser was not fitted on): the mask alone moves the fovea onto text; the
+#: tempering spreads it over more of the text the localiser ranks high (a hedge where it
+#: is unsure, as on forms)
+SIDE_TEMPER = 0.5
+SIDE_FLOOR = 0.02
 
 
 _SIZE_CACHE: OrderedDict = OrderedDict()
@@ -76,14 +89,19 @@ def text_size_map(g: Gist) -> torch.Tensor:
 
 
 def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
-                 min_level: float = 0.0, max_level: float | None = None) -> torch.Tensor:
+                 min_level: float = 0.0, max_level: float | None = None,
+                 size_map: torch.Tensor | None = None) -> torch.Tensor:
     """``[B]`` fovea level: the text height expected where the localiser looks (the size
     map averaged under ``loc``, in log2 base pixels) read at ``legible_px``:
     ``level = log2(text_px / legible_px)``, clipped to ``[min_level, max_level]`` (default
     two octaves below the gist, so that the surround, one octave coarser, stays finer than
-    the gist)."""
+    the gist). ``size_map``: ``[B, Gh, Gw]`` log2 text heights to use instead of the gist's
+    (a side channel's measurement; NaN cells fall back to the gist's estimate)."""
     w = loc / loc.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
-    log_px = (w * text_size_map(g)).flatten(1).sum(1)
+    size = text_size_map(g)
+    if size_map is not None:
+        size = torch.where(torch.isnan(size_map), size, size_map.to(size.dtype))
+    log_px = (w * size).flatten(1).sum(1)
     top = max(g.level - 2.0 if max_level is None else max_level, min_level)
     return (log_px - math.log2(legible_px)).clamp(min_level, top)
 
@@ -163,18 +181,24 @@ def _check_args(budget, *, query, gist_budget, level, legible_px, surround, cont
     return budget, gist_budget
 
 
-class CascadeParts(tuple):
-    """``(tokens, gist, localiser map [B, Gh, Gw], fovea levels [B])`` of one cascade call."""
+class CascadeParts(NamedTuple):
+    """Every intermediate of one cascade call.
+
+    Attributes:
+        tokens: the TokenSet (gist stage 0, fovea stage 1).
+        gist: the page's :class:`~fovea_core.cascade.core.Gist`.
+        scores: ``[B, Gh, Gw]`` the localiser map the fovea followed (after the side
+            channel's text prior, if any).
+        levels: ``[B]`` the fovea core's level per image.
+        side: the side computation's :class:`~fovea_core.cascade.side.SideCost` per page
+            (``None``: a budgeted cascade, nothing read outside N).
+    """
 
     tokens: TokenSet
     gist: Gist
     scores: torch.Tensor
     levels: torch.Tensor
-
-    def __new__(cls, tokens, g, scores, levels):
-        obj = super().__new__(cls, (tokens, g, scores, levels))
-        obj.tokens, obj.gist, obj.scores, obj.levels = tokens, g, scores, levels
-        return obj
+    side: SideCost | None = None
 
 
 def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
@@ -182,10 +206,12 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   level: float | str = "auto", legible_px: float = LEGIBLE_PX,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
                   context_weight: float = 0.5, patch: int = 16,
-                  gist_obj: Gist | None = None) -> CascadeParts:
+                  gist_obj: Gist | None = None, side: str | None = None) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it)."""
+    if side is not None and side not in SIDES:
+        raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     budget, gist_budget = _check_args(budget, query=query, gist_budget=gist_budget,
                                       level=level, legible_px=legible_px, surround=surround,
                                       context=context, context_weight=context_weight)
@@ -213,8 +239,13 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                          "inf, or nothing above 0); a localiser must return finite mass >= 0 "
                          "that is positive somewhere")
     loc = loc.clamp(min=0)
+    cost, size_map = None, None
+    if side == "text":                  # where text is and how tall (never what it says)
+        layout = detect_text(pyramid, patch=patch, key=g.key or None)
+        loc = loc.pow(SIDE_TEMPER) * (SIDE_FLOOR + layout.mask)
+        cost, size_map = layout.cost, layout.log_px
     if level == "auto":
-        levels = choose_level(g, loc, legible_px=legible_px)
+        levels = choose_level(g, loc, legible_px=legible_px, size_map=size_map)
     else:
         lv = float(level)
         if not 0 <= lv <= g.level - 0.5:    # else the fovea would re-read the gist's cells
@@ -243,7 +274,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
             stages.append(foveate(left, n_sur, level=lv2, **kw))
         parts.append(combine(stages, fixation=core.fixations))
     tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
-    return CascadeParts(tokens, g, loc, levels)
+    return CascadeParts(tokens, g, loc, levels, cost)
 
 
 def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
@@ -251,7 +282,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             level: float | str = "auto", legible_px: float = LEGIBLE_PX,
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
-            patch: int = 16) -> TokenSet:
+            patch: int = 16, side: str | None = None) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
@@ -266,6 +297,12 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
        the rest one octave coarser, on the mass the core left uncovered -- dense where the
        answer most likely is, coarser around it, as a retina (it hedges both a localiser
        that is slightly off and text larger than expected).
+
+    ``side="text"`` adds side compute (:func:`~fovea_core.cascade.side.detect_text`, a text
+    detector on a 512-px render, outside N): the localiser map is tempered
+    (``** SIDE_TEMPER``) and multiplied by ``SIDE_FLOOR + text mask``, and ``level="auto"``
+    reads the text height the detector measured under the map (the gist's estimate where it
+    found no text). Its cost is :attr:`CascadeParts.side`.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -289,7 +326,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
-                         patch=patch).tokens
+                         patch=patch, side=side).tokens
 
 
 def _registered(**defaults):
@@ -304,6 +341,15 @@ def _registered(**defaults):
     return fn
 
 
+def text_render_reads(pyramid: Pyramid) -> int:
+    """Pixels ``cascade_text``'s side channel reads besides its N tokens: the detector's
+    render of each page (:func:`~fovea_core.cascade.side.render_size`)."""
+    from fovea_core.cascade.side import render_size
+
+    h, w = render_size(pyramid.image_size)
+    return h * w
+
+
 def reads_nothing_else(pyramid: Pyramid) -> int:
     """Pixels the cascade looks at outside its budget: none. Its localisers see only the
     gist, whose tokens are part of the N it returns (the sweep's ``alloc_read_tokens``)."""
@@ -315,3 +361,6 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_prior", "learned_prior", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
              reads=reads_nothing_else, uses_scores=False)(_registered(localiser=_loc))
+register("cascade_text", family="cascade", version="cascade", content=True, learned=True,
+         reads=text_render_reads, uses_scores=False, side_compute=True)(
+    _registered(localiser="learned", side="text"))

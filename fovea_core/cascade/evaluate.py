@@ -32,7 +32,7 @@ from fovea_core.eval.evaluator import PageState, cell_cache_path, evaluate_docum
 from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
-__all__ = ["BOOK_LOCALISERS", "Method", "book_methods", "cascade_allocate", "cascade_columns",
+__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "Method", "text_side_method", "book_methods", "cascade_allocate", "cascade_columns",
            "cascade_method", "evaluate", "kept_difference", "real_set_methods",
            "unbudgeted_method"]
 
@@ -60,10 +60,17 @@ def cascade_columns(state: PageState, method: EvalMethod, question: Question,
                     tokens: TokenSet, parts: Any) -> dict:
     """The cascade's columns hook: ``fovea_share``, ``cell_auc`` and ``fovea_level`` of the
     question's answer boxes (:func:`~fovea_core.cascade.metrics.localisation_row`, with the
-    localiser's map ``parts.scores`` ``[1, Gh, Gw]``)."""
+    localiser's map ``parts.scores`` ``[1, Gh, Gw]``), and the page's side compute
+    (``parts.side``, :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``,
+    ``side_ms`` and ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside
+    N)."""
     from fovea_core.cascade.metrics import localisation_row
 
-    return localisation_row(tokens, parts.scores, question.boxes, patch=state.patch)
+    side = parts.side
+    return dict(localisation_row(tokens, parts.scores, question.boxes, patch=state.patch),
+                side_flops=0.0 if side is None else float(side.flops),
+                side_ms=0.0 if side is None else float(side.cpu_ms),
+                side_px=0 if side is None else int(side.pixels))
 
 
 # ----------------------------------------------------------------------------- methods
@@ -125,14 +132,32 @@ def book_methods() -> list[Method]:
             + [unbudgeted_method(a) for a in ("topk", "pyramid")])
 
 
+#: label of the learned cascade with the text detector as side compute
+TEXT_SIDE_LABEL = "cascade | learned + text detector"
+
+
+def text_side_method(label: str = TEXT_SIDE_LABEL, *, gist_budget: int | None = None
+                     ) -> Method:
+    """The learned cascade with the text detector as side compute (the registered
+    ``cascade_text``: :mod:`fovea_core.cascade.side`), costed beside its N tokens."""
+    from fovea_core.cascade.allocator import DEFAULT_GIST
+
+    return Method(label, "cascade_text", dict(localiser="learned", side="text",
+                                              gist_budget=gist_budget or DEFAULT_GIST),
+                  cascade=True, query_aware=True)
+
+
 def real_set_methods(oracle, *, gist_budget: int | None = None) -> list[Method]:
     """The rows every real set is read with (chapters 14.5 and 17, the same cache keys):
-    ``resize`` (the baseline), ``resize_nonblank`` (the training-free document peer), the
-    learned cascade (``"cascade | learned"``, budgeted) and the cascade told the answer's
-    boxes (``"cascade | oracle"``, the named upper bound of localisation; never a method)."""
+    ``resize`` (the baseline), ``resize_nonblank`` (the training-free document peer; its
+    blank test is side compute), the learned cascade (``"cascade | learned"``, budgeted),
+    the same with the text detector (:data:`TEXT_SIDE_LABEL`, side compute) and the cascade
+    told the answer's boxes (``"cascade | oracle"``, the named upper bound of localisation;
+    never a method)."""
     return [Method("resize", "resize", scorer="none", query_aware=False),
             Method("resize_nonblank", "resize_nonblank", scorer="none", query_aware=False),
             cascade_method("cascade | learned", "learned", gist_budget=gist_budget),
+            text_side_method(gist_budget=gist_budget),
             cascade_method("cascade | oracle", oracle, gist_budget=gist_budget)]
 
 

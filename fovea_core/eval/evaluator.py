@@ -88,7 +88,7 @@ __all__ = ["CELL_KEY_VERSION", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", 
            "cell_cache_path", "cell_key", "code_fingerprint", "default_cache_dir",
            "document_fingerprint", "evaluate_document", "evaluate_documents",
            "evict_stale_caches", "library_versions", "map_processes", "process_pool",
-           "rows_frame", "scorer_tokens", "shutdown_pools", "uses_scores"]
+           "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute", "uses_scores"]
 
 #: columns that differ between identical runs (wall-clock measurements)
 TIMING_COLUMNS = ("alloc_ms", "render_ms", "peak_mem_mb")
@@ -96,8 +96,8 @@ TIMING_COLUMNS = ("alloc_ms", "render_ms", "peak_mem_mb")
 ROW_COLUMNS = ("dataset", "doc_id", "qid", "field", "size_px", "allocator", "budget", "pred",
                "anls", "em", "ceiling_anls", "ceiling_em", "strata_cov", "empty_disc_px",
                "empty_disc_frac", "answer_level", "alloc_ms", "render_ms", "peak_mem_mb",
-               "scorer_tokens", "alloc_read_tokens", "total_tokens", "unbudgeted", "height",
-               "width", "scorer", "query_aware")
+               "scorer_tokens", "alloc_read_tokens", "total_tokens", "unbudgeted",
+               "side_compute", "height", "width", "scorer", "query_aware")
 #: version of the cell key rule (:func:`cell_key`); bump it when the rows' content changes
 #: in a way the source fingerprint does not see
 CELL_KEY_VERSION = 4
@@ -119,6 +119,21 @@ def uses_scores(fn: Callable | str) -> bool:
     if fn not in INFO:
         raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
     return bool(INFO[fn].get("uses_scores", True))
+
+
+def side_compute(fn: Callable | str) -> bool:
+    """Whether what allocator ``fn`` reads outside N is *side compute*
+    (``shared/PROTOCOL.md``: a look that says where text or ink is, never what it says;
+    registered with ``side_compute=True``). Such reads are costed beside N (the row's
+    ``alloc_read_tokens`` and the method's side-cost columns), never called unbudgeted.
+    A callable says so with a ``side_compute`` attribute (default ``False``)."""
+    if callable(fn):
+        return bool(getattr(fn, "side_compute", False))
+    from fovea_core.allocators import INFO
+
+    if fn not in INFO:
+        raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
+    return bool(INFO[fn].get("side_compute", False))
 
 
 def _tokens(pixels: float) -> float:
@@ -550,7 +565,7 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
                             strata_cov=1.0, empty_disc_px=0.0, answer_level=0.0,
                             alloc_ms=0.0, render_ms=0.0, peak_mem_mb=0.0,
                             scorer_tokens=0.0, alloc_read_tokens=0.0,
-                            total_tokens=float(gh * gw), unbudgeted=False,
+                            total_tokens=float(gh * gw), unbudgeted=False, side_compute=False,
                             scorer=_FULL.scorer, query_aware=False))
         return out
 
@@ -563,6 +578,7 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
         a_tok = alloc_read_tokens(m.allocator, pyr)
         s_tok = scorer_tokens(m.scorer, (h, w)) if uses_scores(m.allocator) else 0.0
         extra = s_tok + a_tok
+        side = side_compute(m.allocator)
         hook = m.allocate or allocate_with_scores
         groups = ([(q.question, [q]) for q in doc.questions] if m.query_aware
                   else [(None, list(doc.questions))])
@@ -594,8 +610,9 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
                            answer_level=_answer_level(tok, q.union_box), alloc_ms=alloc_ms,
                            render_ms=render_ms, peak_mem_mb=mem, scorer_tokens=s_tok,
                            alloc_read_tokens=a_tok, total_tokens=budget + extra,
-                           unbudgeted=bool(extra > budget) if math.isfinite(extra) else None,
-                           scorer=m.scorer_name, query_aware=bool(m.query_aware))
+                           unbudgeted=(False if side else bool(extra > budget)
+                                       if math.isfinite(extra) else None),
+                           side_compute=side, scorer=m.scorer_name, query_aware=bool(m.query_aware))
                 if m.columns is not None:
                     more = m.columns(state, m, q, tok, parts)
                     clash = sorted(set(more) & set(ROW_COLUMNS))

@@ -255,7 +255,7 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "allocator", "bu
     (ratio bootstrapped with documents paired); ``ceiling_anls``; medians over documents of
     ``scorer_tokens``, ``alloc_read_tokens`` and ``total_tokens`` (the cost in tokens:
     allocated + read outside the budget), ``unbudgeted`` (any document's reading exceeded
-    its budget); ``anls_per_100_tokens`` (ANLS per 100 of the *total* tokens); means of
+    its budget), ``side_compute`` (what it read outside N is side compute); ``anls_per_100_tokens`` (ANLS per 100 of the *total* tokens); means of
     ``strata_cov, empty_disc_frac``; median ``alloc_ms``. The ``full`` rows of a dataset are
     pooled into one group whose budget is the median token count of its pages (pages of
     different sizes have different full grids). ``docs`` restricts the documents (e.g. the
@@ -280,13 +280,18 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "allocator", "bu
         df["unbudgeted"] = False
     df["unbudgeted"] = df["unbudgeted"].map(lambda v: bool(v) if v is not None and v == v
                                             else False)
+    if "side_compute" not in df:
+        df["side_compute"] = False
+    df["side_compute"] = df["side_compute"].map(lambda v: bool(v) if v is not None and v == v
+                                                else False)
     per_doc = (df.groupby(by + ["doc_id"], sort=True)
                .agg(anls=("anls", "mean"), em=("em", "mean"), ceil=("ceiling_anls", "mean"),
                     n=("anls", "size"), strata_cov=("strata_cov", "mean"),
                     empty_disc_frac=("empty_disc_frac", "mean"), alloc_ms=("alloc_ms", "median"),
                     scorer_tokens=("scorer_tokens", "first"),
                     alloc_read_tokens=("alloc_read_tokens", "first"),
-                    total_tokens=("total_tokens", "first"), unbudgeted=("unbudgeted", "any"))
+                    total_tokens=("total_tokens", "first"), unbudgeted=("unbudgeted", "any"),
+                    side_compute=("side_compute", "any"))
                .reset_index())
     ratio = lambda a: a[..., 0].sum(-1) / np.maximum(a[..., 1].sum(-1), 1e-12)  # noqa: E731
     out = []
@@ -302,6 +307,7 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "allocator", "bu
         for c in ("scorer_tokens", "alloc_read_tokens", "total_tokens"):
             row[c] = float(g[c].median())
         row["unbudgeted"] = bool(g["unbudgeted"].any())
+        row["side_compute"] = bool(g["side_compute"].any())
         if "budget" in row:
             row["anls_per_100_tokens"] = 100.0 * row["anls"] / float(row["total_tokens"])
         row["strata_cov"] = g["strata_cov"].mean()
@@ -321,20 +327,24 @@ def ranked(summary: pd.DataFrame, budget: int, *, metric: str = "kept") -> pd.Da
     Per dataset: ``full`` then ``resize`` first (the ceiling and what a VLM would otherwise
     do), then the other methods by ``metric`` (descending), each with its total tokens and a
     ``label``: ``"unbudgeted"`` when what its scorer/allocator read outside the budget
-    exceeds the budget (never ranked as if it were not: the ``rank`` column counts budgeted
-    methods only), ``"baseline"`` for the two baselines, else ``""``. Columns: ``dataset,
+    exceeds the budget, ``"side compute"`` when what it read outside N only said where text
+    is (costed beside N; never ranked as if it were budgeted: the ``rank`` column counts
+    budgeted methods only), ``"baseline"`` for the two baselines, else ``""``. Columns: ``dataset,
     rank, allocator, label, total_tokens, metric, metric_lo, metric_hi, n_docs``.
     """
     at = summary[(summary.budget == budget) | (summary.allocator == "full")]
     parts = []
     for ds, g in at.groupby("dataset", sort=True):
         g = g.copy()
+        side = g["side_compute"].astype(bool) if "side_compute" in g else False
         g["label"] = np.where(g.allocator.isin(BASELINES), "baseline",
-                              np.where(g.unbudgeted.astype(bool), "unbudgeted", ""))
+                              np.where(g.unbudgeted.astype(bool), "unbudgeted",
+                                       np.where(side, "side compute", "")))
         head = g[g.allocator.isin(BASELINES)].set_index("allocator").reindex(
             [b for b in BASELINES if b in set(g.allocator)]).reset_index()
         rest = g[~g.allocator.isin(BASELINES)].sort_values(metric, ascending=False)
-        rest = pd.concat([rest[rest.label == ""], rest[rest.label == "unbudgeted"]])
+        rest = pd.concat([rest[rest.label == ""], rest[rest.label == "side compute"],
+                          rest[rest.label == "unbudgeted"]])
         rank = np.where(rest.label == "", np.cumsum(rest.label == ""), 0)
         rest = rest.assign(rank=[str(int(r)) if r else "-" for r in rank])
         head = head.assign(rank="-")

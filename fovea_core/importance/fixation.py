@@ -126,7 +126,9 @@ def _face_cascade():
 
 
 @functools.lru_cache(maxsize=1)
-def _text_session():
+def text_session():
+    """The ONNX Runtime session of the DB text detector (:func:`text_model_path`), one per
+    process, with as many intra-op threads as torch has when it is made."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -180,16 +182,17 @@ def _shrink(x: torch.Tensor, side: int, multiple: int = 1) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------- features
-def text_map(x: torch.Tensor) -> torch.Tensor:
-    """DB text probability ``[B, h, w]`` of the image shrunk to longer side :data:`TEXT_SIDE`.
+def text_map(x: torch.Tensor, side: int = TEXT_SIDE) -> torch.Tensor:
+    """DB text probability ``[B, h, w]`` of the image shrunk to longer side ``side``
+    (default :data:`TEXT_SIDE`; ``h``, ``w`` are multiples of 32).
 
     The detector alone (no recognition), the ``rapidocr`` preprocessing: BGR,
     ``(v / 255 - 0.5) / 0.5``, sides multiples of 32; all images of a batch in one run.
     """
-    small = _shrink(x, TEXT_SIDE, multiple=32)
+    small = _shrink(x, side, multiple=32)
     bgr = to_uint8_bgr(small).astype(np.float32)                      # [B, h, w, 3]
     inp = np.ascontiguousarray((bgr / 255.0 - 0.5) / 0.5).transpose(0, 3, 1, 2)
-    sess = _text_session()
+    sess = text_session()
     out = sess.run(None, {sess.get_inputs()[0].name: inp})[0]          # [B, 1, h, w]
     return torch.from_numpy(np.asarray(out, dtype=np.float32)[:, 0]).clamp_(0, 1)
 
