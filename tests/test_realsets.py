@@ -65,3 +65,43 @@ def test_real_family_is_holm_corrected():
     assert fam.loc["good", "verdict"] == "better"
     assert fam.loc["same", "verdict"] == "no detectable difference"
     assert (fam.p_holm >= fam.p).all()
+
+
+def _cost_rows() -> pd.DataFrame:
+    """Two pages x two questions; a side-compute method, a budgeted one, an unbudgeted one."""
+    rows = []
+    for doc, ms, flops in (("a", 40.0, 4e9), ("b", 60.0, 6e9)):
+        for q in ("q1", "q2"):
+            base = dict(dataset="d", doc_id=doc, qid=q, alloc_read_tokens=0.0, alloc_ms=1.0,
+                        unbudgeted=False, side_compute=False)
+            rows.append(dict(base, allocator="full"))
+            rows.append(dict(base, allocator="cascade"))
+            rows.append(dict(base, allocator="side", side_compute=True, side_ms=ms,
+                             side_flops=flops, alloc_read_tokens=768.0))
+            rows.append(dict(base, allocator="nb", side_compute=True, alloc_ms=ms / 2,
+                             alloc_read_tokens=4000.0))
+            rows.append(dict(base, allocator="ocr", unbudgeted=doc == "b"))
+    return pd.DataFrame(rows)
+
+
+def test_cost_labels_follow_the_rows():
+    assert R.cost_labels(_cost_rows()) == {"cascade": "budgeted", "side": "side compute",
+                                           "nb": "side compute", "ocr": "unbudgeted"}
+
+
+def test_side_costs_count_each_page_once():
+    from fovea_core.eval.stats import prefill_flops
+
+    t = _cost_rows()
+    sc = R.side_costs(t, 273).set_index("method")
+    assert set(sc.index) == {"side", "nb"}                  # only the side-compute methods
+    assert sc.loc["side", "n_docs"] == 2 and sc.loc["side", "ms"] == pytest.approx(50.0)
+    assert sc.loc["side", "flops"] == pytest.approx(5e9)
+    assert sc.loc["side", "flops_share"] == pytest.approx(5e9 / float(prefill_flops(273)))
+    assert sc.loc["side", "ms_lo"] <= 50 <= sc.loc["side", "ms_hi"]
+    assert sc.loc["side", "tokens"] == 768
+    # a method without its own side timing is charged its allocation time; no FLOPs counted
+    assert sc.loc["nb", "ms"] == pytest.approx(25.0) and np.isnan(sc.loc["nb", "flops_share"])
+    # a page with three questions still counts once
+    more = pd.concat([t, t[(t.doc_id == "a") & (t.qid == "q1")].assign(qid="q3")])
+    assert R.side_costs(more, 273).set_index("method").loc["side", "ms"] == pytest.approx(50.0)

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from fovea_core.eval.documents import Document
 
-__all__ = ["DATASET_KEYS", "METHOD_KEYS", "book_forms", "kept_table", "real_family"]
+__all__ = ["DATASET_KEYS", "METHOD_KEYS", "book_forms", "cost_labels", "kept_table",
+           "real_family", "side_costs"]
 
 #: short glue keys of the datasets and methods the chapters report
 DATASET_KEYS = {"synthetic": "syn", "sroie": "rec", "funsd": "form",
                 "funsd (held-out wording)": "formho"}
 METHOD_KEYS = {"resize": "resize", "resize_nonblank": "nb", "cascade | learned": "learned",
-               "cascade | oracle": "oracle"}
+               "cascade | learned + text detector": "text", "cascade | oracle": "oracle"}
 #: FUNSD dev forms per profile
 BOOK_FORMS = {"smoke": 1, "default": 37, "full": 37}
 
@@ -85,3 +87,58 @@ def real_family(table: pd.DataFrame, methods: Sequence[str], budget: int, *,
         fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
                           for r in fam.itertuples()]
     return fam
+
+
+def cost_labels(table: pd.DataFrame) -> dict[str, str]:
+    """``{method: label}`` of ``shared/PROTOCOL.md`` from an evaluation ``table``'s rows:
+    ``"side compute"`` (its reads outside N only say where: ``side_compute``),
+    ``"unbudgeted"`` (it read more than N's worth outside N on some page), else
+    ``"budgeted"``; ``full`` is left out (the ceiling)."""
+    t = table[table.allocator != "full"]
+    side = t.get("side_compute", pd.Series(False, index=t.index)).fillna(False).astype(bool)
+    unb = t.get("unbudgeted", pd.Series(False, index=t.index)).fillna(False).astype(bool)
+    out = {}
+    for m, idx in t.groupby("allocator").groups.items():
+        out[m] = ("side compute" if side[idx].any() else
+                  "unbudgeted" if unb[idx].any() else "budgeted")
+    return out
+
+
+def side_costs(table: pd.DataFrame, budget: int, *, seed: int = 0,
+               config: str = "qwen2-vl-2b") -> pd.DataFrame:
+    """The side compute of every side-compute method of ``table``, per dataset, per page.
+
+    A page's side cost is the same for each of its questions (one detector run per page), so
+    each page counts once: ``side_ms`` (the rows' ``side_ms``, a method's own measurement of
+    its side run; for a method without one, ``resize_nonblank``, its whole allocation time
+    ``alloc_ms``, which is its blank test and a resample), ``side_flops`` (NaN where the
+    method does not count them) and ``side_tokens`` (the pixels it read outside N as
+    16 x 16 token equivalents, ``alloc_read_tokens``). Columns: ``dataset, method, n_docs,
+    ms, ms_lo, ms_hi`` (mean over pages, 95 % percentile bootstrap over pages), ``flops``,
+    ``flops_share, share_lo, share_hi`` (of the prefill of a 2B-class VLM at ``budget``
+    visual tokens, :func:`~fovea_core.eval.stats.prefill_flops`), ``tokens`` (median).
+    """
+    from fovea_core.eval.metrics import bootstrap_ci
+    from fovea_core.eval.stats import prefill_flops
+
+    labels = cost_labels(table)
+    prefill = float(prefill_flops(int(budget), config=config))
+    rows = []
+    cols = ["dataset", "method", "n_docs", "ms", "ms_lo", "ms_hi", "flops", "flops_share",
+            "share_lo", "share_hi", "tokens"]
+    for (ds, m), t in table[table.allocator.map(labels.get) == "side compute"].groupby(
+            ["dataset", "allocator"]):
+        page = t.groupby("doc_id").first()
+        own = "side_ms" in page and page["side_ms"].notna().all()
+        ms = (page["side_ms"] if own else page["alloc_ms"]).to_numpy(float)
+        fl = (page["side_flops"] if "side_flops" in page else
+              pd.Series(float("nan"), index=page.index)).to_numpy(float)
+        m_ms, lo, hi = bootstrap_ci(ms, seed=seed)
+        if np.isfinite(fl).all():
+            sh, slo, shi = bootstrap_ci(fl / prefill, seed=seed)
+        else:
+            sh = slo = shi = float("nan")
+        rows.append(dict(dataset=ds, method=m, n_docs=len(page), ms=m_ms, ms_lo=lo, ms_hi=hi,
+                         flops=float(np.mean(fl)), flops_share=sh, share_lo=slo, share_hi=shi,
+                         tokens=float(page["alloc_read_tokens"].median())))
+    return pd.DataFrame(rows, columns=cols)
