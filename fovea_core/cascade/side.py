@@ -157,15 +157,17 @@ def detector_flops(h: int, w: int) -> float:
 
 def _probability(base: torch.Tensor, side: int) -> tuple[torch.Tensor, float]:
     """DB probability ``[B, h, w]`` of ``base`` ``[B, C, H, W]`` rendered at ``side``, and the
-    wall ms of the network run (the render and the pre-processing included)."""
-    from fovea_core.importance.fixation import ModelFileMissing, text_map
+    wall ms of the network run (the render and the pre-processing included; the ONNX
+    session, made once per process, is not)."""
+    from fovea_core.importance.fixation import ModelFileMissing, text_map, text_session
 
-    t0 = time.perf_counter()
     try:
-        prob = text_map(base.float(), side)
+        text_session()                  # made once per process, not charged to a page
     except ModelFileMissing as err:
         raise ModelFileMissing(f"the cascade's text side channel (side='text', allocator "
                                f"'cascade_text') cannot run: {err}") from None
+    t0 = time.perf_counter()
+    prob = text_map(base.float(), side)
     return prob, (time.perf_counter() - t0) * 1e3
 
 

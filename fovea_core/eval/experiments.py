@@ -111,12 +111,12 @@ def load_datasets(n_synthetic: int, n_receipts: int, *, data_dir=None, seed: int
         raise ValueError(f"n_forms must be an int >= 0, got {n_forms!r}")
     if cache_dir is None:
         return _load_datasets(n_synthetic, n_receipts, data_dir, seed, wording, n_forms)
-    from fovea_core.eval.sweep import _code_fingerprint
+    from fovea_core.eval.evaluator import code_fingerprint
 
     root = project_root() / "data" / "cache" / "datasets" if cache_dir == "default" \
         else Path(cache_dir)
     spec = dict(v=1, n=[n_synthetic, n_receipts], seed=seed, wording=wording,
-                code=_code_fingerprint(), files=_receipt_files(data_dir) if n_receipts else None)
+                code=code_fingerprint(), files=_receipt_files(data_dir) if n_receipts else None)
     if n_forms:                                 # absent when 0: the keys of before n_forms
         spec.update(forms=n_forms, funsd_files=_dataset_files("funsd-dev", data_dir))
     key = hashlib.sha1(json.dumps(spec).encode()).hexdigest()

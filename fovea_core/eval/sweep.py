@@ -85,11 +85,6 @@ from fovea_core.tokens import TokenSet
 
 AllocatorSpec = str | tuple[str, dict] | tuple[str, Callable]
 BACKENDS = ("inprocess", "processes", "dask", "ray")
-#: old private names, kept while code outside this module still imports them
-#: (``fovea_core/foveate.py``: ``_uses_scores``; ``fovea_core/eval/experiments.py``:
-#: ``_code_fingerprint``); use :func:`uses_scores` and :func:`code_fingerprint`
-_uses_scores = uses_scores
-_code_fingerprint = code_fingerprint
 
 
 def _spec(spec: AllocatorSpec) -> tuple[str, Callable | str, dict]:
