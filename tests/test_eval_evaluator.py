@@ -11,7 +11,8 @@ import torch
 
 from fovea_core.eval import evaluator as E
 from fovea_core.eval.documents import make_document
-from fovea_core.eval.reader import Reader, _Cache
+from fovea_core.cache import SqliteCache
+from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
 DOC = make_document(61, layout="receipt")
@@ -118,7 +119,7 @@ def test_cells_are_cached_in_the_fingerprinted_file_and_stale_files_are_evicted(
     path = E.cell_cache_path(tmp_path)
     assert path.name == f"rows-{E.code_fingerprint()[:12]}.sqlite"
     first = E.evaluate_documents({"syn": [DOC]}, [m], [64], cache_path=path, reader=reader)
-    cache = _Cache(path)
+    cache = SqliteCache(path)
     ctx = E._context("syn", DOC, reader, 0, 16, 8, "cpu")
     assert cache.get(E.cell_key(ctx, m, 64)) is not None
     assert cache.get(E.cell_key(ctx, E._FULL, None)) is not None

@@ -128,12 +128,12 @@ def _open_and_put(args):
     import os
     from pathlib import Path
 
-    from fovea_core.eval.reader import _Cache
+    from fovea_core.cache import SqliteCache
 
     path, barrier = args
     barrier.wait()
     try:
-        _Cache(Path(path)).put(f"k{os.getpid()}", "v")
+        SqliteCache(Path(path)).put(f"k{os.getpid()}", "v")
         return "ok"
     except Exception as err:                # noqa: BLE001 (the test reports what it was)
         return repr(err)

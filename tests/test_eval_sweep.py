@@ -309,9 +309,9 @@ def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):
     """A score map is computed once per (page, scorer, question) and read back bit for bit;
     another question, page or scorer is another entry; no cache (or a callable) computes."""
     from fovea_core.eval import evaluator as S
-    from fovea_core.eval.reader import _Cache
+    from fovea_core.cache import SqliteCache
 
-    cache = _Cache(tmp_path / "rows.sqlite")
+    cache = SqliteCache(tmp_path / "rows.sqlite")
     img = torch.from_numpy(DOC.image).permute(2, 0, 1)[None].float() / 255
     calls = []
     score = S._score
@@ -342,7 +342,7 @@ def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
     import fovea_core.importance as imp
     from fovea_core import build_pyramid
     from fovea_core.eval import evaluator as S
-    from fovea_core.eval.reader import _Cache
+    from fovea_core.cache import SqliteCache
 
     doc = synthetic_documents(1, seed=3)[0]
     image = build_pyramid(doc.image).base
@@ -358,7 +358,7 @@ def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
         assert torch.equal(S._score(s, image, q, 16, page), w)
     assert sorted(calls) == ["ocr", "saliency"]
     # a cached saliency map (a query-agnostic sweep's) is what the page's questions reuse
-    cache, calls[:] = _Cache(tmp_path / "rows.sqlite"), []
+    cache, calls[:] = SqliteCache(tmp_path / "rows.sqlite"), []
     sal = S.cached_score(cache, "doc", "saliency", image, None, 16)
     page = {}
     for q in questions:

@@ -78,9 +78,9 @@ def test_query_scorer_reads_the_half_resolution_page(size, monkeypatch):
 
 
 def test_coarse_ocr_disk_cache_round_trips(monkeypatch, tmp_path):
-    from fovea_core.eval.reader import _Cache
+    from fovea_core.cache import SqliteCache
 
-    store = _Cache(tmp_path / "reads.sqlite")
+    store = SqliteCache(tmp_path / "reads.sqlite")
     monkeypatch.setattr(Q, "_disk_cache", lambda: store)
     calls = []
 

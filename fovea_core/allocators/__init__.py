@@ -24,7 +24,10 @@ coverage guarantee, kind). Two wrappers differ in output: ``multi_fixation`` wit
 Scores of coarser levels are pooled from the level-0 map (max within a level, mean across
 levels; each allocator's docstring says which). Ties always break towards the lower
 candidate index (row-major, finer level first), so results are deterministic. ``v1_cortical`` comes from :mod:`fovea_core.allocators.cortical`
-when that module is present.
+when that module is present. The cascade's methods come from
+:mod:`fovea_core.cascade.allocator`, a plug-in of the registry
+(:data:`~fovea_core.allocators.registry.PLUGINS`): it is imported the first time the
+registry is read, never by this package.
 """
 
 from fovea_core.allocators.registry import ALLOCATORS, INFO, allocate, register
@@ -33,7 +36,9 @@ from fovea_core.allocators import pyramid, lod_dag, atlas, frequency, peers, wra
 
 try:  # the CUDA helper's biology-based allocator (optional module)
     from fovea_core.allocators import cortical as _cortical
-    if "v1_cortical" not in ALLOCATORS and hasattr(_cortical, "v1_cortical"):
+    # ``ALLOCATORS._data``: the names registered so far, without loading the plug-ins (the
+    # cascade's) while this package is still being imported
+    if "v1_cortical" not in ALLOCATORS._data and hasattr(_cortical, "v1_cortical"):
         register("v1_cortical", family="cortical", version="v1c",
                  coverage=None)(_cortical.v1_cortical)
 except ImportError:  # pragma: no cover - depends on the other helper's file
@@ -41,7 +46,7 @@ except ImportError:  # pragma: no cover - depends on the other helper's file
 
 __all__ = ["ALLOCATORS", "INFO", "allocate", "register"]
 
-try:  # the budgeted cascade registers "cascade", "cascade_gist_query", "cascade_prior"
-    from fovea_core.cascade import allocator as _cascade  # noqa: F401,E402
-except ImportError:  # pragma: no cover - importing fovea_core.cascade first registers them
-    pass
+# The budgeted cascade ("cascade", "cascade_gist_query", "cascade_prior", "cascade_text")
+# is a higher layer (fovea_core.cascade, built from these allocators); it is a plug-in of
+# the registry (registry.PLUGINS), imported the first time ALLOCATORS, INFO or allocate
+# is read, so this package never imports it.

@@ -76,9 +76,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fovea_core.cache import SqliteCache
 from fovea_core.eval.documents import Document, Question
 from fovea_core.eval.metrics import anls, exact_match, largest_empty_disc, strata_coverage
-from fovea_core.eval.reader import Reader, _Cache, read_answer
+from fovea_core.eval.reader import Reader, read_answer
 from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.tokens import TokenSet
@@ -234,7 +235,7 @@ def _uses_saliency(scorer: str) -> bool:
     return "saliency" in PAGE_PARTS.get(scorer, (True, ()))[1]
 
 
-def cached_score(cache: _Cache | None, doc_hash: str, scorer: str | Callable,
+def cached_score(cache: SqliteCache | None, doc_hash: str, scorer: str | Callable,
                  image: torch.Tensor, query: str | None, patch: int, *,
                  refresh: bool = False, page: dict | None = None) -> torch.Tensor:
     """The score map ``[1, Gh, Gw]`` of ``scorer`` on a page (and ``query``), through ``cache``.
@@ -296,7 +297,7 @@ class PageState:
     doc_hash: str
     patch: int = 16
     device: torch.device = torch.device("cpu")
-    cache: _Cache | None = None
+    cache: SqliteCache | None = None
     refresh: bool = False
     scores: dict[tuple[str | None, str | None], torch.Tensor] = field(default_factory=dict)
     parts: dict[str, Any] = field(default_factory=dict)
@@ -523,7 +524,7 @@ def _check_methods(methods: Sequence[Method]) -> None:
 def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
                       budgets: Sequence[int], *, reader: Reader | None = None, seed: int = 0,
                       patch: int = 16, strata: int = 8, device: str = "cpu",
-                      cache: _Cache | None = None, refresh: bool = False) -> list[dict]:
+                      cache: SqliteCache | None = None, refresh: bool = False) -> list[dict]:
     """All rows of one document: the ``full`` ceiling row of each question, then one row per
     method x budget x question, with every column of :data:`ROW_COLUMNS` (and what the
     methods' columns hooks add).
@@ -655,7 +656,7 @@ def document_job(job: tuple) -> list[dict]:
     ``(doc, dataset, methods, budgets, kw, cache_path, refresh)``, ``kw`` the keywords of
     :func:`evaluate_document`."""
     doc, dataset, methods, budgets, kw, cache_path, refresh = job
-    cache = None if cache_path is None else _Cache(Path(cache_path))
+    cache = None if cache_path is None else SqliteCache(Path(cache_path))
     return evaluate_document(doc, dataset, methods, budgets, cache=cache, refresh=refresh, **kw)
 
 

@@ -19,16 +19,14 @@ import functools
 import hashlib
 import importlib.metadata
 import shutil
-import sqlite3
 import subprocess
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fovea_core.cache import SqliteCache
 from fovea_core.paths import file_digest, project_root
 from fovea_core.pyramid import Pyramid
 from fovea_core.sample import render, sample
@@ -66,62 +64,6 @@ def crop_box(image: np.ndarray, box: Box, margin: float = 0.3, min_margin: int =
         raise ValueError(f"box must have x1 > x0 and y1 > y0, got {box}")
     m = max(min_margin, int(round(margin * (y1 - y0))))
     return image[max(0, y0 - m):min(h, y1 + m), max(0, x0 - m):min(w, x1 + m)]
-
-
-#: attempts at a cache file's first set-up while another process holds its lock (~60 s in all)
-_SETUP_TRIES = 75
-
-
-class _Cache:
-    """A tiny thread-safe key -> text store in SQLite (one file per reader id), safe to open
-    from several processes at once (WAL; a new file's set-up is retried while locked)."""
-
-    def __init__(self, path: Path | None):
-        self.path, self._lock, self._conn = path, threading.Lock(), None
-        self.hits = self.misses = 0
-
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
-            # switching a new file to WAL takes an exclusive lock and fails at once (no busy
-            # wait) while another process creates the same file, e.g. two sweep workers
-            # opening a reader's cache for the first time: retry until that one is done
-            for attempt in range(_SETUP_TRIES):
-                try:
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute("CREATE TABLE IF NOT EXISTS ocr (key TEXT PRIMARY KEY, text TEXT)")
-                    break
-                except sqlite3.OperationalError as err:
-                    if "locked" not in str(err) or attempt == _SETUP_TRIES - 1:
-                        conn.close()
-                        raise
-                    time.sleep(0.02 * (attempt + 1))
-            self._conn = conn
-        return self._conn
-
-    def get(self, key: str) -> str | None:
-        if self.path is None:
-            return None
-        with self._lock:
-            row = self._db().execute("SELECT text FROM ocr WHERE key = ?", (key,)).fetchone()
-        self.hits += row is not None
-        self.misses += row is None
-        return None if row is None else row[0]
-
-    def put(self, key: str, text: str) -> None:
-        if self.path is None:
-            return
-        with self._lock:
-            db = self._db()
-            db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
-            db.commit()
-
-    def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
-        return {"path": self.path}
-
-    def __setstate__(self, state):
-        self.__init__(state["path"])
 
 
 @functools.lru_cache(maxsize=2)
@@ -220,7 +162,7 @@ class Reader:
         if cache_dir == "default":
             cache_dir = default_cache_dir()
         self.id = f"{engine}-m{self.margin:g}"
-        self.cache = _Cache(None if cache_dir is None else Path(cache_dir) / f"{self.id}.sqlite")
+        self.cache = SqliteCache(None if cache_dir is None else Path(cache_dir) / f"{self.id}.sqlite")
 
     @property
     def versions(self) -> dict[str, str]:

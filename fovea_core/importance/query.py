@@ -243,7 +243,7 @@ def _disk_cache():
         return None
     from importlib.metadata import PackageNotFoundError, version
 
-    from fovea_core.eval.reader import _Cache
+    from fovea_core.cache import SqliteCache
     from fovea_core.paths import project_root
 
     vers = []
@@ -253,7 +253,7 @@ def _disk_cache():
         except PackageNotFoundError:
             vers.append(f"{lib}-absent")
     tag = hashlib.sha1("|".join(vers).encode()).hexdigest()[:12]
-    return _Cache(project_root() / "data" / "cache" / "coarse_ocr" / f"reads-{tag}.sqlite")
+    return SqliteCache(project_root() / "data" / "cache" / "coarse_ocr" / f"reads-{tag}.sqlite")
 
 
 def _read_text_cached(img: np.ndarray, key: tuple):

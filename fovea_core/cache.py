@@ -1,0 +1,91 @@
+"""A small on-disk key -> text store in SQLite, shared by every layer that caches results.
+
+:class:`SqliteCache` holds the OCR reader's texts (:mod:`fovea_core.eval.reader`), the
+coarse-view OCR of the query scorers (:mod:`fovea_core.importance.query`), and the
+evaluator's score maps and finished rows (:mod:`fovea_core.eval.evaluator`): one file per
+use, one table ``ocr (key TEXT PRIMARY KEY, text TEXT)`` (the name is historical: files
+written before this module existed stay valid). Values are text; callers serialise (JSON,
+base64) and choose their keys.
+
+It lives at the bottom layer (``tests/test_layers.py``) because it depends on nothing of
+``fovea_core``: the scorers (layer 2) and the evaluation (layer 4) both use it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["SETUP_TRIES", "SqliteCache"]
+
+#: attempts at a cache file's first set-up while another process holds its lock (~60 s in all)
+SETUP_TRIES = 75
+
+
+class SqliteCache:
+    """A tiny thread-safe key -> text store in SQLite, safe to open from several processes
+    at once (WAL; a new file's set-up is retried while another process holds its lock).
+
+    Args:
+        path: the SQLite file (created with its folder on the first read or write);
+            ``None``: a cache that stores nothing (every :meth:`get` misses, :meth:`put`
+            does nothing).
+
+    Attributes:
+        hits, misses: :meth:`get` calls that found / did not find their key (this object's).
+
+    The connection opens lazily; a pickled cache carries only its path (connections do not
+    pickle: a worker process reopens the file).
+    """
+
+    def __init__(self, path: Path | str | None):
+        self.path = None if path is None else Path(path)
+        self._lock, self._conn = threading.Lock(), None
+        self.hits = self.misses = 0
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+            # switching a new file to WAL takes an exclusive lock and fails at once (no busy
+            # wait) while another process creates the same file, e.g. two sweep workers
+            # opening a reader's cache for the first time: retry until that one is done
+            for attempt in range(SETUP_TRIES):
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("CREATE TABLE IF NOT EXISTS ocr (key TEXT PRIMARY KEY, text TEXT)")
+                    break
+                except sqlite3.OperationalError as err:
+                    if "locked" not in str(err) or attempt == SETUP_TRIES - 1:
+                        conn.close()
+                        raise
+                    time.sleep(0.02 * (attempt + 1))
+            self._conn = conn
+        return self._conn
+
+    def get(self, key: str) -> str | None:
+        """The text stored under ``key``, or ``None`` (always ``None`` without a path)."""
+        if self.path is None:
+            return None
+        with self._lock:
+            row = self._db().execute("SELECT text FROM ocr WHERE key = ?", (key,)).fetchone()
+        self.hits += row is not None
+        self.misses += row is None
+        return None if row is None else row[0]
+
+    def put(self, key: str, text: str) -> None:
+        """Store ``text`` under ``key`` (replacing what was there; nothing without a path)."""
+        if self.path is None:
+            return
+        with self._lock:
+            db = self._db()
+            db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
+            db.commit()
+
+    def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
