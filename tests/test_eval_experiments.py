@@ -8,9 +8,20 @@ from hypothesis import given, settings, strategies as st
 
 from fovea_core import build_pyramid
 from fovea_core.allocators.base import cell_centers
-from fovea_core.eval.experiments import (ci_text, footprint_coverage, foveal_ratio_pyramid,
-                                         load_datasets, verdict)
+from fovea_core.allocators.foveal_ratio import foveal_ratio_pyramid
+from fovea_core.eval import experiments
+from fovea_core.eval.experiments import ci_text, footprint_coverage, load_datasets, verdict
 from fovea_core.tokens import TokenSet
+
+
+def test_foveal_ratio_is_an_allocator_still_importable_from_experiments():
+    """It moved to ``fovea_core.allocators`` (issue 21 item 4); chapter 09 imports it from
+    ``eval.experiments``, and it stays out of the registry, as before."""
+    from fovea_core.allocators import ALLOCATORS
+
+    assert experiments.foveal_ratio_pyramid is foveal_ratio_pyramid
+    assert foveal_ratio_pyramid.__module__ == "fovea_core.allocators.foveal_ratio"
+    assert foveal_ratio_pyramid not in ALLOCATORS.values()
 
 
 def _pyr(b=1, h=256, w=192, seed=0):
