@@ -80,3 +80,24 @@ def test_a_plug_in_that_fails_to_import_is_named_in_the_error(monkeypatch):
     assert "topk" in registry.ALLOCATORS                        # the rest still works
     with pytest.raises(ValueError, match="module"):
         registry.add_plugin("")
+
+
+def test_the_plug_ins_are_the_higher_layers_the_layer_check_cannot_see():
+    """The plug-in point is the one place the registry names a higher layer, by string
+    (``tests/test_layers.py`` counts only literal imports): keep it to modules above the
+    allocators' layer that register allocators, and out of the static import graph."""
+    import importlib.util
+    from pathlib import Path
+
+    from fovea_core.allocators import registry
+
+    spec = importlib.util.spec_from_file_location(
+        "_layers", Path(__file__).with_name("test_layers.py"))
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    graph, layer_of = layers.import_graph(layers.REPO_ROOT), layers.layer_of
+    below = f"{layers.PACKAGE}.allocators"
+    for module in registry.PLUGINS:
+        assert layer_of(module) > layer_of(below), module
+        assert all(module not in out for name, out in graph.items()
+                   if name == below or name.startswith(below + "."))
