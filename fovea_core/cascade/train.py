@@ -208,16 +208,16 @@ def make_sample(doc: Document, budget: int, *, null: bool, layout: str) -> Sampl
 
     ``layout``: the page's layout (``"paper"``, ``"receipt"``, ``"invoice"``, or a real
     source's :data:`REAL_SOURCES` layout ``"sroie"`` / ``"funsd"``), which picks the wording
-    pool of each question (:func:`~fovea_core.eval.documents._wording_key`); a form's
+    pool of each question (:func:`~fovea_core.eval.wordings.wording_key`); a form's
     question is its key (``q.field``) in the :data:`~fovea_core.eval.documents.FORM_WORDINGS`
     templates."""
     if not doc.questions:
         raise ValueError(f"make_sample: page {doc.doc_id} has no question to train on")
     g = gist_of(doc, budget)
     ys, xs = g.pixel_centres()
-    from fovea_core.eval.documents import _wording_key
+    from fovea_core.eval.wordings import wording_key
 
-    queries: list[tuple[str, str] | None] = [(_wording_key(q.field, layout), _slot(q, layout))
+    queries: list[tuple[str, str] | None] = [(wording_key(q.field, layout), _slot(q, layout))
                                              for q in doc.questions]
     boxes = [np.asarray(q.boxes, np.float64).reshape(-1, 4) for q in doc.questions]
     sizes = [float(np.log2(answer_text_px(q) / g.pixel)) for q in doc.questions]

@@ -41,10 +41,6 @@ from fovea_core.eval.raster import element_mask, font_path, ink_mask
 from fovea_core.eval.wordings import (FORM_FIELD, FORM_WORDINGS, WORDING_SETS, WORDINGS,
                                       check_wording, phrase, reword, wording_key)
 
-#: the old private names, still imported by the real sets' loaders
-_check_wording = check_wording
-_wording_key = wording_key
-
 __all__ = ["Box", "Document", "FORM_FIELD", "FORM_WORDINGS", "LAYOUTS", "Question",
            "TextElement", "WORDINGS", "WORDING_SETS", "element_mask", "font_path", "ink_mask",
            "make_document", "make_invoice", "make_receipt", "phrase", "reword",

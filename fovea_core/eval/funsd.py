@@ -348,9 +348,9 @@ def load_funsd(root_or_name: str | Path | None = None, *, wording: str = "defaul
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or limit < 0):
         raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
-    from fovea_core.eval.documents import _check_wording
+    from fovea_core.eval.wordings import check_wording
 
-    _check_wording(wording)
+    check_wording(wording)
     root = _resolve(root_or_name, data_dir)
     for sub in ("images", "annotations"):
         if not (root / sub).is_dir():
