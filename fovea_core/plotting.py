@@ -251,3 +251,22 @@ def cumulative_rgc_figure(radii_deg: np.ndarray, cells: np.ndarray, *, fibres_me
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def timing_bars(median_ms, labels, colors, *, target_ms: float, target_label: str) -> Figure:
+    """Horizontal bars of median timings (ms, log axis; ``labels`` top to bottom, one colour
+    each) with a dashed line at ``target_ms``. With no timings (``median_ms`` None) the
+    figure is left empty (a chapter without a record still glues its figure)."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    if median_ms is not None:
+        if len(median_ms) != len(labels) or len(colors) != len(labels):
+            raise ValueError(f"median_ms ({len(median_ms)}), labels ({len(labels)}) and colors "
+                             f"({len(colors)}) must have the same length")
+        ax.barh(labels, median_ms, color=colors)
+        ax.axvline(target_ms, color="k", ls="--", lw=1, label=target_label)
+        ax.set_xscale("log")
+        ax.set_xlabel("milliseconds (median of interleaved rounds)")
+        ax.invert_yaxis()
+        ax.legend()
+    fig.tight_layout()
+    return fig
