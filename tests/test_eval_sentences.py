@@ -109,3 +109,18 @@ def test_chapter_17_sentences():
         "`topk` (290 tokens in all; 81 % kept), **better** compared with `resize` on the "
         "report half (+3.1 [0.5, 5.6] points, n = 20)")
     assert best_line(best, "best unbudgeted", "synthetic") == "not measured"
+
+
+def test_conditions_line():
+    from fovea_core.eval.experiments import conditions_line
+
+    fam = pd.DataFrame([dict(dataset="synthetic", wording=w, verdict=v, text=t, n_docs=30)
+                        for w, v, t in (("default", "helps", "+2.0 [0.5, 3.1]"),
+                                        ("heldout", "hurts", "-1.0 [-2.0, -0.1]"))])
+    lead = "with the {} wording the prior"
+    assert conditions_line(fam, "synthetic", ("default", "heldout"), column="wording",
+                           lead=lead) == (
+        "with the default wording the prior **helps** (+2.0 [0.5, 3.1] points, n = 30); "
+        "with the heldout wording the prior **hurts** (-1.0 [-2.0, -0.1] points, n = 30)")
+    assert conditions_line(fam, "sroie", ("default",), column="wording",
+                           lead=lead) == "not measured (no SROIE data)"

@@ -22,7 +22,8 @@
 * the chapters' sentences, each from one table: :func:`baselines_family` /
   :func:`baselines_line` (a variant minus the variants it should beat), :func:`cost_line`
   (total tokens and the budgeted label), :func:`equivalence_line`, :func:`selected_line`,
-  and chapter 17's :func:`kept_ci_text`, :func:`verdict_counts_line` and :func:`best_line`.
+  :func:`conditions_line` (one comparison under several conditions), and chapter 17's
+  :func:`kept_ci_text`, :func:`verdict_counts_line` and :func:`best_line`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ __all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text"
            "ci_table", "paired_vs", "predicted_vs_measured",
            "ci_text", "SYNTHETIC_SEED", "baselines_family", "baselines_line", "cost_line",
            "equivalence_line", "selected_line", "kept_ci_text", "verdict_counts_line",
-           "best_line"]
+           "best_line", "conditions_line"]
 
 #: seed offset of the synthetic pages used by every experiment chapter (chapter 07's)
 SYNTHETIC_SEED = 1000
@@ -819,3 +820,18 @@ def best_line(best, group: str, dataset: str, *, baseline: str = "resize",
     return (f"`{r.best}` ({r.total_tokens:.0f} tokens in all; {100 * r.kept:.0f} % kept), "
             f"**{r.verdict}** compared with `{baseline}` on the report half ({r.text} points, "
             f"n = {r.n_docs})")
+
+
+def conditions_line(fam, dataset: str, conditions, *, column: str, lead: str,
+                    unit: str = "points", missing: str = MISSING_SROIE) -> str:
+    """One dataset's paired comparison under each of ``conditions`` (the values of
+    ``column`` in ``fam``, a :func:`~fovea_core.eval.stats.paired_family` table with that
+    extra column) as one markdown sentence: ``"with the default wording the prior **helps**
+    (+3.1 [0.5, 5.6] points, n = 40); with the heldout wording ..."`` (``lead`` formatted
+    with the condition); ``missing`` when the dataset has no row."""
+    t = fam.set_index(["dataset", column])
+    if dataset not in t.index.get_level_values(0):
+        return missing
+    return "; ".join(f"{lead.format(c)} **{t.loc[(dataset, c), 'verdict']}** "
+                     f"({t.loc[(dataset, c), 'text']} {unit}, "
+                     f"n = {t.loc[(dataset, c), 'n_docs']})" for c in conditions)
