@@ -215,3 +215,58 @@ def resize_curve_figure(view, ceilings: dict[str, float], *, budget: int = 273) 
         axes[1, j].set_xlabel("prefill FLOPs (2B-class VLM) + side compute")
     axes[0, -1].legend(fontsize=7, loc="lower right")
     return fig
+
+
+def shift_search_figure(checks) -> Figure:
+    """Chapter 03's shift figure: per transform of ``checks`` (a
+    :class:`fovea_core.eval.logpolar_checks.ShiftChecks`; rows: zoom, rotation) the
+    transformed image, its log-polar image, and the mismatch with the original log-polar
+    image against the shift, with the predicted shift dashed."""
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6), gridspec_kw={"width_ratios": [1, 0.7, 1.1]})
+    for r, c in enumerate((checks.zoom, checks.rotation)):
+        axes[r, 0].imshow(np.clip(c.moved, 0, 1))
+        axes[r, 0].set_title(f"{c.name} about the fixation", fontsize=9)
+        axes[r, 0].axis("off")
+        axes[r, 1].imshow(np.clip(c.logpolar, 0, 1), aspect="auto")
+        axes[r, 1].set(title=f"log-polar of the {c.name}", xlabel="log radius", ylabel="angle")
+        axes[r, 2].plot(c.shifts, c.mismatch, ".-", ms=3)
+        axes[r, 2].axvline(c.expected, color="C3", ls="--",
+                           label=f"predicted shift {c.expected:.2f}")
+        axes[r, 2].set(xlabel=("column" if c.name == "zoom" else "row") + " shift",
+                       ylabel="mean |difference|")
+        axes[r, 2].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cumulative_rgc_figure(radii_deg: np.ndarray, cells: np.ndarray, *, fibres_mean: float,
+                          fibres_sd: float) -> Figure:
+    """Chapter 01's cumulative ganglion-cell count inside a disc of growing radius
+    (``cells`` per ``radii_deg``), against the optic-nerve fibre count's mean +- SD band."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(radii_deg, np.asarray(cells) / 1e6, "k-o", ms=3, label="Watson eq. 4, integrated")
+    ax.axhspan((fibres_mean - fibres_sd) / 1e6, (fibres_mean + fibres_sd) / 1e6, color="C0",
+               alpha=0.2, label="optic-nerve fibres, mean ± SD (Jonas 1990)")
+    ax.set(xlabel="disc radius (deg)", ylabel="ganglion cells (millions)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def timing_bars(median_ms, labels, colors, *, target_ms: float, target_label: str) -> Figure:
+    """Horizontal bars of median timings (ms, log axis; ``labels`` top to bottom, one colour
+    each) with a dashed line at ``target_ms``. With no timings (``median_ms`` None) the
+    figure is left empty (a chapter without a record still glues its figure)."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    if median_ms is not None:
+        if len(median_ms) != len(labels) or len(colors) != len(labels):
+            raise ValueError(f"median_ms ({len(median_ms)}), labels ({len(labels)}) and colors "
+                             f"({len(colors)}) must have the same length")
+        ax.barh(labels, median_ms, color=colors)
+        ax.axvline(target_ms, color="k", ls="--", lw=1, label=target_label)
+        ax.set_xscale("log")
+        ax.set_xlabel("milliseconds (median of interleaved rounds)")
+        ax.invert_yaxis()
+        ax.legend()
+    fig.tight_layout()
+    return fig

@@ -19,7 +19,12 @@
   of an exploratory ablation, test it on the report half of all documents;
   :func:`chosen_line` says it in a sentence), :func:`relabel` (sweep labels -> a chapter's
   names) and :func:`equivalence_family` ("does A at N_a read as much as B at N_b?", two
-  one-sided tests with a margin).
+  one-sided tests with a margin);
+* the chapters' sentences, each from one table: :func:`baselines_family` /
+  :func:`baselines_line` (a variant minus the variants it should beat), :func:`cost_line`
+  (total tokens and the budgeted label), :func:`equivalence_line`, :func:`selected_line`,
+  :func:`conditions_line` (one comparison under several conditions), and chapter 17's
+  :func:`kept_ci_text`, :func:`verdict_counts_line` and :func:`best_line`.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ __all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text"
            "relabel", "report_half",
            "equivalence_family", "load_datasets", "foveal_ratio_pyramid", "footprint_coverage", "verdict",
            "ci_table", "paired_vs", "predicted_vs_measured",
-           "ci_text", "SYNTHETIC_SEED"]
+           "ci_text", "SYNTHETIC_SEED", "baselines_family", "baselines_line", "cost_line",
+           "equivalence_line", "selected_line", "kept_ci_text", "verdict_counts_line",
+           "best_line", "conditions_line"]
 
 #: seed offset of the synthetic pages used by every experiment chapter (chapter 07's)
 SYNTHETIC_SEED = 1000
@@ -626,3 +633,141 @@ def equivalence_family(table, pairs, margin: float, *, metric: str = "anls", see
     out["verdict"] = words
     out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
     return out.drop(columns="p_diff")
+
+
+# ----------------------------------------------------------------------------- sentences
+# The chapters' glued sentences, each from one table (issue 21 item 5: the notebooks call
+# these instead of defining their own copies).
+
+MISSING_SROIE = "not measured (no SROIE data)"
+
+
+def baselines_family(table, method: str, baselines, budget: int, *, seed: int = 0):
+    """``method`` minus each of ``baselines`` at ``budget``, one Holm family (the seeds'
+    question of chapters 09 and 10: a variant against the variants it should beat).
+
+    Each comparison is a :func:`~fovea_core.eval.stats.paired_family` row (uncorrected);
+    ``p_holm`` is then Holm-corrected over all of them (baselines x datasets) and the
+    ``verdict`` recomputed with it (:func:`~fovea_core.eval.stats.verdict`).
+    """
+    import pandas as pd
+
+    from fovea_core.eval.stats import holm
+
+    baselines = list(baselines)
+    if not baselines:
+        raise ValueError("baselines must name at least one method")
+    fam = pd.concat([paired_family(table, [method], b, budget, seed=seed, correct=False)
+                     for b in baselines], ignore_index=True)
+    fam["p_holm"] = holm(fam.p.to_numpy())
+    fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                      for r in fam.itertuples()]
+    return fam
+
+
+def baselines_line(fam, dataset: str, *, unit: str = "ANLS points",
+                   missing: str = MISSING_SROIE) -> str:
+    """One dataset's rows of :func:`baselines_family` as one markdown sentence:
+    ``"minus `topk`: **better** (+3.1 [0.5, 5.6] ANLS points, n = 40); minus ..."``;
+    ``missing`` when the dataset has no row."""
+    rows = fam[fam["dataset"] == dataset]
+    if rows.empty:
+        return missing
+    return "; ".join(f"minus `{r.baseline}`: **{r.verdict}** ({r.text} {unit}, "
+                     f"n = {r.n_docs})" for r in rows.itertuples())
+
+
+def cost_line(summary, method: str, dataset: str, budget: int, *,
+              missing: str = MISSING_SROIE) -> str:
+    """``"412 tokens in all (median; unbudgeted: ...)"``: ``method``'s total tokens at
+    ``budget`` on ``dataset`` (a :func:`~fovea_core.eval.sweep.summarize` row: the tokens
+    it allocates plus the equivalent tokens of what it reads outside the budget) and
+    whether that makes it unbudgeted; ``missing`` when the summary has no such row."""
+    at = summary[(summary["allocator"] == method) & (summary["budget"] == budget)]
+    at = at.set_index("dataset")
+    if dataset not in at.index:
+        return missing
+    r = at.loc[dataset]
+    label = ("unbudgeted: what it reads outside the budget exceeds N" if r.unbudgeted
+             else "budgeted: what it reads outside the budget is less than N")
+    return f"{int(r.total_tokens)} tokens in all (median; {label})"
+
+
+def equivalence_line(eq, dataset: str, *, label: str | None = None,
+                     unit: str = "ANLS points", missing: str = MISSING_SROIE) -> str:
+    """One dataset's rows of :func:`equivalence_family` as one markdown sentence:
+    ``"`logpolar` @ 150 minus `resize` @ 273: **equivalent ...** (+0.4 [-1.2, 2.0] ANLS
+    points, n = 40); ..."`` (``label`` replaces the method's name, e.g. when every row has
+    the same ``a``); ``missing`` when the dataset has no row."""
+    rows = eq[eq["dataset"] == dataset]
+    if rows.empty:
+        return missing
+    return "; ".join(f"{label or f'`{r.a}`'} @ {r.n_a} minus `{r.b}` @ {r.n_b}: "
+                     f"**{r.verdict}** ({r.text} {unit}, n = {r.n_docs})"
+                     for r in rows.itertuples())
+
+
+def selected_line(sel, dataset: str, *, baseline: str = "resize", unit: str = "ANLS points",
+                  missing: str = "not measured (no data, or too few documents to split "
+                                 "in halves)") -> str:
+    """One dataset's row of :func:`select_then_report` as a markdown sentence: ``"`topk`
+    (chosen on 20 documents), which on the other 20 is **better** compared with `resize`
+    (+3.1 [0.5, 5.6] ANLS points)"``; ``missing`` when the dataset has no row."""
+    sv = sel.set_index("dataset")
+    if dataset not in sv.index:
+        return missing
+    r = sv.loc[dataset]
+    return (f"`{r.best}` (chosen on {r.n_select} documents), which on the other "
+            f"{r.n_docs} is **{r.verdict}** compared with `{baseline}` ({r.text} {unit})")
+
+
+def kept_ci_text(kept, dataset: str, method: str) -> str:
+    """``"81 % [74, 87]"``: the kept fraction of ``method`` on ``dataset`` with its 95 % CI,
+    from a summary indexed by ``(dataset, allocator)`` with ``kept, kept_lo, kept_hi``
+    (:func:`~fovea_core.eval.sweep.summarize` at one budget)."""
+    if (dataset, method) not in kept.index:
+        raise KeyError(f"kept has no row ({dataset!r}, {method!r})")
+    r = kept.loc[(dataset, method)]
+    return f"{100 * r.kept:.0f} % [{100 * r.kept_lo:.0f}, {100 * r.kept_hi:.0f}]"
+
+
+def verdict_counts_line(counts, dataset: str, *,
+                        missing: str = "not measured (no data)") -> str:
+    """``"3 better, 5 no detectable difference"``: how many methods got each verdict on
+    ``dataset`` (``counts``: datasets x verdict words, e.g.
+    ``fam.groupby("dataset").verdict.value_counts().unstack(fill_value=0)``), zero counts
+    left out; ``missing`` when the dataset has no row."""
+    if dataset not in counts.index:
+        return missing
+    return ", ".join(f"{int(v)} {k}" for k, v in counts.loc[dataset].items() if v)
+
+
+def best_line(best, group: str, dataset: str, *, baseline: str = "resize",
+              missing: str = "not measured") -> str:
+    """One markdown sentence on the method chosen for ``group`` on ``dataset``: ``"`topk`
+    (290 tokens in all; 81 % kept), **better** compared with `resize` on the report half
+    (+3.1 [0.5, 5.6] points, n = 20)"``. ``best``: :func:`select_then_report` rows with a
+    ``group`` label and the chosen method's ``total_tokens`` and ``kept``; ``missing`` when
+    it has no row for (group, dataset)."""
+    r = best[(best["group"] == group) & (best["dataset"] == dataset)]
+    if r.empty:
+        return missing
+    r = r.iloc[0]
+    return (f"`{r.best}` ({r.total_tokens:.0f} tokens in all; {100 * r.kept:.0f} % kept), "
+            f"**{r.verdict}** compared with `{baseline}` on the report half ({r.text} points, "
+            f"n = {r.n_docs})")
+
+
+def conditions_line(fam, dataset: str, conditions, *, column: str, lead: str,
+                    unit: str = "points", missing: str = MISSING_SROIE) -> str:
+    """One dataset's paired comparison under each of ``conditions`` (the values of
+    ``column`` in ``fam``, a :func:`~fovea_core.eval.stats.paired_family` table with that
+    extra column) as one markdown sentence: ``"with the default wording the prior **helps**
+    (+3.1 [0.5, 5.6] points, n = 40); with the heldout wording ..."`` (``lead`` formatted
+    with the condition); ``missing`` when the dataset has no row."""
+    t = fam.set_index(["dataset", column])
+    if dataset not in t.index.get_level_values(0):
+        return missing
+    return "; ".join(f"{lead.format(c)} **{t.loc[(dataset, c), 'verdict']}** "
+                     f"({t.loc[(dataset, c), 'text']} {unit}, "
+                     f"n = {t.loc[(dataset, c), 'n_docs']})" for c in conditions)
