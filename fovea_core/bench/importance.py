@@ -4,7 +4,9 @@ The page is a real SROIE receipt (first image of ``sroie-dev``) resized so its l
 is 1024 px, or, when the dataset is absent, a synthetic 1024 x 768 invoice. Reports model
 load time, then the median/min/max per call of every scorer, and for the query scorer:
 ``cold`` (OCR + embeddings recomputed: a new page) at coarse levels 0, 1, 2 and ``warm``
-(same page, new question: OCR read from the cache, only the question is embedded).
+(same page, new question: OCR read from the cache, only the question is embedded), and the
+cascade's side compute, the text detector of :mod:`fovea_core.cascade.side`, on one core
+(on the page and on the first FUNSD dev form).
 Writes ``_build/benchmarks/importance.json`` (``--record``: the committed
 ``data/benchmarks/importance.json``, through the rule of :class:`~fovea_core.bench.common.Run`).
 No comparisons between paths (each scorer's time stands alone), so no per-round ratios.
@@ -42,6 +44,16 @@ def benchmark_page(side: int = 1024) -> tuple[np.ndarray, str]:
     img = cv2.resize(img, (round(img.shape[1] * scale), round(img.shape[0] * scale)),
                      interpolation=cv2.INTER_AREA)
     return img, f"{source} resized to {img.shape[0]}x{img.shape[1]}"
+
+
+def side_pages() -> list[tuple[str, np.ndarray]]:
+    """The first FUNSD dev form at its own size (``[("form", page)]``; ``[]`` without the
+    dataset): the page kind whose small text the cascade's text detector is for."""
+    try:
+        path = sorted((dataset_path("funsd-dev") / "images").glob("*.png"))[0]
+    except (DatasetNotFound, IndexError):
+        return []
+    return [("form", cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +105,26 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         cv2.setNumThreads(threads)
     print(f"fixation 800x600 1 core {result['fixation_800x600_one_core']['median_ms']:7.1f} ms")
+    # the cascade's side compute (issue 20: <= 100 ms of one core a page): the text detector
+    # on the benchmark page and on a FUNSD form at their own sizes, nothing cached between calls
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        from fovea_core.cascade.side import detect_text
+        from fovea_core.importance.fixation import text_session
+        from fovea_core.pyramid import build_pyramid
+
+        text_session.cache_clear()
+        result["side_text_detector_one_core"] = {}
+        for name, img in (("page", page), *side_pages()):
+            pyr = build_pyramid(img)
+            r = time_it(lambda pyr=pyr: detect_text(pyr), repeats=args.repeats, warmup=1)
+            result["side_text_detector_one_core"][name] = {
+                **r, "shape": list(img.shape), "target_ms": 100.0}
+            print(f"side text detector {name:8s} {r['median_ms']:7.1f} ms")
+    finally:
+        torch.set_num_threads(threads)
+        cv2.setNumThreads(threads)
     result["query_cold_by_coarse_level"], result["lines_read_by_coarse_level"] = {}, {}
     for level in (0, 1, 2):
         def cold(level=level):
