@@ -292,7 +292,9 @@ def test_promote_goes_through_the_same_gate(dirs):
     (data / "allocators.json").unlink()
     assert bench_main(["promote", str(build / "allocators.json")]) == 0
     assert (data / "allocators.json").read_bytes() == (build / "allocators.json").read_bytes()
-    old_style = json.loads((REAL / "importance.json").read_text())          # no load section
+    old_style = json.loads((REAL / "importance.json").read_text())
+    old_style.pop("load", None)                                 # a record from before the rule
+    old_style.pop("loaded", None)
     (build / "importance.json").write_text(json.dumps(old_style))
     with pytest.raises(common.BenchError, match="load average is unknown"):
         bench_main(["promote", str(build / "importance.json")])
