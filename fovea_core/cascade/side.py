@@ -103,9 +103,10 @@ def render_size(image_size: tuple[int, int], side: int = RENDER_SIDE) -> tuple[i
     enlarged), each side rounded to a multiple of 32 (at least 32), as the DB network needs."""
     if isinstance(side, bool) or not isinstance(side, (int, np.integer)) or side < 32:
         raise ValueError(f"side must be an int >= 32 (render's longer side in px), got {side!r}")
+    from fovea_core.importance.fixation import shrunk_size    # text_map's own rule
+
     h, w = (int(v) for v in image_size)
-    r = min(1.0, side / max(h, w))
-    return max(32, round(h * r / 32) * 32), max(32, round(w * r / 32) * 32)
+    return shrunk_size(h, w, int(side), 32)
 
 
 @functools.lru_cache(maxsize=64)
@@ -171,10 +172,17 @@ def _probability(base: torch.Tensor, side: int) -> tuple[torch.Tensor, float]:
     return prob, (time.perf_counter() - t0) * 1e3
 
 
+def _kernels(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The connected text kernels of a ``[h, w]`` probability map: ``(labels [h, w], stats
+    [K + 1, 5])`` of OpenCV (row 0 is the background)."""
+    _, lab, stats, _ = cv2.connectedComponentsWithStats(
+        (prob > KERNEL_THRESHOLD).astype(np.uint8), connectivity=8)
+    return lab, stats
+
+
 def _kernel_heights(prob: np.ndarray) -> np.ndarray:
     """``[h, w]`` float32: each kernel pixel's kernel height in render px (0 off kernels)."""
-    n, lab, stats, _ = cv2.connectedComponentsWithStats(
-        (prob > KERNEL_THRESHOLD).astype(np.uint8), connectivity=8)
+    lab, stats = _kernels(prob)
     heights = np.concatenate([[0.0], stats[1:, cv2.CC_STAT_HEIGHT]]).astype(np.float32)
     return heights[lab]
 
@@ -236,8 +244,7 @@ def kernel_height_ratio(documents: Iterable, *, side: int = RENDER_SIDE) -> floa
         ann = np.array([b[3] - b[1] for q in d.questions for b in q.boxes], float)
         x = torch.from_numpy(np.ascontiguousarray(d.image)).permute(2, 0, 1)[None].float() / 255
         prob, _ = _probability(x, side)
-        _, _, stats, _ = cv2.connectedComponentsWithStats(
-            (prob[0].numpy() > KERNEL_THRESHOLD).astype(np.uint8), connectivity=8)
+        _, stats = _kernels(prob[0].numpy())
         k = stats[1:][stats[1:, cv2.CC_STAT_WIDTH] > 2, cv2.CC_STAT_HEIGHT] * (
             d.image.shape[0] / prob.shape[-2])
         if len(k) and len(ann):

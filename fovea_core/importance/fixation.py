@@ -172,12 +172,19 @@ def _to_work(m: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(m[:, None].float(), size=grid, mode=mode, **kw)[:, 0]
 
 
+def shrunk_size(h: int, w: int, side: int, multiple: int = 1) -> tuple[int, int]:
+    """``(hs, ws)``: an ``h x w`` image scaled so its longer side is ``side`` (never enlarged),
+    each side rounded to a multiple of ``multiple`` (at least ``multiple``). The one rule of
+    :func:`_shrink`, of the reads it declares and of the cascade's detector render."""
+    r = min(1.0, side / max(h, w))
+    return (max(multiple, round(h * r / multiple) * multiple),
+            max(multiple, round(w * r / multiple) * multiple))
+
+
 def _shrink(x: torch.Tensor, side: int, multiple: int = 1) -> torch.Tensor:
     """Area-resize ``[B, C, H, W]`` so its longer side is ``side`` (never enlarges)."""
     h, w = x.shape[-2:]
-    r = min(1.0, side / max(h, w))
-    hs = max(multiple, round(h * r / multiple) * multiple)
-    ws = max(multiple, round(w * r / multiple) * multiple)
+    hs, ws = shrunk_size(h, w, side, multiple)
     return x if (hs, ws) == (h, w) else F.interpolate(x, size=(hs, ws), mode="area")
 
 
@@ -384,7 +391,5 @@ def fixation_reads(h: int, w: int) -> int:
     """Pixels the ``fixation`` scorer reads: the LOW_SIDE image of the low-level channels,
     the FACE_SIDE grey image and the TEXT_SIDE detector input."""
     def px(side: int, multiple: int = 1) -> int:
-        r = min(1.0, side / max(h, w))
-        return (max(multiple, round(h * r / multiple) * multiple)
-                * max(multiple, round(w * r / multiple) * multiple))
+        return math.prod(shrunk_size(h, w, side, multiple))
     return px(LOW_SIDE) + px(FACE_SIDE) + px(TEXT_SIDE, 32)
