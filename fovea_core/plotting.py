@@ -91,12 +91,12 @@ def overlay_tokens(ax: Axes, image: np.ndarray | torch.Tensor | Pyramid, tokens:
             sel = levels == lv
             color = cmap(0.9 * float(lv) / top)
             coll = PolyCollection(verts[sel], facecolors="none", edgecolors=[color],
-                                   linewidth=linewidth, label=f"level {lv:g}")
+                                   linewidth=linewidth, label=f"level {lv:.3g}")
             ax.add_collection(coll)
             added.append(coll)
             side = tokens.patch * 2.0**float(lv)
             handles.append(Patch(facecolor="none", edgecolor=color,
-                                 label=f"level {lv:g} ({side:.0f}px): {int(sel.sum())}"))
+                                 label=f"level {lv:.3g} ({side:.0f}px): {int(sel.sum())}"))
         ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.8)
     else:
         scores = _pick(tokens.scores, index, "token sets").cpu().numpy()
@@ -176,6 +176,29 @@ def token_panel(image: np.ndarray | torch.Tensor | Pyramid, tokens: TokenSet,
         k += 1
     if recon is not None:
         show_reconstruction(axes[k], recon, index=index)
+    return fig
+
+
+def token_sets_figure(image: np.ndarray | torch.Tensor | Pyramid, panels: dict[str, TokenSet],
+                      box: tuple[float, float, float, float] | None = None,
+                      width: float = 5.5) -> Figure:
+    """One panel per ``{title: TokenSet}``, the tokens over ``image`` coloured by level
+    (:func:`overlay_tokens`), with ``box`` (x0, y0, x1, y1 base pixels; e.g. an answer)
+    outlined in green on each."""
+    if not panels:
+        raise ValueError("token_sets_figure: panels is empty")
+    first = next(iter(panels.values()))
+    h, w = first.image_size
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), width * h / w + 0.8),
+                             squeeze=False, layout="constrained")
+    for ax, (title, tokens) in zip(axes[0], panels.items()):
+        overlay_tokens(ax, image, tokens, show_centers=False, linewidth=0.5)
+        ax.set_title(title)
+        if box is not None:
+            x0, y0, x1, y1 = box
+            ax.add_patch(plt.Rectangle((x0 - 4, y0 - 4), x1 - x0 + 8, y1 - y0 + 8, fill=False,
+                                       ec="lime", lw=1.2))
+        ax.set_axis_off()
     return fig
 
 

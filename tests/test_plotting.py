@@ -12,7 +12,8 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 
 from fovea_core import TokenSet  # noqa: E402
 from fovea_core.plotting import (box_vertices, level_colors, overlay_tokens,  # noqa: E402
-                                 show_reconstruction, show_scores, token_panel)
+                                 show_reconstruction, show_scores, token_panel,
+                                 token_sets_figure)
 
 H, W, P = 96, 128, 16
 
@@ -134,6 +135,22 @@ def test_token_panel_layout(with_scores, with_recon, n_panels):
         assert np.asarray(fig.canvas.buffer_rgba()).std() > 0
     finally:
         plt.close(fig)
+
+
+def test_token_sets_figure_draws_one_panel_per_token_set_with_the_box():
+    t = tokens(1)
+    fig = token_sets_figure(image(1), {"a": t, "b": t}, box=(8, 8, 40, 24))
+    try:
+        assert [a.get_title() for a in fig.axes] == ["a", "b"]
+        for a in fig.axes:
+            assert sum(len(c.get_paths()) for c in a.collections
+                       if isinstance(c, PolyCollection)) == 10
+            green = [p for p in a.patches if p.get_edgecolor()[:3] == (0.0, 1.0, 0.0)]
+            assert len(green) == 1 and green[0].get_x() == 4
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match="empty"):
+        token_sets_figure(image(1), {})
 
 
 def test_resize_curve_figure_draws_the_curve_and_the_methods():

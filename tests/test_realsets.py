@@ -67,6 +67,37 @@ def test_real_family_is_holm_corrected():
     assert (fam.p_holm >= fam.p).all()
 
 
+def test_variant_family_compares_each_variant_with_its_own_reference():
+    fam = R.variant_family(_table(), [("good", "same"), ("same", "resize")], 273)
+    fam = fam.set_index("method")
+    assert fam.loc["good", "baseline"] == "same" and fam.loc["same", "baseline"] == "resize"
+    assert fam.loc["good", "verdict"] == "better" and fam.loc["good", "diff"] > 0.5
+    assert fam.loc["same", "verdict"] == "no detectable difference"
+    assert (fam.p_holm >= fam.p).all() and fam.p_holm.max() <= 1.0
+
+
+def test_variant_words_say_kept_difference_and_verdict():
+    t = _table()
+    fam = R.variant_family(t, [("good", "same")], 273)
+    w = R.variant_words(t, fam)
+    k = R.kept_table(t, ["good"]).iloc[0]
+    assert list(w) == [("set", "good")]
+    assert w[("set", "good")].startswith(f"{100 * k.kept:.0f} % [")
+    assert "minus `same`" in w[("set", "good")] and w[("set", "good")].endswith("**better**")
+
+
+def test_region_methods_are_the_two_cascades_with_a_level_per_region():
+    from fovea_core.cascade.evaluate import REGION_PAIRS, real_set_methods, region_methods
+
+    ms = region_methods(gist_budget=64)
+    refs = {m.label: m for m in real_set_methods(None, gist_budget=64)}
+    assert [m.label for m in ms] == [v for v, _ in REGION_PAIRS]
+    for m, (_, ref) in zip(ms, REGION_PAIRS):
+        r = refs[ref]
+        assert m.params == {**r.params, "fovea": "regions"} and m.allocator == r.allocator
+        assert m.identity() != r.identity()                    # its own cache cells
+
+
 def _cost_rows() -> pd.DataFrame:
     """Two pages x two questions; a side-compute method, a budgeted one, an unbudgeted one."""
     rows = []

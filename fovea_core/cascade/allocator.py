@@ -27,15 +27,15 @@ import torch
 
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.registry import register
-from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate, gist,
-                                     gist_to_grid, page_key)
+from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate,
+                                     foveate_regions, gist, gist_to_grid, page_key)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.raster import coverage_raster
 from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "choose_level",
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights", "choose_level", "FOVEAE", "REGION_STEP",
            "CascadeParts", "cascade_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
@@ -55,6 +55,13 @@ def gist_budget_for(budget: int) -> int:
 #: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
 SURROUND = 0.5
+#: the fovea's forms: ``"core"`` (one level per page, :func:`choose_level`, plus the
+#: surround one octave coarser) or ``"regions"`` (a level per region, from the text height
+#: under each cell: :func:`~fovea_core.cascade.core.foveate_regions`)
+FOVEAE = ("core", "regions")
+#: spacing (octaves) of the candidate levels of ``fovea="regions"``: from the finest level
+#: the page allows up to half an octave below the gist
+REGION_STEP = 0.5
 #: side channels the cascade accepts (:mod:`fovea_core.cascade.side`); ``None``: none
 SIDES = ("text",)
 #: with ``side="text"``, the localiser map is tempered to this power and multiplied by
@@ -88,6 +95,16 @@ def text_size_map(g: Gist) -> torch.Tensor:
     return grid
 
 
+def text_heights(g: Gist, size_map: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B, Gh, Gw]`` log2 text height (base pixels) per level-0 cell: ``size_map`` (a side
+    channel's measurement) where it is not NaN, the gist's estimate
+    (:func:`text_size_map`) elsewhere."""
+    size = text_size_map(g)
+    if size_map is None:
+        return size
+    return torch.where(torch.isnan(size_map), size, size_map.to(size.dtype))
+
+
 def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
                  min_level: float = 0.0, max_level: float | None = None,
                  size_map: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,10 +115,7 @@ def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
     the gist). ``size_map``: ``[B, Gh, Gw]`` log2 text heights to use instead of the gist's
     (a side channel's measurement; NaN cells fall back to the gist's estimate)."""
     w = loc / loc.flatten(1).sum(1).clamp(min=1e-12)[:, None, None]
-    size = text_size_map(g)
-    if size_map is not None:
-        size = torch.where(torch.isnan(size_map), size, size_map.to(size.dtype))
-    log_px = (w * size).flatten(1).sum(1)
+    log_px = (w * text_heights(g, size_map)).flatten(1).sum(1)
     top = max(g.level - 2.0 if max_level is None else max_level, min_level)
     return (log_px - math.log2(legible_px)).clamp(min_level, top)
 
@@ -206,12 +220,18 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   level: float | str = "auto", legible_px: float = LEGIBLE_PX,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
                   context_weight: float = 0.5, patch: int = 16,
-                  gist_obj: Gist | None = None, side: str | None = None) -> CascadeParts:
+                  gist_obj: Gist | None = None, side: str | None = None,
+                  fovea: str = "core") -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it)."""
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
+    if fovea not in FOVEAE:
+        raise ValueError(f"cascade: fovea must be one of {FOVEAE}, got {fovea!r}")
+    if fovea == "regions" and level != "auto":
+        raise ValueError(f"cascade: fovea='regions' chooses a level per region; it takes "
+                         f"level='auto', got level={level!r}")
     budget, gist_budget = _check_args(budget, query=query, gist_budget=gist_budget,
                                       level=level, legible_px=legible_px, surround=surround,
                                       context=context, context_weight=context_weight)
@@ -244,6 +264,9 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         layout = detect_text(pyramid, patch=patch, key=g.key or None)
         loc = loc.pow(SIDE_TEMPER) * (SIDE_FLOOR + layout.mask)
         cost, size_map = layout.cost, layout.log_px
+    if fovea == "regions":
+        return _regions(pyramid, g, loc, rest, size_map, cost, legible_px=legible_px,
+                        context=context, context_weight=context_weight, patch=patch)
     if level == "auto":
         levels = choose_level(g, loc, legible_px=legible_px, size_map=size_map)
     else:
@@ -277,12 +300,37 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     return CascadeParts(tokens, g, loc, levels, cost)
 
 
+def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
+             size_map: torch.Tensor | None, cost: SideCost | None, *, legible_px: float,
+             context: tuple[int, int], context_weight: float, patch: int) -> CascadeParts:
+    """The fovea with a level per region (:func:`~fovea_core.cascade.core.foveate_regions`):
+    candidate levels every :data:`REGION_STEP` octaves from the finest the page allows up to
+    half an octave below the gist; each cell needs ``log2(text_px / legible_px)``."""
+    need = text_heights(g, size_map) - math.log2(legible_px)               # [B, Gh, Gw]
+    lo = _fitting_level(0.0, pyramid.image_size, rest, patch)
+    top = max(g.level - 0.5, lo)
+    anchor = choose_level(g, loc, legible_px=legible_px, size_map=size_map)  # [B]
+    parts, firsts = [], []
+    for b in range(pyramid.batch_size):                 # each page its own candidate levels
+        a = float(anchor[b])
+        k = torch.arange(math.ceil((lo - a) / REGION_STEP - 1e-9),
+                         math.floor((top - a) / REGION_STEP + 1e-9) + 1, dtype=torch.float64)
+        levels = a + REGION_STEP * k
+        fov = foveate_regions(loc[b:b + 1], rest, image_size=pyramid.image_size,
+                              need=need[b:b + 1] + REGION_STEP / 2, levels=levels,
+                              patch=patch, context=context, context_weight=context_weight)
+        parts.append(combine([g.tokens[b], fov], fixation=fov.fixations))
+        firsts.append(fov.levels.min())
+    tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
+    return CascadeParts(tokens, g, loc, torch.stack(firsts), cost)
+
+
 def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
             gist_budget: int | None = None, localiser: str | Callable = "learned",
             level: float | str = "auto", legible_px: float = LEGIBLE_PX,
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
-            patch: int = 16, side: str | None = None) -> TokenSet:
+            patch: int = 16, side: str | None = None, fovea: str = "core") -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
@@ -303,6 +351,13 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     (``** SIDE_TEMPER``) and multiplied by ``SIDE_FLOOR + text mask``, and ``level="auto"``
     reads the text height the detector measured under the map (the gist's estimate where it
     found no text). Its cost is :attr:`CascadeParts.side`.
+
+    ``fovea="regions"`` replaces the core and its surround by a level per region
+    (:func:`~fovea_core.cascade.core.foveate_regions`): every level-0 cell is read at the
+    coarsest candidate level (every :data:`REGION_STEP` octaves) at which the text height
+    under it (:func:`text_heights`: the detector's measurement with ``side="text"``, else
+    the gist's estimate) is still ``legible_px``, and the tokens go to the cells whose
+    mass per token is highest, so several modes of the map are read, each at its level.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -326,7 +381,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
-                         patch=patch, side=side).tokens
+                         patch=patch, side=side, fovea=fovea).tokens
 
 
 def _registered(**defaults):

@@ -32,7 +32,8 @@ from fovea_core.eval.evaluator import PageState, cell_cache_path, evaluate_docum
 from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
-__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "Method", "text_side_method", "book_methods", "cascade_allocate", "cascade_columns",
+__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "REGION_PAIRS", "Method", "region_methods",
+           "text_side_method", "book_methods", "cascade_allocate", "cascade_columns",
            "cascade_method", "evaluate", "kept_difference", "real_set_methods",
            "unbudgeted_method"]
 
@@ -136,15 +137,35 @@ def book_methods() -> list[Method]:
 TEXT_SIDE_LABEL = "cascade | learned + text detector"
 
 
-def text_side_method(label: str = TEXT_SIDE_LABEL, *, gist_budget: int | None = None
-                     ) -> Method:
+def text_side_method(label: str = TEXT_SIDE_LABEL, *, gist_budget: int | None = None,
+                     **params) -> Method:
     """The learned cascade with the text detector as side compute (the registered
-    ``cascade_text``: :mod:`fovea_core.cascade.side`), costed beside its N tokens."""
+    ``cascade_text``: :mod:`fovea_core.cascade.side`), costed beside its N tokens.
+    ``params``: more keywords of :func:`~fovea_core.cascade.allocator.cascade_parts` (e.g.
+    ``fovea="regions"``)."""
     from fovea_core.cascade.allocator import DEFAULT_GIST
 
     return Method(label, "cascade_text", dict(localiser="learned", side="text",
-                                              gist_budget=gist_budget or DEFAULT_GIST),
+                                              gist_budget=gist_budget or DEFAULT_GIST,
+                                              **params),
                   cascade=True, query_aware=True)
+
+
+#: the level-per-region variants (:func:`region_methods`) and the one-level method each
+#: changes: ``[(variant label, reference label)]``
+REGION_PAIRS = [("cascade | learned, level per region", "cascade | learned"),
+                (TEXT_SIDE_LABEL + ", level per region", TEXT_SIDE_LABEL)]
+
+
+def region_methods(*, gist_budget: int | None = None) -> list[Method]:
+    """The two cascades of :func:`real_set_methods` with a fovea level per region
+    (``fovea="regions"``: :func:`~fovea_core.cascade.core.foveate_regions`) instead of one
+    core level and a surround, labelled as in :data:`REGION_PAIRS`: the learned cascade
+    (the level from the gist's text-size estimate, budgeted) and the cascade with the text
+    detector (from the detector's measured heights, side compute)."""
+    return [cascade_method(REGION_PAIRS[0][0], "learned", gist_budget=gist_budget,
+                           fovea="regions"),
+            text_side_method(REGION_PAIRS[1][0], gist_budget=gist_budget, fovea="regions")]
 
 
 def real_set_methods(oracle, *, gist_budget: int | None = None) -> list[Method]:

@@ -17,7 +17,7 @@ import pandas as pd
 from fovea_core.eval.documents import Document
 
 __all__ = ["DATASET_KEYS", "METHOD_KEYS", "book_forms", "cost_labels", "kept_table",
-           "real_family", "side_costs"]
+           "real_family", "side_costs", "variant_family", "variant_words"]
 
 #: short glue keys of the datasets and methods the chapters report
 DATASET_KEYS = {"synthetic": "syn", "sroie": "rec", "funsd": "form",
@@ -87,6 +87,40 @@ def real_family(table: pd.DataFrame, methods: Sequence[str], budget: int, *,
         fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
                           for r in fam.itertuples()]
     return fam
+
+
+def variant_family(table: pd.DataFrame, pairs: Sequence[tuple[str, str]], budget: int, *,
+                   seed: int = 0) -> pd.DataFrame:
+    """Each ``variant - reference`` of ``pairs`` on every dataset of ``table`` (an ablation:
+    one change against the method it changes), paired over documents, with Holm-adjusted
+    p-values over all pairs and datasets together (``p_holm``) and the verdict word they
+    allow. Columns of :func:`~fovea_core.eval.stats.paired_family` (``baseline`` is the
+    pair's reference)."""
+    from fovea_core.eval.stats import holm, paired_family, verdict
+
+    fam = pd.concat([paired_family(table, [v], ref, budget, seed=seed, correct=False)
+                     for v, ref in pairs], ignore_index=True)
+    if len(fam):
+        fam["p_holm"] = holm(fam["p"].to_numpy())
+        fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                          for r in fam.itertuples()]
+    return fam
+
+
+def variant_words(table: pd.DataFrame, fam: pd.DataFrame, *, seed: int = 0
+                  ) -> dict[tuple[str, str], str]:
+    """``{(dataset, variant): sentence}`` for each row of a :func:`variant_family`: the
+    variant's kept share with its 95 % CI (:func:`kept_table` of ``table``) and its
+    difference from its reference, in points, with the verdict word."""
+    kept = kept_table(table, list(dict.fromkeys(fam.method)), seed=seed).set_index(
+        ["dataset", "method"])
+    out = {}
+    for r in fam.itertuples():
+        k = kept.loc[(r.dataset, r.method)]
+        out[(r.dataset, r.method)] = (
+            f"{100 * k.kept:.0f} % [{100 * k.lo:.0f}, {100 * k.hi:.0f}]; minus "
+            f"`{r.baseline}`: {r.text} points, **{r.verdict}**")
+    return out
 
 
 def cost_labels(table: pd.DataFrame) -> dict[str, str]:
