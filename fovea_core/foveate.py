@@ -266,6 +266,7 @@ def method_summary(name: str, width: int = 100) -> str:
     except TypeError:
         free = {}
     bound = free.get("defaults") if isinstance(free.get("defaults"), Mapping) else {}
+    bound = bound or _cascade_defaults(name)
     inner = free.get("fn") if callable(free.get("fn")) else fn
     doc = inspect.getdoc(inner) or inspect.getdoc(fn) or ""
     para = " ".join(doc.strip().split("\n\n")[0].split()) or "(no description)"
@@ -288,15 +289,20 @@ def check_method(method: str) -> None:
                          "tokens for one page; choose one of: " + ", ".join(method_names()))
 
 
+def _cascade_defaults(method: str) -> dict:
+    """The keywords a registered cascade variant binds
+    (:data:`~fovea_core.cascade.allocator.REGISTERED`; ``{}``: not a registered cascade)."""
+    _, INFO = _registry()
+    if INFO[method]["family"] != "cascade":
+        return {}
+    from fovea_core.cascade.allocator import REGISTERED
+
+    return dict(REGISTERED.get(method, {}))
+
+
 def _default_localiser(method: str) -> Any:
     """The localiser a registered cascade variant binds (``None``: not a bound variant)."""
-    ALLOCATORS, _ = _registry()
-
-    try:
-        bound = inspect.getclosurevars(ALLOCATORS[method]).nonlocals.get("defaults", {})
-    except TypeError:
-        return None
-    return bound.get("localiser") if isinstance(bound, Mapping) else None
+    return _cascade_defaults(method).get("localiser")
 
 
 def _scorer_for(method: str, question: str | None, options: Mapping) -> str:
@@ -460,8 +466,15 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
     call = dict(opts, patch=patch)
     if question is not None and q_used:
         call["query"] = question
+    side = None                         # a cascade's side cost, from the run that allocated
     try:
-        tokens = allocate(method, pyr, scores, budget, **call)
+        if INFO[method]["family"] == "cascade":
+            from fovea_core.cascade.allocator import registered_parts
+
+            parts = registered_parts(method, pyr, scores, budget, **call)
+            tokens, side = parts.tokens, parts.side
+        else:
+            tokens = allocate(method, pyr, scores, budget, **call)
     except TypeError as err:
         if "unexpected keyword argument" not in str(err):
             raise
@@ -478,12 +491,6 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
                          "foveate needs exactly N")
     patches = sample(pyr, tokens)
     view = render(tokens, patches, background=pyr)[0].clamp(0, 1)
-    side = None
-    if INFO[method].get("side_compute") and INFO[method]["family"] == "cascade":
-        from fovea_core.cascade.core import page_key      # the run the cascade just made
-        from fovea_core.cascade.side import detect_text
-
-        side = detect_text(pyr, patch=patch, key=page_key(pyr)).cost
     cost = _cost(method, scorer, pyr, budget, side_ms, side)
     return Foveation(tokens=tokens, patches=patches, view=view, cost=cost, method=method,
                      options=dict(opts, patch=patch, **({"scorer": scorer}

@@ -227,6 +227,26 @@ def dataclasses_frozen():
     return dataclasses.FrozenInstanceError
 
 
+def test_a_cascade_with_side_compute_is_costed_from_the_run_that_allocated(pages, monkeypatch):
+    """foveate takes the text detector's cost from the cascade run that made the tokens
+    (one detector run, never a second call that hopes for a cache hit)."""
+    from fovea_core.cascade import allocator as A
+    from fovea_core.cascade.side import detector_flops, render_size
+
+    calls = []
+    real = A.detect_text
+
+    def counted(pyr, **kw):
+        calls.append(1)
+        return real(pyr, **{**kw, "key": None})               # no cache: every run counts
+    monkeypatch.setattr(A, "detect_text", counted)
+    f = foveate(pages / "page0.png", "What is the title?", method="cascade_text")
+    assert len(calls) == 1
+    c = f.cost
+    assert c.label == "side compute" and c.side_flops == detector_flops(*render_size((SIDE, SIDE))) > 0
+    assert c.side_ms > 0 and c.side_pixels > 0
+
+
 def test_cost_uses_the_sweeps_token_rules(pages):
     from fovea_core import build_pyramid
     from fovea_core.eval.sweep import alloc_read_tokens, scorer_tokens
@@ -285,6 +305,9 @@ def test_bad_inputs_of_foveate(pages):
 
 
 def test_a_question_the_method_ignores_is_said_once(pages):
+    # a first call imports what resize needs; an import that sets a warnings filter resets
+    # Python's once-per-place memory, which would make the test depend on the tests before it
+    foveate(pages / "page0.png", budget=16, method="resize")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         for _ in range(3):

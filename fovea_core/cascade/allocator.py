@@ -36,7 +36,7 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights", "choose_level", "FOVEAE", "REGION_STEP",
-           "CascadeParts", "cascade_parts"]
+           "CascadeParts", "cascade_parts", "REGISTERED", "registered_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -384,14 +384,40 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
                          patch=patch, side=side, fovea=fovea).tokens
 
 
-def _registered(**defaults):
-    def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
-        if scores is not None:          # ignored, but held to the shared rules like any map
-            from fovea_core.allocators.base import check_inputs
+#: the keyword defaults of each registered cascade (``{name: {"localiser": ..., ...}}``)
+REGISTERED: dict[str, dict] = {}
 
-            _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
-        return cascade(pyramid, scores, budget, query=query, fixation=fixation, seed=seed,
-                       patch=patch, **{**defaults, **kw})
+
+def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixation=None,
+                     query: str | None = None, seed: int = 0, patch: int = 16,
+                     **kw) -> CascadeParts:
+    """Run the registered cascade ``name`` (e.g. ``"cascade_text"``) as
+    ``allocate(name, ...)`` does and return every intermediate, its side cost included
+    (:attr:`CascadeParts.side`), so that a caller that needs the cost gets it from the run
+    that made the tokens. ``scores``, ``fixation`` and ``seed`` are held to the shared rules
+    and otherwise ignored, as in :func:`cascade`."""
+    if name not in REGISTERED:
+        raise ValueError(f"{name!r} is not a registered cascade; registered: "
+                         f"{', '.join(REGISTERED)}")
+    if scores is not None:              # ignored, but held to the shared rules like any map
+        from fovea_core.allocators.base import check_inputs
+
+        _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
+    if fixation is not None:
+        from fovea_core.allocators.base import resolve_fixation
+
+        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
+            pyramid, Pyramid) else 1, 1, 1))
+    return cascade_parts(pyramid, budget, query=query, patch=patch,
+                         **{**REGISTERED[name], **kw})
+
+
+def _registered(name: str, **defaults):
+    REGISTERED[name] = defaults
+
+    def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
+        return registered_parts(name, pyramid, scores, budget, fixation=fixation, query=query,
+                                seed=seed, patch=patch, **kw).tokens
     fn.__doc__ = cascade.__doc__
     return fn
 
@@ -415,7 +441,7 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_gist_query", "gist_query", False),
                               ("cascade_prior", "learned_prior", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
-             reads=reads_nothing_else, uses_scores=False)(_registered(localiser=_loc))
+             reads=reads_nothing_else, uses_scores=False)(_registered(_name, localiser=_loc))
 register("cascade_text", family="cascade", version="cascade", content=True, learned=True,
          reads=text_render_reads, uses_scores=False, side_compute=True)(
-    _registered(localiser="learned", side="text"))
+    _registered("cascade_text", localiser="learned", side="text"))
