@@ -350,3 +350,11 @@ def test_import_fovea_core_stays_light():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_method_summary_names_what_a_registered_cascade_binds():
+    from fovea_core.foveate import method_summary
+
+    assert method_summary("cascade_text", width=200).endswith("(localiser=learned, side=text).")
+    assert "(localiser=learned_prior)" in method_summary("cascade_prior", width=200)
+    assert "localiser" not in method_summary("resize", width=200)
