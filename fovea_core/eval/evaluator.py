@@ -84,9 +84,9 @@ from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["CELL_KEY_VERSION", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
+__all__ = ["CELL_KEY_VERSION", "COST_LABELS", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
            "ColumnsHook", "Method", "PageState", "alloc_read_tokens", "allocate_with_scores", "cached_score",
-           "cell_cache_path", "cell_key", "code_fingerprint", "default_cache_dir",
+           "cell_cache_path", "cell_key", "code_fingerprint", "cost_label", "default_cache_dir",
            "document_fingerprint", "evaluate_document", "evaluate_documents",
            "evict_stale_caches", "library_versions", "map_processes", "process_pool",
            "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute", "stale_caches",
@@ -121,6 +121,32 @@ def uses_scores(fn: Callable | str) -> bool:
     if fn not in INFO:
         raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
     return bool(INFO[fn].get("uses_scores", True))
+
+
+#: the cost labels of ``shared/PROTOCOL.md`` (:func:`cost_label`): budgeted, side compute, unbudgeted
+COST_LABELS = ("budgeted", "side compute", "unbudgeted")
+
+
+def cost_label(side_compute, unbudgeted) -> str | np.ndarray:
+    """The one cost-label rule of ``shared/PROTOCOL.md``: ``"side compute"`` where what the
+    method read outside N is side compute (it is then never called unbudgeted, as the
+    evaluator's rows say: ``unbudgeted`` is False on a side-compute row), else
+    ``"unbudgeted"`` where it read more than N's worth outside N, else ``"budgeted"``.
+
+    ``side_compute`` and ``unbudgeted`` are bools or equal-shaped array-likes / Series
+    (``[M]``, one per method or row); a missing value (None, NaN, ``pd.NA``) counts as
+    False. Returns a ``str`` for scalars, else a ``str`` array of the same shape.
+    """
+    def flag(v) -> np.ndarray:
+        a = np.asarray(v, dtype=object)
+        return np.where(pd.isna(a), False, a).astype(bool)
+
+    side, unb = flag(side_compute), flag(unbudgeted)
+    if side.shape != unb.shape:
+        raise ValueError(f"cost_label: side_compute has shape {side.shape} and unbudgeted "
+                         f"{unb.shape}; they must match (one flag of each per method)")
+    out = np.where(side, COST_LABELS[1], np.where(unb, COST_LABELS[2], COST_LABELS[0]))
+    return str(out) if out.ndim == 0 else out
 
 
 def side_compute(fn: Callable | str) -> bool:
