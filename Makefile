@@ -20,7 +20,7 @@ GET_UV = test -x $(UV) || { $(PYTHON) -m venv $(LOCK_TOOLS) && \
 TORCH_WHEELS ?= /opt/wheels
 TORCH_SOURCE := $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0*),--find-links $(TORCH_WHEELS),--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: book test chromium tesseract lab lock clean clean-cache data-link help
+.PHONY: book test chromium tesseract lab lock clean clean-cache clean-stale data-link help
 help:
 	@echo "make book [PROFILE=smoke|default|full] [FORCE=1] [JOBS=n]  execute the notebooks whose inputs"
 	@echo "                                          changed (all with FORCE=1; n at once, default 2), then build the HTML"
@@ -30,6 +30,8 @@ help:
 	@echo "make lock                                 regenerate $(LOCK) from pyproject.toml (UPGRADE=1: newest versions)"
 	@echo "make clean                                remove _build (keeps .venv and data/cache)"
 	@echo "make clean-cache                          remove data/cache (sweep results, OCR readings, datasets)"
+	@echo "make clean-stale                          remove the sweep's row caches of other code versions in"
+	@echo "                                          data/cache (prints each file and the bytes freed; DRY=1: list only)"
 
 # Python's bytecode caches (.pyc) are written on first import, Python's default, even where
 # the environment turns them off (PYTHONDONTWRITEBYTECODE, as on these machines): otherwise
@@ -94,3 +96,8 @@ clean:
 clean-cache:
 	rm -rf data/cache
 	@echo "removed data/cache (sweep results, OCR readings, loaded datasets; the next book run recomputes them)"
+
+# The row caches of other versions of the fovea_core source (their keys can never match
+# again); the current code's cache is kept. Not while a book or sweep is running.
+clean-stale: $(STAMP)
+	$(PY) -m fovea_core clean-stale $(if $(DRY),--dry-run,)

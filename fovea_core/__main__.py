@@ -1,4 +1,5 @@
-"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M] --out DIR``.
+"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M] --out DIR``
+and ``python -m fovea_core clean-stale [--cache-dir DIR] [--dry-run]``.
 
 Per page (:func:`fovea_core.foveate.save_foveation`): ``<name>.foveated.png`` (what the
 model sees), ``<name>.tokens.png`` (the tokens by level and by stage over the page, and the
@@ -7,6 +8,13 @@ files (not its sub-folders) on a process pool with a progress bar; files that ar
 readable images are skipped and counted; the last line is a summary. Exit status: 0 when
 every image was foveated, 1 when a page failed, 2 for bad arguments (unknown method, missing
 path, a folder without images).
+
+``clean-stale`` (``make clean-stale``) deletes the sweep's row caches written by other
+versions of the ``fovea_core`` source (:func:`fovea_core.eval.evaluator.stale_caches`:
+``rows-<fingerprint>.sqlite`` but the current code's, and the unversioned files of older
+code), printing each file and the bytes freed; ``--dry-run`` only lists them. Run it when
+no book or sweep is running: a kernel started before a code change still writes the cache
+of its own (now stale) fingerprint.
 """
 
 from __future__ import annotations
@@ -71,7 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     p.add_argument("--workers", "-j", type=int, default=None,
                    help="processes for a folder (default: the CPU count)")
-    p.set_defaults(subparser=p)
+    p.set_defaults(subparser=p, run=foveate_command)
+    c = sub.add_parser(
+        "clean-stale", help="delete the sweep's row caches of other code versions; print what "
+                            "went and the bytes freed",
+        description=textwrap.fill(
+            "Delete the cell caches (rows-<fingerprint>.sqlite and their -wal/-shm files, and "
+            "the unversioned caches of older code) whose fovea_core source fingerprint is not "
+            "the current one: no row in them can be read again. The current code's cache is "
+            "kept; nothing outside the cache folder is touched. Run it when no book or sweep "
+            "is running.", 88))
+    c.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="the sweep's cache folder (default: data/cache/sweep, and the old "
+                        "cascade cells in data/cache/cascade)")
+    c.add_argument("--dry-run", "-n", action="store_true",
+                   help="list what would be deleted, delete nothing")
+    c.set_defaults(subparser=c, run=clean_stale_command)
     return parser
 
 
@@ -202,13 +225,36 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     return 1 if failed or not done else 0
 
 
+def clean_stale_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Delete (or with ``--dry-run`` list) the stale cell caches; one line per file with its
+    size, then a summary line with the file count and the bytes. Exit 0 (also when nothing is
+    stale), 2 when ``--cache-dir`` is not a folder."""
+    from fovea_core.eval.evaluator import (cell_cache_path, default_cache_dir,
+                                           evict_stale_caches, stale_caches)
+
+    folder = default_cache_dir() if args.cache_dir is None else Path(args.cache_dir)
+    if args.cache_dir is not None and not folder.is_dir():
+        parser.error(f"--cache-dir {folder} is not a folder")
+    sizes = {p: p.stat().st_size for p in stale_caches(args.cache_dir)}
+    gone = list(sizes) if args.dry_run else evict_stale_caches(args.cache_dir)
+    verb = "would remove" if args.dry_run else "removed"
+    for p in gone:
+        print(f"{verb} {p} ({sizes.get(p, 0):,} bytes)")
+    total = sum(sizes.get(p, 0) for p in gone)
+    keep = cell_cache_path(folder)
+    print(f"clean-stale: {verb} {len(gone)} file{'s' if len(gone) != 1 else ''}, {total:,} bytes"
+          f" ({total / 2**20:.1f} MiB) in {folder}; kept {keep.name} (the current code's"
+          f"{'' if keep.exists() else ', not written yet'})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return foveate_command(args, args.subparser)
+    return args.run(args, args.subparser)
 
 
 if __name__ == "__main__":

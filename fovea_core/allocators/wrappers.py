@@ -98,6 +98,40 @@ def image_complexity(pyramid: Pyramid, patch: int = 16, threshold: float = 0.02)
     return (F.avg_pool2d(g[:, :1], cell) > threshold).float().flatten(1).mean(1)
 
 
+#: the seeds' budget buckets for a nominal 273 tokens, and the complexity thresholds between them
+BUCKETS: tuple[int, ...] = (180, 273, 365, 456)
+THRESHOLDS: tuple[float, ...] = (0.25, 0.5, 0.75)
+
+
+def _bucket_rule(complexity, n: int, buckets, thresholds) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(which [B] int64, sizes [len(buckets)] int64)``: each image's bucket index and each
+    bucket's budget before the clip to the grid (see :func:`bucket_budgets`)."""
+    if len(thresholds) != len(buckets) - 1:
+        raise ValueError(f"adaptive_budget: need len(buckets) - 1 = {len(buckets) - 1} "
+                         f"thresholds, got {len(thresholds)}")
+    c = torch.as_tensor(complexity).float().reshape(-1)
+    which = torch.bucketize(c, torch.tensor(thresholds, dtype=torch.float32), right=True)
+    sizes = torch.round(torch.tensor(buckets, dtype=torch.float64) * n / 273).long().clamp(min=1)
+    return which, sizes
+
+
+def bucket_budgets(complexity, budget: int | None = 273, cells=None, *,
+                   buckets=BUCKETS, thresholds=THRESHOLDS) -> torch.Tensor:
+    """``[B]`` int64: the budget :func:`adaptive_budget` gives each image (its one rule).
+
+    Bucket ``i`` is chosen where ``complexity`` ``[B]`` passes ``thresholds[i-1]``
+    (compared in float32); the buckets are scaled by ``budget / 273`` (``None``: 273),
+    rounded half to even, and clipped to ``[1, cells]``, where ``cells`` (an int or ``[B]``;
+    ``None``: no upper clip) is each image's number of base-grid patches ``Gh * Gw``.
+    """
+    which, sizes = _bucket_rule(complexity, 273 if budget is None else budget, buckets,
+                                thresholds)
+    per_image = sizes[which]
+    if cells is None:
+        return per_image
+    return torch.minimum(per_image, torch.as_tensor(cells, dtype=torch.int64).expand_as(per_image))
+
+
 @dataclass(frozen=True)
 class BucketResult:
     """One budget bucket of :func:`adaptive_budget`: the batch ``indices`` whose images got
@@ -110,7 +144,7 @@ class BucketResult:
 
 @register("adaptive_budget", family="wrappers", version="wrapper", kind="buckets")
 def adaptive_budget(pyramid: Pyramid, scores, budget: int = 273, *,
-                    buckets=(180, 273, 365, 456), thresholds=(0.25, 0.5, 0.75),
+                    buckets=BUCKETS, thresholds=THRESHOLDS,
                     base: str = "topk", complexity: torch.Tensor | None = None, fixation=None,
                     query=None, seed: int = 0, patch: int = 16, **base_kw) -> list[BucketResult]:
     """Per-image budget from image complexity, in discrete buckets.
@@ -122,20 +156,16 @@ def adaptive_budget(pyramid: Pyramid, scores, budget: int = 273, *,
     :class:`BucketResult`, one per non-empty bucket (ascending budget): images are grouped
     by bucket and each group is allocated by ``ALLOCATORS[base]`` with that budget.
     """
-    if len(thresholds) != len(buckets) - 1:
-        raise ValueError(f"adaptive_budget: need len(buckets) - 1 = {len(buckets) - 1} "
-                         f"thresholds, got {len(thresholds)}")
     if base not in ALLOCATORS or base in ("adaptive_budget", "full"):
         raise ValueError(f"adaptive_budget: base must be a fixed-budget allocator name, got {base!r}")
     s, n = check_inputs(pyramid, scores, 273 if budget is None else budget, patch=patch,
                         name="adaptive_budget")
     gh, gw = s.shape[1:]
-    sizes = [min(max(int(round(bk * n / 273)), 1), gh * gw) for bk in buckets]
     c = image_complexity(pyramid, patch) if complexity is None else torch.as_tensor(complexity)
-    which = torch.bucketize(c.float(), torch.tensor(thresholds, dtype=torch.float32), right=True)
+    which, sizes = _bucket_rule(c, n, buckets, thresholds)
     out = []
     fixt = None if fixation is None else torch.as_tensor(fixation, dtype=torch.float32)
-    for i, nb in enumerate(sizes):                                      # over buckets
+    for i, nb in enumerate(sizes.clamp(max=gh * gw).tolist()):            # over buckets
         idx = torch.nonzero(which == i)[:, 0]
         if idx.numel() == 0:
             continue

@@ -84,12 +84,13 @@ from fovea_core.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["CELL_KEY_VERSION", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
+__all__ = ["CELL_KEY_VERSION", "COST_LABELS", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
            "ColumnsHook", "Method", "PageState", "alloc_read_tokens", "allocate_with_scores", "cached_score",
-           "cell_cache_path", "cell_key", "code_fingerprint", "default_cache_dir",
+           "cell_cache_path", "cell_key", "code_fingerprint", "cost_label", "default_cache_dir",
            "document_fingerprint", "evaluate_document", "evaluate_documents",
            "evict_stale_caches", "library_versions", "map_processes", "process_pool",
-           "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute", "uses_scores"]
+           "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute", "stale_caches",
+           "uses_scores"]
 
 #: columns that differ between identical runs (wall-clock measurements)
 TIMING_COLUMNS = ("alloc_ms", "render_ms", "peak_mem_mb")
@@ -120,6 +121,32 @@ def uses_scores(fn: Callable | str) -> bool:
     if fn not in INFO:
         raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
     return bool(INFO[fn].get("uses_scores", True))
+
+
+#: the cost labels of ``shared/PROTOCOL.md`` (:func:`cost_label`): budgeted, side compute, unbudgeted
+COST_LABELS = ("budgeted", "side compute", "unbudgeted")
+
+
+def cost_label(side_compute, unbudgeted) -> str | np.ndarray:
+    """The one cost-label rule of ``shared/PROTOCOL.md``: ``"side compute"`` where what the
+    method read outside N is side compute (it is then never called unbudgeted, as the
+    evaluator's rows say: ``unbudgeted`` is False on a side-compute row), else
+    ``"unbudgeted"`` where it read more than N's worth outside N, else ``"budgeted"``.
+
+    ``side_compute`` and ``unbudgeted`` are bools or equal-shaped array-likes / Series
+    (``[M]``, one per method or row); a missing value (None, NaN, ``pd.NA``) counts as
+    False. Returns a ``str`` for scalars, else a ``str`` array of the same shape.
+    """
+    def flag(v) -> np.ndarray:
+        a = np.asarray(v, dtype=object)
+        return np.where(pd.isna(a), False, a).astype(bool)
+
+    side, unb = flag(side_compute), flag(unbudgeted)
+    if side.shape != unb.shape:
+        raise ValueError(f"cost_label: side_compute has shape {side.shape} and unbudgeted "
+                         f"{unb.shape}; they must match (one flag of each per method)")
+    out = np.where(side, COST_LABELS[1], np.where(unb, COST_LABELS[2], COST_LABELS[0]))
+    return str(out) if out.ndim == 0 else out
 
 
 def side_compute(fn: Callable | str) -> bool:
@@ -444,28 +471,39 @@ def cell_cache_path(cache_dir: str | Path | None = None) -> Path:
     return d / f"rows-{code_fingerprint()[:12]}.sqlite"
 
 
-def evict_stale_caches(cache_dir: str | Path | None = None) -> list[Path]:
-    """Delete the cell caches of other source fingerprints in ``cache_dir`` (default
-    :func:`default_cache_dir`): ``rows-*.sqlite`` but the current one, the unversioned
+def stale_caches(cache_dir: str | Path | None = None) -> list[Path]:
+    """The cell-cache files :func:`evict_stale_caches` deletes, without deleting them (the
+    one rule of what is stale): in ``cache_dir`` (default :func:`default_cache_dir`),
+    ``rows-*.sqlite`` but the current one (:func:`cell_cache_path`), the unversioned
     ``rows.sqlite`` and the cascade's ``cells-*.sqlite`` of older code (with the default
-    folder, also those in ``data/cache/cascade``, where they were), with their SQLite
-    ``-wal`` / ``-shm`` files. Their keys hold another fingerprint, so no row in them could
-    be read again. Not called automatically (a kernel still running older code may be
-    writing one); returns the deleted paths."""
+    folder, also those in ``data/cache/cascade``, where they were), each followed by its
+    SQLite ``-wal`` / ``-shm`` files where they exist. Nothing outside those folders (and
+    no sub-folder) is listed."""
     d = default_cache_dir() if cache_dir is None else Path(cache_dir)
     keep = cell_cache_path(d)
     old = [(d, p) for p in ("rows-*.sqlite", "rows.sqlite", "cells-*.sqlite")]
     if cache_dir is None:                       # where the cascade's cells used to go
         old.append((project_root() / "data" / "cache" / "cascade", "cells-*.sqlite"))
-    gone = []
+    out = []
     for folder, pattern in old:
         for f in sorted(folder.glob(pattern)):
             if f == keep:
                 continue
-            for g in (f, f.with_name(f.name + "-wal"), f.with_name(f.name + "-shm")):
-                if g.exists():
-                    g.unlink()
-                    gone.append(g)
+            out += [g for g in (f, f.with_name(f.name + "-wal"), f.with_name(f.name + "-shm"))
+                    if g.is_file()]
+    return out
+
+
+def evict_stale_caches(cache_dir: str | Path | None = None) -> list[Path]:
+    """Delete the cell caches of other source fingerprints in ``cache_dir`` (default
+    :func:`default_cache_dir`): the files :func:`stale_caches` lists. Their keys hold
+    another fingerprint, so no row in them could be read again. Not called automatically
+    (a kernel still running older code may be writing one): ``make clean-stale`` (``python
+    -m fovea_core clean-stale``) calls it; returns the deleted paths."""
+    gone = []
+    for g in stale_caches(cache_dir):
+        g.unlink()
+        gone.append(g)
     return gone
 
 

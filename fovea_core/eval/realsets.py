@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fovea_core.eval.documents import Document
+from fovea_core.eval.evaluator import cost_label
 
 __all__ = ["DATASET_KEYS", "METHOD_KEYS", "book_forms", "cost_labels", "kept_table",
            "real_family", "side_costs", "variant_family", "variant_words"]
@@ -124,18 +125,17 @@ def variant_words(table: pd.DataFrame, fam: pd.DataFrame, *, seed: int = 0
 
 
 def cost_labels(table: pd.DataFrame) -> dict[str, str]:
-    """``{method: label}`` of ``shared/PROTOCOL.md`` from an evaluation ``table``'s rows:
-    ``"side compute"`` (its reads outside N only say where: ``side_compute``),
+    """``{method: label}`` of ``shared/PROTOCOL.md`` from an evaluation ``table``'s rows, by
+    :func:`~fovea_core.eval.evaluator.cost_label` on each method's flags over its rows:
+    ``"side compute"`` (its reads outside N only say where: ``side_compute`` on a row),
     ``"unbudgeted"`` (it read more than N's worth outside N on some page), else
-    ``"budgeted"``; ``full`` is left out (the ceiling)."""
+    ``"budgeted"``; ``full`` is left out (the ceiling). A missing flag column counts as
+    False."""
     t = table[table.allocator != "full"]
-    side = t.get("side_compute", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    unb = t.get("unbudgeted", pd.Series(False, index=t.index)).fillna(False).astype(bool)
-    out = {}
-    for m, idx in t.groupby("allocator").groups.items():
-        out[m] = ("side compute" if side[idx].any() else
-                  "unbudgeted" if unb[idx].any() else "budgeted")
-    return out
+    flags = pd.DataFrame({c: (t[c] if c in t else pd.Series(False, index=t.index))
+                          .astype(object).where(lambda v: v.notna(), False).astype(bool)
+                          for c in ("side_compute", "unbudgeted")}).groupby(t.allocator).any()
+    return dict(zip(flags.index, cost_label(flags.side_compute, flags.unbudgeted).tolist()))
 
 
 def side_costs(table: pd.DataFrame, budget: int, *, seed: int = 0,

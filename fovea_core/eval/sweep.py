@@ -79,6 +79,7 @@ from fovea_core.eval.evaluator import (  # noqa: F401  (re-exported: their old h
     shutdown_pools,
     uses_scores,
 )
+from fovea_core.eval.evaluator import cost_label
 from fovea_core.eval.metrics import bootstrap_ci
 from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
@@ -321,20 +322,22 @@ def ranked(summary: pd.DataFrame, budget: int, *, metric: str = "kept") -> pd.Da
 
     Per dataset: ``full`` then ``resize`` first (the ceiling and what a VLM would otherwise
     do), then the other methods by ``metric`` (descending), each with its total tokens and a
-    ``label``: ``"unbudgeted"`` when what its scorer/allocator read outside the budget
-    exceeds the budget, ``"side compute"`` when what it read outside N only said where text
-    is (costed beside N; never ranked as if it were budgeted: the ``rank`` column counts
-    budgeted methods only), ``"baseline"`` for the two baselines, else ``""``. Columns: ``dataset,
+    ``label``: ``"baseline"`` for the two baselines, else the summary row's
+    :func:`~fovea_core.eval.evaluator.cost_label` (the one rule): ``"side compute"`` when
+    what it read outside N only said where text is (costed beside N; never ranked as if it
+    were budgeted: the ``rank`` column counts budgeted methods only), ``"unbudgeted"`` when
+    what its scorer/allocator read outside the budget exceeds the budget, and ``""`` for
+    budgeted. Columns: ``dataset,
     rank, allocator, label, total_tokens, metric, metric_lo, metric_hi, n_docs``.
     """
     at = summary[(summary.budget == budget) | (summary.allocator == "full")]
     parts = []
     for ds, g in at.groupby("dataset", sort=True):
         g = g.copy()
-        side = g["side_compute"].astype(bool) if "side_compute" in g else False
+        side = g["side_compute"] if "side_compute" in g else np.zeros(len(g), bool)
+        cost = cost_label(side, g.unbudgeted)            # the one rule (budgeted shows as "")
         g["label"] = np.where(g.allocator.isin(BASELINES), "baseline",
-                              np.where(g.unbudgeted.astype(bool), "unbudgeted",
-                                       np.where(side, "side compute", "")))
+                              np.where(cost == "budgeted", "", cost))
         head = g[g.allocator.isin(BASELINES)].set_index("allocator").reindex(
             [b for b in BASELINES if b in set(g.allocator)]).reset_index()
         rest = g[~g.allocator.isin(BASELINES)].sort_values(metric, ascending=False)
