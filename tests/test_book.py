@@ -441,3 +441,37 @@ def test_only_with_a_name_that_matches_no_notebook_fails_before_anything_runs(
     assert runner.select_notebooks(runner.toc_notebooks(root), ["08"]) == [
         Path("notebooks/08_v2_pyramid.ipynb")]
     assert len(runner.select_notebooks(runner.toc_notebooks(root), None)) == 2
+
+
+def test_a_terminated_run_stops_the_processes_it_started(tmp_path):
+    """SIGTERM to a process inside children_stop_with_us stops its children and their
+    children (as make book's kernels and sweep workers), and exits 128 + 15."""
+    import signal
+    import textwrap
+
+    import psutil
+
+    pids = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from fovea_core.book.runner import children_stop_with_us
+        with children_stop_with_us():
+            # a child that starts a grandchild, both sleeping
+            child = subprocess.Popen([sys.executable, "-c",
+                "import subprocess, sys, time; g = subprocess.Popen(['sleep', '120']); "
+                "open({str(pids)!r}, 'w').write(str(g.pid)); time.sleep(120)"])
+            time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while not (pids.exists() and pids.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    kids = psutil.Process(proc.pid).children(recursive=True)
+    assert len(kids) == 2                                   # the child and the grandchild
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(kids, timeout=10)
+    for p in alive:                                          # leave nothing behind either way
+        p.kill()
+    assert not alive
+    assert "2 child process(es) stopped" in proc.stderr.read()   # (the children held it open)

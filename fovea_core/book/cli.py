@@ -51,12 +51,14 @@ def _usage_error(command: str, exc: Exception) -> int:
 
 
 def cmd_execute(args: argparse.Namespace) -> int:
-    from fovea_core.book.runner import UsageError, build_html, run_all
+    from fovea_core.book.runner import UsageError, build_html, children_stop_with_us, run_all
 
     root = _root(args.root)
     if args.command in ("run", "all"):
         try:
-            runs = run_all(root, args.profile, only=args.only, force=args.force, jobs=args.jobs)
+            with children_stop_with_us():      # a killed build leaves no kernel running
+                runs = run_all(root, args.profile, only=args.only, force=args.force,
+                               jobs=args.jobs)
         except UsageError as exc:
             return _usage_error(args.command, exc)
         failed = [r for r in runs if not r.ok]
@@ -95,13 +97,14 @@ def cmd_tidy(args: argparse.Namespace) -> int:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     from fovea_core.book.batch import format_table, run_batch
-    from fovea_core.book.runner import UsageError
+    from fovea_core.book.runner import UsageError, children_stop_with_us
 
     t0 = time.perf_counter()
     try:                 # names, values and paths are checked before anything runs
-        runs, table = run_batch(_root(args.root), Path(args.notebook), args.param,
-                                profile=args.profile, jobs=args.jobs, force=args.force,
-                                out=args.out, timeout=args.timeout)
+        with children_stop_with_us():
+            runs, table = run_batch(_root(args.root), Path(args.notebook), args.param,
+                                    profile=args.profile, jobs=args.jobs, force=args.force,
+                                    out=args.out, timeout=args.timeout)
     except UsageError as exc:
         return _usage_error("batch", exc)
     print(f"\n{table} ({len(runs)} runs, {time.perf_counter() - t0:.0f} s):")

@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -204,6 +204,49 @@ def schedule(items: Sequence[T], after: Mapping[T, Collection[T]], jobs: int,
         for item, future in done:
             finished.add(item)
             yield item, future
+
+
+@contextmanager
+def children_stop_with_us(signals: Sequence[int] | None = None) -> Iterator[None]:
+    """While inside, a SIGTERM (or SIGHUP) to this process stops every process it started,
+    then exits with ``128 + signal``.
+
+    The book's processes nest: notebook workers start kernels, kernels start sweep workers.
+    Python's default SIGTERM ends only the process that receives it, so ``make book``
+    stopped by ``kill`` or a CI timeout used to leave kernels and workers computing (and
+    holding memory) with no parent. Here every descendant (:meth:`psutil.Process.children`,
+    recursive) is sent SIGTERM, given 5 s, then killed. Ctrl-C (SIGINT) reaches the whole
+    foreground process group from the terminal already and is left alone.
+    """
+    import signal
+
+    import psutil
+
+    sigs = [signal.SIGTERM, signal.SIGHUP] if signals is None else list(signals)
+
+    def stop(signum, frame) -> None:
+        kids = psutil.Process().children(recursive=True)
+        for p in kids:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(kids, timeout=5)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        print(f"stopped by signal {signum}: {len(kids)} child process(es) stopped",
+              file=sys.stderr, flush=True)
+        os._exit(128 + signum)           # no clean-up left: records are saved per notebook
+
+    old = {s: signal.signal(s, stop) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def default_jobs() -> int:
