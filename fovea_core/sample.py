@@ -371,10 +371,17 @@ def _summed_area(pyramid: Pyramid, device: torch.device) -> torch.Tensor:
     a table read gathers one contiguous ``C``-vector."""
     cache = pyramid.__dict__.setdefault("_summed_area", {})
     if device not in cache:
+        # built in place in the one float64 table: a 35-Mpixel scan's table is 0.8 GB, and
+        # padding and cumulating out of place held four of them at once
         base = pyramid.base.to(device)
-        pad = F.pad(base.to(torch.float64), (1, 1, 1, 1), mode="replicate")
-        sat = pad.new_zeros(pad.shape[0], pad.shape[2] + 1, pad.shape[3] + 1, pad.shape[1])
-        sat[:, 1:, 1:] = pad.permute(0, 2, 3, 1).cumsum(2).cumsum(1)
+        b, c, h, w = base.shape
+        sat = torch.zeros(b, h + 3, w + 3, c, dtype=torch.float64, device=device)
+        img = sat[:, 1:, 1:]                                  # the padded image, [B, H+2, W+2, C]
+        img[:, 1:-1, 1:-1] = base.permute(0, 2, 3, 1)
+        img[:, 0], img[:, -1] = img[:, 1], img[:, -2]                    # replicate rows
+        img[:, :, 0], img[:, :, -1] = img[:, :, 1], img[:, :, -2]        # then columns
+        img.cumsum_(2)
+        img.cumsum_(1)
         cache[device] = sat
     return cache[device]
 
@@ -420,11 +427,31 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
     p = check_sample_args(pyramid, tokens, patch)
     dev = pyramid.base.device
     sat = _summed_area(pyramid, dev)                                       # [B, H+3, W+3, C]
-    b, hs, ws, c = sat.shape
-    h, w = tokens.image_size
     n = tokens.levels.shape[1]
-    step = torch.exp2(tokens.levels.to(dev, torch.float64))[..., None]     # [B, N, 1]
-    cen = tokens.centers.to(dev, torch.float64)
+    # tokens in chunks: the reads hold ~30 KB of float64 a token (16 px), so a page read
+    # whole at level 0 (136k tokens on a 35-Mpixel scan) would need ~4 GB at once
+    chunk = max(1, AREA_CHUNK // max(1, tokens.batch_size))
+    out = [_area_reads(sat, tokens.centers[:, i:i + chunk], tokens.levels[:, i:i + chunk],
+                       tokens.image_size, p).to(pyramid.base.dtype)
+           for i in range(0, n, chunk)]
+    out = out[0] if len(out) == 1 else torch.cat(out, 1)                   # [B, N, p, p, C]
+    return out.permute(0, 1, 4, 2, 3).contiguous()
+
+
+#: tokens (over the batch) per chunk of :func:`sample_area`'s table reads
+AREA_CHUNK = 4096
+
+
+def _area_reads(sat: torch.Tensor, centers: torch.Tensor, levels: torch.Tensor,
+                image_size: tuple[int, int], p: int) -> torch.Tensor:
+    """:func:`sample_area`'s box means of the tokens ``centers [B, n, 2]``, ``levels [B, n]``
+    from the summed-area table ``sat``: ``[B, n, p, p, C]`` float64."""
+    dev = sat.device
+    b, hs, ws, c = sat.shape
+    h, w = image_size
+    n = levels.shape[1]
+    step = torch.exp2(levels.to(dev, torch.float64))[..., None]            # [B, n, 1]
+    cen = centers.to(dev, torch.float64)
     e = torch.arange(p + 1, device=dev, dtype=torch.float64) - p / 2       # box edges
     # padded coordinates, snapped to 1/1024 px: float32 centres carry ~1e-5 px of rounding,
     # which would blend ~1e-6 of a neighbour into a grid-aligned read
@@ -445,8 +472,7 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
             corner = term if corner is None else corner.add_(term)
     box = corner[:, :, 1:, 1:] - corner[:, :, :-1, 1:] - corner[:, :, 1:, :-1] \
         + corner[:, :, :-1, :-1]                                           # [B, N, p, p, C]
-    out = box / (step * step)[..., None, None]
-    return out.to(pyramid.base.dtype).permute(0, 1, 4, 2, 3).contiguous()
+    return box / (step * step)[..., None, None]
 
 
 def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device

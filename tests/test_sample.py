@@ -473,3 +473,30 @@ def test_smooth_windows_of_the_same_tokens_reuse_their_canvases(monkeypatch):
     assert not torch.equal(halved, full) and len(calls) == 2
     assert torch.equal(render(ts, patches.clone(), background=pyr), halved)   # another tensor
     assert len(calls) == 3
+
+
+def test_summed_area_table_is_the_padded_cumulative_sum_bit_for_bit():
+    """The table built in place (one float64 buffer) equals the textbook construction."""
+    from fovea_core.sample import _summed_area
+
+    x = torch.rand(2, 3, 40, 56, generator=torch.Generator().manual_seed(3))
+    pyr = build_pyramid(x)
+    pad = F.pad(pyr.base.double(), (1, 1, 1, 1), mode="replicate").permute(0, 2, 3, 1)
+    ref = torch.zeros(2, 43, 59, 3, dtype=torch.float64)
+    ref[:, 1:, 1:] = pad.cumsum(2).cumsum(1)
+    assert torch.equal(_summed_area(pyr, torch.device("cpu")), ref)
+
+
+def test_area_reads_in_chunks_equal_one_read(monkeypatch):
+    """sample_area bounds its memory by reading tokens in chunks; no sample changes."""
+    import fovea_core.sample as S
+    from fovea_core.tokens import TokenSet
+
+    x = torch.rand(2, 3, 96, 128, generator=torch.Generator().manual_seed(4))
+    pyr = build_pyramid(x)
+    g = torch.Generator().manual_seed(5)
+    t = TokenSet(torch.rand(2, 50, 2, generator=g), torch.rand(2, 50, generator=g) * 2,
+                 torch.zeros(2, 50), torch.full((2, 1, 2), 0.5), (96, 128), 16)
+    whole = S.sample_area(pyr, t)
+    monkeypatch.setattr(S, "AREA_CHUNK", 14)                   # 7 tokens a chunk over B = 2
+    assert torch.equal(S.sample_area(pyr, t), whole) and whole.shape == (2, 50, 3, 16, 16)
