@@ -238,13 +238,16 @@ def cascade_stages_figure(pyramid: Pyramid, parts, *,
                          f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
     page = to_display(pyramid)
     h, w = page.shape[:2]
-    recon = render(tok, sample(pyramid, tok), background=pyramid)[0].permute(1, 2, 0).clamp(0, 1)
+    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]             # [C, H, W]
+    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
     fig, axes = plt.subplots(1, 4, figsize=(width, width * h / w / 4 + 0.8),
                              layout="constrained")
-    axes[0].imshow(g.image[0].permute(1, 2, 0).clamp(0, 1), interpolation="nearest")
+    axes[0].imshow(g.image[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy(),
+                   interpolation="nearest")
     axes[0].set_title(f"(a) gist: {g.budget} tokens")
     axes[1].imshow(page, alpha=0.45)
-    axes[1].imshow(parts.scores[0], extent=(0, w, h, 0), cmap="magma", alpha=0.6)
+    axes[1].imshow(parts.scores[0].float().cpu().numpy(), extent=(0, w, h, 0), cmap="magma",
+                   alpha=0.6)
     axes[1].set_title("(b) where the answer is")
     verts = box_vertices(tok.boxes()[0].cpu().numpy())                          # [N, 4, 2]
     stage = tok.stage[0].cpu().numpy()
