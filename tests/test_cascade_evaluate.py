@@ -222,18 +222,18 @@ def test_chapter_settings_follow_the_profile_and_keep_given_values():
 def test_localisation_table_means_each_cascades_columns():
     from fovea_core.cascade.evaluate import localisation_table
 
-    t = pd.DataFrame(dict(dataset=["a", "a", "a", "b", "a"],
+    t = pd.DataFrame(dict(dataset=["a", "a", "a", "b", "a", "a"],
                           allocator=["cascade | x", "cascade | x", "resize", "cascade | x",
-                                     "cascade | y"],
-                          fovea_share=[0.2, 0.4, np.nan, 1.0, 0.5],
-                          cell_auc=[0.6, 0.8, np.nan, 0.9, 0.7],
-                          fovea_level=[1.0, 2.0, np.nan, 0.5, 1.5],
-                          anls=[0.1, 0.3, 0.9, 1.0, 0.5]))
+                                     "cascade | y", "cascade | x"],
+                          fovea_share=[0.2, 0.4, np.nan, 1.0, 0.5, 0.9],
+                          cell_auc=[0.6, 0.8, np.nan, 0.9, 0.7, 1.0],
+                          fovea_level=[1.0, 2.0, np.nan, 0.5, 1.5, 6.0],
+                          anls=[0.1, 0.3, 0.9, 1.0, 0.5, 0.5]))
     lt = localisation_table(t).set_index(["dataset", "allocator"])
     assert list(lt.index) == [("a", "cascade | x"), ("a", "cascade | y"), ("b", "cascade | x")]
-    r = lt.loc[("a", "cascade | x")]
+    r = lt.loc[("a", "cascade | x")]                     # means over its three questions
     assert (r.fovea_share, r.cell_auc, r.core_level, r.anls, r.questions) == pytest.approx(
-        (0.3, 0.7, 1.5, 0.2, 2))
+        (0.5, 0.8, 3.0, 0.3, 3))
     with pytest.raises(ValueError, match="fovea_level"):
         localisation_table(t.drop(columns="fovea_level"))
 
