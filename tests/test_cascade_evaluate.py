@@ -200,11 +200,10 @@ def test_book_methods_are_the_cascade_chapter_rows():
 # ----------------------------------------------------------------------------- chapter 14.5
 def test_chapter_settings_follow_the_profile_and_keep_given_values():
     from fovea_core.cascade.evaluate import chapter_settings
-    from fovea_core.eval.curve import book_curve_budgets
 
     s = chapter_settings("smoke", gist_default=64)
     assert s.gist_budgets == [48, 64] and s.sizes == (2, 1) and s.n_invoices == 1
-    assert s.qa_candidates == ["topk"] and s.curve_budgets == book_curve_budgets("smoke")
+    assert s.qa_candidates == ["topk"]
     d = chapter_settings("default", gist_default=40)
     assert d.gist_budgets == [32, 40, 128] and d.sizes == (40, 40) and d.n_invoices == 24
     f = chapter_settings("full", gist_default=64)
@@ -212,9 +211,9 @@ def test_chapter_settings_follow_the_profile_and_keep_given_values():
     assert f.qa_candidates[-1] == "foveated_pyramid" and f.n_invoices == 60
     # given values are kept; the default G is added (sorted) to a given list without it
     g = chapter_settings("smoke", gist_default=64, gist_budgets=[128, 32], sizes=[5, 0],
-                         n_invoices=0, qa_candidates=["pyramid"], curve_budgets=[273])
+                         n_invoices=0, qa_candidates=["pyramid"])
     assert g.gist_budgets == [32, 64, 128] and g.sizes == (5, 0) and g.n_invoices == 0
-    assert g.qa_candidates == ["pyramid"] and g.curve_budgets == [273]
+    assert g.qa_candidates == ["pyramid"]
     with pytest.raises(ValueError, match="profile"):
         chapter_settings("huge", gist_default=64)
 

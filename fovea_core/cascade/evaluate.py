@@ -243,20 +243,17 @@ class ChapterSettings(NamedTuple):
     sizes: tuple[int, int]         # (synthetic pages, SROIE receipts)
     n_invoices: int                # pages of the held-out invoice layout
     qa_candidates: list[str]       # query-agnostic allocators the "best" is chosen from
-    curve_budgets: list[int]       # budgets of the resize curve
 
 
 def chapter_settings(profile: str, *, gist_default: int, gist_budgets=None, sizes=None,
-                     n_invoices: int | None = None, qa_candidates=None,
-                     curve_budgets=None) -> ChapterSettings:
+                     n_invoices: int | None = None, qa_candidates=None) -> ChapterSettings:
     """Chapter 14.5's parameters for ``profile`` (``smoke``, ``default`` or ``full``), each
     given value kept (``None``: the profile's).
 
-    ``gist_budgets`` always holds ``gist_default`` (added and sorted when missing); the
-    curve budgets are :func:`~fovea_core.eval.curve.book_curve_budgets` (the same in
-    chapter 17, so it reads this chapter's cells).
+    ``gist_budgets`` always holds ``gist_default`` (added and sorted when missing). (The
+    resize curve's budgets are :func:`~fovea_core.eval.curve.book_curve_budgets`, shared
+    with chapter 17; the curve module reads this one, so they are not chosen here.)
     """
-    from fovea_core.eval.curve import book_curve_budgets
     from fovea_core.profiles import choose
 
     gb = list(gist_budgets or choose(profile, smoke=[48, gist_default],
@@ -271,8 +268,7 @@ def chapter_settings(profile: str, *, gist_default: int, gist_budgets=None, size
                     else choose(profile, smoke=1, default=24, full=60)),
         qa_candidates=list(qa_candidates or choose(
             profile, smoke=["topk"], default=["topk", "pyramid"],
-            full=["topk", "pyramid", "stratified", "frequency", "foveated_pyramid"])),
-        curve_budgets=list(curve_budgets or book_curve_budgets(profile)))
+            full=["topk", "pyramid", "stratified", "frequency", "foveated_pyramid"])))
 
 
 def localisation_table(table: pd.DataFrame) -> pd.DataFrame:
