@@ -195,9 +195,7 @@ def token_sets_figure(image: np.ndarray | torch.Tensor | Pyramid, panels: dict[s
         overlay_tokens(ax, image, tokens, show_centers=False, linewidth=0.5)
         ax.set_title(title)
         if box is not None:
-            x0, y0, x1, y1 = box
-            ax.add_patch(plt.Rectangle((x0 - 4, y0 - 4), x1 - x0 + 8, y1 - y0 + 8, fill=False,
-                                       ec="lime", lw=1.2))
+            _answer_box(ax, box)
         ax.set_axis_off()
     return fig
 
