@@ -195,10 +195,100 @@ def token_sets_figure(image: np.ndarray | torch.Tensor | Pyramid, panels: dict[s
         overlay_tokens(ax, image, tokens, show_centers=False, linewidth=0.5)
         ax.set_title(title)
         if box is not None:
-            x0, y0, x1, y1 = box
-            ax.add_patch(plt.Rectangle((x0 - 4, y0 - 4), x1 - x0 + 8, y1 - y0 + 8, fill=False,
-                                       ec="lime", lw=1.2))
+            _answer_box(ax, box)
         ax.set_axis_off()
+    return fig
+
+
+#: edge colour of each cascade stage's tokens in :func:`cascade_stages_figure`
+STAGE_COLORS = {0: "tab:blue", 1: "tab:red"}
+
+
+def _answer_box(ax: Axes, box: tuple[float, float, float, float], pad: float = 4.0) -> None:
+    """Outline ``box`` (x0, y0, x1, y1 base pixels) in green, ``pad`` px outside it."""
+    x0, y0, x1, y1 = box
+    ax.add_patch(plt.Rectangle((x0 - pad, y0 - pad), x1 - x0 + 2 * pad, y1 - y0 + 2 * pad,
+                               fill=False, ec="lime", lw=1.2))
+
+
+def cascade_stages_figure(pyramid: Pyramid, parts, *,
+                          box: tuple[float, float, float, float] | None = None,
+                          width: float = 12.0) -> Figure:
+    """The budgeted cascade's stages on one page, four panels in a row.
+
+    (a) the gist image (all the cascade knows about the page's pixels), (b) the localiser's
+    map ``parts.scores`` over the page, (c) the tokens by stage (gist blue, fovea red; one
+    :class:`~matplotlib.collections.PolyCollection` per stage) and (d) the reconstruction
+    the reader reads (:func:`fovea_core.sample.render` of the tokens sampled from
+    ``pyramid``). ``box`` (e.g. the answer's union box) is outlined in green on (b)-(d).
+
+    Args:
+        pyramid: the page's pyramid (batch of one), the one ``parts`` was computed on.
+        parts: :class:`~fovea_core.cascade.allocator.CascadeParts` of one cascade call.
+        box: ``(x0, y0, x1, y1)`` in base pixels, or None.
+        width: the figure's width in inches (the height follows the page's aspect).
+    """
+    from fovea_core.sample import render, sample
+
+    tok, g = parts.tokens, parts.gist
+    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
+        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
+                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
+    page = to_display(pyramid)
+    h, w = page.shape[:2]
+    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]             # [C, H, W]
+    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+    fig, axes = plt.subplots(1, 4, figsize=(width, width * h / w / 4 + 0.8),
+                             layout="constrained")
+    axes[0].imshow(g.image[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy(),
+                   interpolation="nearest")
+    axes[0].set_title(f"(a) gist: {g.budget} tokens")
+    axes[1].imshow(page, alpha=0.45)
+    axes[1].imshow(parts.scores[0].float().cpu().numpy(), extent=(0, w, h, 0), cmap="magma",
+                   alpha=0.6)
+    axes[1].set_title("(b) where the answer is")
+    verts = box_vertices(tok.boxes()[0].cpu().numpy())                          # [N, 4, 2]
+    stage = tok.stage[0].cpu().numpy()
+    axes[2].imshow(page, alpha=0.6)
+    for s, c in STAGE_COLORS.items():
+        axes[2].add_collection(PolyCollection(verts[stage == s], facecolors="none",
+                                              edgecolors=c, linewidth=0.5))
+    axes[2].set_title(f"(c) gist (blue) + fovea (red): {g.budget} + {int((stage == 1).sum())}")
+    axes[3].imshow(recon)
+    axes[3].set_title("(d) what the reader reads")
+    for ax in axes:
+        ax.set_axis_off()
+    if box is not None:
+        for ax in axes[1:]:
+            _answer_box(ax, box)
+    return fig
+
+
+def gist_split_figure(summary, budget: int = 273) -> Figure:
+    """Kept against the gist's budget G, per dataset: one line with its 95 % band per
+    localiser (``learned`` solid, ``oracle`` dashed) and ``resize`` as a grey level.
+
+    Args:
+        summary: rows of :func:`fovea_core.cascade.evaluate.gist_split_summary`
+            (``dataset, allocator, localiser, G, kept, kept_lo, kept_hi``), with a
+            ``resize`` row per dataset.
+        budget: the N every method had (the axis labels).
+    """
+    sets = summary.dataset.nunique()
+    fig, axes = plt.subplots(1, sets, figsize=(5 * sets, 3.6), layout="constrained",
+                             squeeze=False)
+    for ax, (ds, g) in zip(axes[0], summary.groupby("dataset")):
+        for loc, style in (("learned", "-o"), ("oracle", "--s")):
+            c = g[g.localiser == loc].sort_values("G")
+            ax.plot(c.G, c.kept, style, ms=4, label=f"cascade, {loc}")
+            ax.fill_between(c.G, c.kept_lo, c.kept_hi, alpha=0.15)
+        rz = g[g.allocator == "resize"].iloc[0]
+        ax.axhline(rz.kept, color="0.4", lw=1, label=f"resize (all {budget} on the page)")
+        ax.axhline(1, color="k", lw=0.8, ls="--")
+        ax.set(xlabel=f"gist tokens G (of N = {budget})", ylabel="kept", title=ds,
+               ylim=(0, 1.05))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
     return fig
 
 

@@ -195,3 +195,114 @@ def test_book_methods_are_the_cascade_chapter_rows():
     assert (q.label, q.allocator, q.params, q.scorer, q.query_aware, q.cascade,
             q.allocate, q.columns) == ("topk | query_saliency", "topk", {},
                                        "query_saliency", True, False, None, None)
+
+
+# ----------------------------------------------------------------------------- chapter 14.5
+def test_chapter_settings_follow_the_profile_and_keep_given_values():
+    from fovea_core.cascade.evaluate import chapter_settings
+
+    s = chapter_settings("smoke", gist_default=64)
+    assert s.gist_budgets == [48, 64] and s.sizes == (2, 1) and s.n_invoices == 1
+    assert s.qa_candidates == ["topk"]
+    d = chapter_settings("default", gist_default=40)
+    assert d.gist_budgets == [32, 40, 128] and d.sizes == (40, 40) and d.n_invoices == 24
+    f = chapter_settings("full", gist_default=64)
+    assert f.gist_budgets == [32, 48, 64, 96, 128] and f.sizes == (200, 40)
+    assert f.qa_candidates[-1] == "foveated_pyramid" and f.n_invoices == 60
+    # given values are kept; the default G is added (sorted) to a given list without it
+    g = chapter_settings("smoke", gist_default=64, gist_budgets=[128, 32], sizes=[5, 0],
+                         n_invoices=0, qa_candidates=["pyramid"])
+    assert g.gist_budgets == [32, 64, 128] and g.sizes == (5, 0) and g.n_invoices == 0
+    assert g.qa_candidates == ["pyramid"]
+    with pytest.raises(ValueError, match="profile"):
+        chapter_settings("huge", gist_default=64)
+
+
+def test_localisation_table_means_each_cascades_columns():
+    from fovea_core.cascade.evaluate import localisation_table
+
+    t = pd.DataFrame(dict(dataset=["a", "a", "a", "b", "a", "a"],
+                          allocator=["cascade | x", "cascade | x", "resize", "cascade | x",
+                                     "cascade | y", "cascade | x"],
+                          fovea_share=[0.2, 0.4, np.nan, 1.0, 0.5, 0.9],
+                          cell_auc=[0.6, 0.8, np.nan, 0.9, 0.7, 1.0],
+                          fovea_level=[1.0, 2.0, np.nan, 0.5, 1.5, 6.0],
+                          anls=[0.1, 0.3, 0.9, 1.0, 0.5, 0.5]))
+    lt = localisation_table(t).set_index(["dataset", "allocator"])
+    assert list(lt.index) == [("a", "cascade | x"), ("a", "cascade | y"), ("b", "cascade | x")]
+    r = lt.loc[("a", "cascade | x")]                     # means over its three questions
+    assert (r.fovea_share, r.cell_auc, r.core_level, r.anls, r.questions) == pytest.approx(
+        (0.5, 0.8, 3.0, 0.3, 3))
+    with pytest.raises(ValueError, match="fovea_level"):
+        localisation_table(t.drop(columns="fovea_level"))
+
+
+def _split_rows(n_docs: int = 60, anls=None) -> pd.DataFrame:
+    """Sweep-shaped rows of the budget-split curve: each method reads every page equally."""
+    anls = anls or {"full": 1.0, "resize": 0.3, "cascade | learned | G=32": 0.5,
+                    "cascade | learned | G=64": 0.7, "cascade | oracle | G=32": 0.8,
+                    "cascade | oracle | G=64": 0.9}
+    rows = [dict(dataset="syn", doc_id=f"d{d}", qid="q", budget=273, allocator=m, anls=a,
+                 em=a, ceiling_anls=1.0, strata_cov=np.nan, empty_disc_frac=np.nan,
+                 alloc_ms=1.0)
+            for d in range(n_docs) for m, a in anls.items()]
+    return pd.DataFrame(rows)
+
+
+def test_gist_split_methods_and_rows_label_each_gist_budget():
+    from fovea_core.cascade import OracleLocaliser
+    from fovea_core.cascade.evaluate import gist_split_methods, gist_split_rows
+
+    oracle = OracleLocaliser([make_document(41)])
+    ms = gist_split_methods([32, 64, 128], oracle, gist_default=64)
+    assert [m.label for m in ms] == ["cascade | learned | G=32", "cascade | learned | G=128",
+                                     "cascade | oracle | G=32", "cascade | oracle | G=128"]
+    assert [m.params["gist_budget"] for m in ms] == [32, 128, 32, 128]
+    assert ms[0].params["localiser"] == "learned" and ms[2].params["localiser"] is oracle
+    table = pd.DataFrame(dict(allocator=["cascade | learned", "cascade | oracle", "resize",
+                                         "full", "topk"], anls=[1, 2, 3, 4, 5]))
+    curve = pd.DataFrame(dict(allocator=["cascade | learned | G=32", "full"], anls=[6, 7]))
+    rows = gist_split_rows(curve, table, 64)
+    assert list(rows.allocator) == ["cascade | learned | G=32", "cascade | learned | G=64",
+                                    "cascade | oracle | G=64", "resize", "full"]
+    assert list(rows.anls) == [6, 1, 2, 3, 4]          # the curve's own full row is dropped
+
+
+def test_gist_split_summary_reads_g_and_the_localiser():
+    from fovea_core.cascade.evaluate import gist_split_summary
+
+    cs = gist_split_summary(_split_rows(24)).set_index("allocator")
+    assert cs.loc["cascade | oracle | G=32", "G"] == 32
+    assert cs.loc["cascade | oracle | G=32", "localiser"] == "oracle"
+    assert cs.loc["cascade | learned | G=64", "localiser"] == "learned"
+    assert np.isnan(cs.loc["resize", "G"]) and cs.loc["cascade | learned | G=64", "kept"] == \
+        pytest.approx(0.7)
+
+
+def test_gist_choice_chooses_on_the_select_half_and_reports_on_the_other():
+    from fovea_core.cascade.evaluate import gist_choice, gist_choice_line
+    from fovea_core.eval.stats import split_halves
+
+    rows = _split_rows()
+    g = gist_choice(rows, 273)
+    r = g.iloc[0]
+    sel, rep = split_halves(rows.doc_id.unique())
+    assert len(g) == 1 and r.best == "cascade | learned | G=64" and r.G == 64
+    assert (r.n_select, r.n_report) == (len(sel), len(rep))
+    assert r["diff"] == pytest.approx(0.4) and r.kept == pytest.approx(0.7)
+    assert r.kept_resize == pytest.approx(0.3) and r.verdict == "better"
+    assert gist_choice_line(r) == ("better compared with `resize` (+40.0 [40.0, 40.0] ANLS "
+                                   f"points; kept 70 % vs 30 %, n = {len(rep)} report "
+                                   "documents)")
+    # a tie goes to the first label in sorted order
+    tie = _split_rows(anls={"full": 1.0, "resize": 0.3, "cascade | learned | G=64": 0.6,
+                            "cascade | learned | G=32": 0.6})
+    assert gist_choice(tie, 273).best.iloc[0] == "cascade | learned | G=32"
+    # a page set with no select-half page takes the first label (tested on its report half)
+    few = gist_choice(rows[rows.doc_id.isin(rep[:3])], 273).iloc[0]
+    assert few.best == "cascade | learned | G=32" and (few.n_select, few.n_report) == (0, 3)
+    # one with no report-half page is tested on all its pages
+    alone = gist_choice(rows[rows.doc_id.isin(sel[:4])], 273).iloc[0]
+    assert alone.best == "cascade | learned | G=64" and alone.n_report == 4
+    with pytest.raises(ValueError, match="gist_split_rows"):
+        gist_choice(rows[~rows.allocator.str.startswith("cascade")], 273)

@@ -219,3 +219,33 @@ def test_target_row_formats_and_judges():
     r = target_row("factor >= 3x", float("nan"), 2.5, float("inf"), 3.0, 35, scale=1, unit="x",
                    digits=1)
     assert r["measured"] == "n/a [2.5, inf] (n = 35)" and r["verdict"] == "undecided"
+
+
+# ----------------------------------------------------------------------------- chosen family
+def test_report_or_all_is_the_report_half_or_everything():
+    from fovea_core.eval.stats import report_or_all
+
+    ids = [f"d{i}" for i in range(30)]
+    sel, rep = split_halves(ids)
+    assert sel and rep and report_or_all(ids) == rep
+    only_select = sel[:3]                       # no report-half document: all, in their order
+    assert report_or_all(only_select[::-1]) == only_select[::-1]
+
+
+def test_family_with_chosen_tests_the_choice_on_its_report_half_in_one_holm_family():
+    from fovea_core.eval.stats import family_with_chosen
+
+    t = _table(80, 0.2)
+    fam = family_with_chosen(t, ["noise"], {"syn": "up", "absent": "up"}, "base", 100,
+                             prefix="best: ")
+    f = fam.set_index("method")
+    assert list(f.index) == ["noise", "best: up"]          # no row for an absent dataset
+    _, rep = split_halves(t.doc_id)
+    assert f.loc["noise", "n_docs"] == 80 and f.loc["best: up", "n_docs"] == len(rep) >= 20
+    alone = paired_family(t, ["up"], "base", 100, docs=rep, correct=False)
+    assert f.loc["best: up", "diff"] == pytest.approx(alone["diff"].iloc[0])
+    np.testing.assert_allclose(fam.p_holm, holm(fam.p.to_numpy()))   # one family
+    assert f.loc["best: up", "verdict"] == "better"
+    assert f.loc["noise", "verdict"] == "no detectable difference"
+    with pytest.raises(TypeError, match="methods"):
+        family_with_chosen(t, "noise", {}, "base", 100)

@@ -168,3 +168,72 @@ def test_resize_curve_figure_draws_the_curve_and_the_methods():
     assert list(curve.get_xdata()) == [273, 1024]
     assert list(curve.get_ydata()) == pytest.approx([25.0, 75.0])        # kept / ceiling, %
     assert any(list(ln.get_ydata()) == pytest.approx([62.5]) for ln in axes[0].lines[1:])
+
+
+def test_cascade_stages_figure_draws_each_stage_and_the_answer():
+    from fovea_core import build_pyramid
+    from fovea_core.cascade import OracleLocaliser, cascade_parts
+    from fovea_core.eval.documents import make_document
+    from fovea_core.plotting import STAGE_COLORS, cascade_stages_figure
+
+    doc = make_document(41)
+    q = doc.questions[0]
+    pyr = build_pyramid(doc.image)
+    parts = cascade_parts(pyr, 273, query=q.question, gist_budget=64,
+                          localiser=OracleLocaliser([doc]))
+    fig = cascade_stages_figure(pyr, parts, box=q.union_box)
+    try:
+        axes = fig.axes
+        assert len(axes) == 4
+        h, w = doc.size
+        assert fig.get_size_inches() == pytest.approx((12, 12 * h / w / 4 + 0.8))
+        stage = parts.tokens.stage[0].numpy()
+        colls = [c for c in axes[2].collections if isinstance(c, PolyCollection)]
+        assert [len(c.get_paths()) for c in colls] == [int((stage == s).sum())
+                                                       for s in STAGE_COLORS]
+        assert sum(len(c.get_paths()) for c in colls) == 273
+        # the drawn footprints are the stage's TokenSet boxes
+        drawn = np.array([np.r_[p.vertices.min(0), p.vertices.max(0)]
+                          for p in colls[1].get_paths()])
+        np.testing.assert_allclose(drawn, parts.tokens.boxes()[0].numpy()[stage == 1])
+        n_f = int((stage == 1).sum())
+        assert axes[2].get_title() == f"(c) gist (blue) + fovea (red): {parts.gist.budget} + {n_f}"
+        assert axes[0].get_title() == f"(a) gist: {parts.gist.budget} tokens"
+        # the answer box on panels b-d, none on the gist
+        x0, y0, x1, y1 = q.union_box
+        for ax in axes[1:]:
+            (rect,) = ax.patches
+            assert rect.get_xy() == pytest.approx((x0 - 4, y0 - 4))
+            assert rect.get_width() == pytest.approx(x1 - x0 + 8)
+        assert not axes[0].patches
+        # the reconstruction is the page's size
+        assert axes[3].images[0].get_array().shape[:2] == (h, w)
+    finally:
+        plt.close(fig)
+    other = build_pyramid(make_document(42, layout="receipt").image)
+    with pytest.raises(ValueError, match="pyramid"):
+        cascade_stages_figure(other, parts)
+
+
+def test_gist_split_figure_draws_a_line_per_localiser_and_resize():
+    import pandas as pd
+
+    from fovea_core.plotting import gist_split_figure
+
+    rows = [dict(dataset=ds, allocator=f"cascade | {loc} | G={g}", localiser=loc, G=float(g),
+                 kept=k + g / 1000, kept_lo=k - 0.1, kept_hi=k + 0.1)
+            for ds in ("a", "b") for loc, k in (("learned", 0.5), ("oracle", 0.8))
+            for g in (64, 32, 128)]
+    rows += [dict(dataset=ds, allocator="resize", localiser=np.nan, G=np.nan, kept=0.3,
+                  kept_lo=0.2, kept_hi=0.4) for ds in ("a", "b")]
+    fig = gist_split_figure(pd.DataFrame(rows), 273)
+    try:
+        assert len(fig.axes) == 2
+        ax = fig.axes[0]
+        learned, oracle, rz, one = ax.lines
+        assert list(learned.get_xdata()) == [32, 64, 128]                 # sorted by G
+        assert list(oracle.get_ydata()) == pytest.approx([0.832, 0.864, 0.928])
+        assert list(rz.get_ydata()) == [0.3, 0.3] and list(one.get_ydata()) == [1, 1]
+        assert rz.get_label() == "resize (all 273 on the page)" and ax.get_title() == "a"
+    finally:
+        plt.close(fig)

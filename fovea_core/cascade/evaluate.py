@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -32,9 +32,11 @@ from fovea_core.eval.evaluator import PageState, cell_cache_path, evaluate_docum
 from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
-__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "REGION_PAIRS", "Method", "region_methods",
-           "text_side_method", "book_methods", "cascade_allocate", "cascade_columns",
-           "cascade_method", "evaluate", "kept_difference", "real_set_methods",
+__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "REGION_PAIRS", "ChapterSettings", "Method",
+           "region_methods", "text_side_method", "book_methods", "cascade_allocate",
+           "cascade_columns", "cascade_method", "chapter_settings", "evaluate",
+           "gist_choice", "gist_choice_line", "gist_split_methods", "gist_split_rows",
+           "gist_split_summary", "kept_difference", "localisation_table", "real_set_methods",
            "unbudgeted_method"]
 
 
@@ -231,3 +233,146 @@ def kept_difference(table: pd.DataFrame, a: str, b: str, *, docs=None, n_boot: i
     ka = arr[:, 0].sum() / max(arr[:, 2].sum(), 1e-12)
     kb = arr[:, 1].sum() / max(arr[:, 2].sum(), 1e-12)
     return dict(diff=est, lo=lo, hi=hi, n_docs=len(ids), a=float(ka), b=float(kb))
+
+
+# ----------------------------------------------------------------------------- chapter 14.5
+class ChapterSettings(NamedTuple):
+    """What chapter 14.5 evaluates in a profile (:func:`chapter_settings`)."""
+
+    gist_budgets: list[int]        # the G values of the budget-split curve
+    sizes: tuple[int, int]         # (synthetic pages, SROIE receipts)
+    n_invoices: int                # pages of the held-out invoice layout
+    qa_candidates: list[str]       # query-agnostic allocators the "best" is chosen from
+
+
+def chapter_settings(profile: str, *, gist_default: int, gist_budgets=None, sizes=None,
+                     n_invoices: int | None = None, qa_candidates=None) -> ChapterSettings:
+    """Chapter 14.5's parameters for ``profile`` (``smoke``, ``default`` or ``full``), each
+    given value kept (``None``: the profile's).
+
+    ``gist_budgets`` always holds ``gist_default`` (added and sorted when missing). (The
+    resize curve's budgets are :func:`~fovea_core.eval.curve.book_curve_budgets`, shared
+    with chapter 17; the curve module reads this one, so they are not chosen here.)
+    """
+    from fovea_core.profiles import choose
+
+    gb = list(gist_budgets or choose(profile, smoke=[48, gist_default],
+                                     default=[32, gist_default, 128],
+                                     full=[32, 48, gist_default, 96, 128]))
+    if gist_default not in gb:
+        gb = sorted(gb + [gist_default])
+    return ChapterSettings(
+        gist_budgets=gb,
+        sizes=tuple(sizes or choose(profile, smoke=(2, 1), default=(40, 40), full=(200, 40))),
+        n_invoices=(n_invoices if n_invoices is not None
+                    else choose(profile, smoke=1, default=24, full=60)),
+        qa_candidates=list(qa_candidates or choose(
+            profile, smoke=["topk"], default=["topk", "pyramid"],
+            full=["topk", "pyramid", "stratified", "frequency", "foveated_pyramid"])))
+
+
+def localisation_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Where each cascade's fovea landed, per dataset: the means over questions of
+    ``fovea_share`` (the answer's area inside the fovea), ``cell_auc`` (the map's ROC AUC
+    over the level-0 cells), ``core_level`` (the fovea's core level, ``fovea_level``) and
+    ``anls``, and ``questions``, for every allocator of ``table`` whose label starts with
+    ``"cascade"``. Columns ``dataset, allocator, fovea_share, cell_auc, core_level, anls,
+    questions``."""
+    need = {"dataset", "allocator", "fovea_share", "cell_auc", "fovea_level", "anls"}
+    missing = need - set(table.columns)
+    if missing:
+        raise ValueError(f"table lacks the column(s) {sorted(missing)} (rows of evaluate "
+                         "with cascade methods)")
+    rows = table[table.allocator.str.startswith("cascade")]
+    return (rows.groupby(["dataset", "allocator"])
+            .agg(fovea_share=("fovea_share", "mean"), cell_auc=("cell_auc", "mean"),
+                 core_level=("fovea_level", "mean"), anls=("anls", "mean"),
+                 questions=("anls", "size")).reset_index())
+
+
+#: label prefix of the budget-split rows of each localiser (``prefix + str(G)``)
+GIST_SPLIT_PREFIX = {"learned": "cascade | learned | G=", "oracle": "cascade | oracle | G="}
+
+
+def gist_split_methods(gist_budgets: Sequence[int], oracle, *, gist_default: int
+                       ) -> list[Method]:
+    """The budget-split curve's methods: the learned cascade, then the oracle cascade, at
+    every gist budget G of ``gist_budgets`` except ``gist_default`` (whose rows the chapter
+    already has), labelled ``"cascade | learned | G=32"`` etc."""
+    return [cascade_method(GIST_SPLIT_PREFIX[name] + str(g), loc, gist_budget=g)
+            for name, loc in (("learned", "learned"), ("oracle", oracle))
+            for g in gist_budgets if g != gist_default]
+
+
+def gist_split_rows(curve: pd.DataFrame, table: pd.DataFrame, gist_default: int
+                    ) -> pd.DataFrame:
+    """The budget-split curve's rows: ``curve`` (the :func:`gist_split_methods`' rows,
+    without its ``full`` rows) and ``table``'s ``resize``, ``full`` and the two cascades at
+    ``gist_default``, relabelled ``"cascade | learned | G=<gist_default>"`` (and oracle)."""
+    ref = {"cascade | learned": GIST_SPLIT_PREFIX["learned"] + str(gist_default),
+           "cascade | oracle": GIST_SPLIT_PREFIX["oracle"] + str(gist_default)}
+    base = table[table.allocator.isin([*ref, "resize", "full"])]
+    base = base.assign(allocator=base.allocator.replace(ref))
+    return pd.concat([curve[curve.allocator != "full"], base], ignore_index=True)
+
+
+def gist_split_summary(rows: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
+    """:func:`~fovea_core.eval.sweep.summarize` of :func:`gist_split_rows` with two more
+    columns: ``G`` (the gist budget, float; NaN for ``resize`` and ``full``) and
+    ``localiser`` (``learned`` or ``oracle``)."""
+    from fovea_core.eval.sweep import summarize
+
+    cs = summarize(rows, seed=seed)
+    cs["G"] = cs.allocator.str.extract(r"G=(\d+)$", expand=False).astype(float)
+    cs["localiser"] = cs.allocator.str.extract(r"\| (\w+) \|", expand=False)
+    return cs
+
+
+def gist_choice(rows: pd.DataFrame, budget: int, *, baseline: str = "resize",
+                seed: int = 0) -> pd.DataFrame:
+    """The learned cascade's gist budget G chosen on the *select* half of each dataset
+    (:func:`~fovea_core.eval.experiments.choose_on_select_half` among the
+    ``"cascade | learned | G=..."`` labels of ``rows``, in sorted label order: a tie goes
+    to the first; a dataset with no select-half document takes the first) and tested
+    against ``baseline`` on the *report* half (:func:`~fovea_core.eval.stats.report_or_all`),
+    Holm over the datasets.
+
+    Columns ``dataset, best, G, n_select, n_report, diff, lo, hi, p`` (paired ANLS
+    difference), ``kept, kept_resize, kept_diff, kept_lo, kept_hi`` (:func:`kept_difference`),
+    ``p_holm, verdict``.
+    """
+    from fovea_core.eval.experiments import choose_on_select_half
+    from fovea_core.eval.stats import holm, paired_family, report_or_all, split_halves, verdict
+
+    cands = sorted(a for a in rows.allocator.unique()
+                   if a.startswith(GIST_SPLIT_PREFIX["learned"]))
+    if not cands:
+        raise ValueError(f"rows hold no {GIST_SPLIT_PREFIX['learned']!r}... label: pass "
+                         "gist_split_rows")
+    chosen = choose_on_select_half(rows, cands, budget).set_index("dataset").best
+    out = []
+    for ds, t in rows.groupby("dataset"):
+        sel, _ = split_halves(t.doc_id.unique())
+        best = chosen.get(ds, cands[0])
+        rep = report_or_all(t.doc_id.unique())
+        r = paired_family(t, [best], baseline, budget, docs=rep, seed=seed,
+                          correct=False).iloc[0]
+        k = kept_difference(t, best, baseline, docs=rep, seed=seed)
+        out.append(dict(dataset=ds, best=best, G=int(best.rsplit("=", 1)[1]),
+                        n_select=len(sel), n_report=int(r.n_docs), diff=r["diff"],
+                        lo=r.diff_lo, hi=r.diff_hi, p=r.p, kept=k["a"], kept_resize=k["b"],
+                        kept_diff=k["diff"], kept_lo=k["lo"], kept_hi=k["hi"]))
+    g = pd.DataFrame(out)
+    g["p_holm"] = holm(g["p"].to_numpy())
+    g["verdict"] = [verdict(r.lo, r.hi, r.n_report, p=r.p_holm) for r in g.itertuples()]
+    return g
+
+
+def gist_choice_line(row) -> str:
+    """One row of :func:`gist_choice` as the chapter's sentence: ``"better compared with
+    `resize` (+3.1 [0.5, 5.6] ANLS points; kept 62 % vs 40 %, n = 20 report documents)"``."""
+    from fovea_core.eval.stats import ci_text
+
+    return (f"{row.verdict} compared with `resize` ({ci_text(row['diff'], row.lo, row.hi)} "
+            f"ANLS points; kept {100 * row.kept:.0f} % vs {100 * row.kept_resize:.0f} %, "
+            f"n = {row.n_report} report documents)")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,7 +32,8 @@ import pandas as pd
 from fovea_core.eval.metrics import bootstrap_ci
 
 __all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_row", "target_verdict", "verdict", "split_halves", "holm",
-           "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "curve_kept_at",
+           "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "report_or_all",
+           "family_with_chosen", "curve_kept_at",
            "curve_budget_at", "saving_factor", "prefill_flops"]
 
 #: fewest documents behind any verdict word (PROTOCOL.md)
@@ -226,6 +227,43 @@ def paired_family(table: pd.DataFrame, methods: Sequence[str], baseline: str,
                       for r in out.itertuples()]
     out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
     return out
+
+
+def report_or_all(doc_ids: Iterable[str]) -> list[str]:
+    """The *report* half of ``doc_ids`` (:func:`split_halves`), or all of them, in their
+    order, when the report half is empty (a tiny profile): the documents a choice made on
+    the *select* half is tested on."""
+    ids = list(doc_ids)
+    _, rep = split_halves(ids)
+    return rep or ids
+
+
+def family_with_chosen(table: pd.DataFrame, methods: Sequence[str],
+                       chosen: Mapping[str, str], baseline: str, budget: int | None = None,
+                       *, prefix: str = "chosen: ", seed: int = 0) -> pd.DataFrame:
+    """One Holm family: every ``method - baseline`` on every dataset (all documents), plus,
+    per dataset, the method ``chosen[dataset]`` (chosen on the select half) minus
+    ``baseline`` on that dataset's report half only (:func:`report_or_all`), labelled
+    ``prefix + chosen[dataset]``.
+
+    Columns of :func:`paired_family`, with ``p_holm`` adjusted over all rows together and
+    ``verdict`` from it; a dataset of ``chosen`` absent from ``table`` adds no row.
+    """
+    if isinstance(methods, str):
+        raise TypeError(f"methods must be a sequence of labels, got the string {methods!r}")
+    parts = [paired_family(table, list(methods), baseline, budget, seed=seed, correct=False)]
+    for ds, a in chosen.items():
+        t = table[table.dataset == ds]
+        if t.empty:
+            continue
+        r = paired_family(t, [a], baseline, budget, docs=report_or_all(t.doc_id.unique()),
+                          seed=seed, correct=False)
+        parts.append(r.assign(method=prefix + a))
+    fam = pd.concat(parts, ignore_index=True)
+    fam["p_holm"] = holm(fam["p"].to_numpy())
+    fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                      for r in fam.itertuples()]
+    return fam
 
 
 # ----------------------------------------------------------------------------- resize curve
