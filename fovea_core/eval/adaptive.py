@@ -157,15 +157,10 @@ def adaptive_family(table: pd.DataFrame, rules: Sequence[str],
     as one family: :func:`~fovea_core.eval.stats.paired_family` rows of
     :func:`adaptive_table` (rules, then bases), ``p_holm`` by Holm over all of them and
     ``verdict`` from that adjusted p-value."""
-    from fovea_core.eval.stats import holm, paired_family, verdict
+    from fovea_core.eval.stats import pairs_family
 
-    fam = pd.concat([paired_family(table, [f"adaptive topk ({rule})"], f"{base} ({rule})",
-                                   None, seed=seed, correct=False)
-                     for rule in rules for base in bases], ignore_index=True)
-    fam["p_holm"] = holm(fam.p.to_numpy())
-    fam["verdict"] = [verdict(lo, hi, n, p=p) for lo, hi, n, p
-                      in zip(fam.diff_lo, fam.diff_hi, fam.n_docs, fam.p_holm)]
-    return fam
+    return pairs_family(table, [(f"adaptive topk ({rule})", f"{base} ({rule})")
+                                for rule in rules for base in bases], seed=seed)
 
 
 def adaptive_line(fam: pd.DataFrame, dataset: str, rule: str, *,

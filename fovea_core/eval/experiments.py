@@ -318,7 +318,7 @@ def select_then_report(table, candidates, baseline: str, budget: int, *,
     """
     import pandas as pd
 
-    from fovea_core.eval.stats import holm, split_halves
+    from fovea_core.eval.stats import holm_verdicts, split_halves
 
     chosen = choose_on_select_half(table, candidates, budget, metric=metric)
     rows = []
@@ -334,9 +334,7 @@ def select_then_report(table, candidates, baseline: str, budget: int, *,
     # (a dataset whose select half is empty, e.g. 2 documents, has no row; the columns stay)
     out = pd.DataFrame(rows, columns=["dataset", "best", "select_mean", "n_select", "diff",
                                       "diff_lo", "diff_hi", "n_docs", "p"])
-    out["p_holm"] = holm(out["p"].to_numpy())
-    out["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                      for r in out.itertuples()]
+    out = holm_verdicts(out)
     out["text"] = [ci_text(r.diff, r.diff_lo, r.diff_hi) for r in out.itertuples()]
     return out
 
@@ -650,19 +648,12 @@ def baselines_family(table, method: str, baselines, budget: int, *, seed: int = 
     ``p_holm`` is then Holm-corrected over all of them (baselines x datasets) and the
     ``verdict`` recomputed with it (:func:`~fovea_core.eval.stats.verdict`).
     """
-    import pandas as pd
-
-    from fovea_core.eval.stats import holm
+    from fovea_core.eval.stats import pairs_family
 
     baselines = list(baselines)
     if not baselines:
         raise ValueError("baselines must name at least one method")
-    fam = pd.concat([paired_family(table, [method], b, budget, seed=seed, correct=False)
-                     for b in baselines], ignore_index=True)
-    fam["p_holm"] = holm(fam.p.to_numpy())
-    fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                      for r in fam.itertuples()]
-    return fam
+    return pairs_family(table, [(method, b) for b in baselines], budget, seed=seed)
 
 
 def baselines_line(fam, dataset: str, *, unit: str = "ANLS points",

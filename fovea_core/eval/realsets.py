@@ -81,14 +81,10 @@ def real_family(table: pd.DataFrame, methods: Sequence[str], budget: int, *,
     """Every method minus ``baseline`` on every dataset of ``table``, paired over documents,
     with Holm-adjusted p-values over the whole family (``p_holm``) and the verdict word they
     allow (:func:`~fovea_core.eval.stats.verdict`)."""
-    from fovea_core.eval.stats import holm, paired_family, verdict
+    from fovea_core.eval.stats import holm_verdicts, paired_family
 
-    fam = paired_family(table, list(methods), baseline, budget, seed=seed, correct=False)
-    if len(fam):
-        fam["p_holm"] = holm(fam["p"].to_numpy())
-        fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                          for r in fam.itertuples()]
-    return fam
+    return holm_verdicts(paired_family(table, list(methods), baseline, budget, seed=seed,
+                                       correct=False))
 
 
 def variant_family(table: pd.DataFrame, pairs: Sequence[tuple[str, str]], budget: int, *,
@@ -97,16 +93,10 @@ def variant_family(table: pd.DataFrame, pairs: Sequence[tuple[str, str]], budget
     one change against the method it changes), paired over documents, with Holm-adjusted
     p-values over all pairs and datasets together (``p_holm``) and the verdict word they
     allow. Columns of :func:`~fovea_core.eval.stats.paired_family` (``baseline`` is the
-    pair's reference)."""
-    from fovea_core.eval.stats import holm, paired_family, verdict
+    pair's reference): :func:`~fovea_core.eval.stats.pairs_family`."""
+    from fovea_core.eval.stats import pairs_family
 
-    fam = pd.concat([paired_family(table, [v], ref, budget, seed=seed, correct=False)
-                     for v, ref in pairs], ignore_index=True)
-    if len(fam):
-        fam["p_holm"] = holm(fam["p"].to_numpy())
-        fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                          for r in fam.itertuples()]
-    return fam
+    return pairs_family(table, pairs, budget, seed=seed)
 
 
 def variant_words(table: pd.DataFrame, fam: pd.DataFrame, *, seed: int = 0

@@ -32,7 +32,8 @@ import pandas as pd
 from fovea_core.eval.metrics import bootstrap_ci
 
 __all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_row", "target_verdict", "verdict", "split_halves", "holm",
-           "sign_flip_pvalue", "paired_diffs", "paired_family", "ci_text", "report_or_all",
+           "sign_flip_pvalue", "paired_diffs", "paired_family", "holm_verdicts", "pairs_family",
+           "ci_text", "report_or_all",
            "family_with_chosen", "curve_kept_at",
            "curve_budget_at", "saving_factor", "prefill_flops"]
 
@@ -229,6 +230,27 @@ def paired_family(table: pd.DataFrame, methods: Sequence[str], baseline: str,
     return out
 
 
+def holm_verdicts(fam: pd.DataFrame) -> pd.DataFrame:
+    """Make ``fam`` (rows of :func:`paired_family` from several calls, each uncorrected) one
+    family: ``p_holm`` by Holm over all its rows and ``verdict`` from it (:func:`verdict`).
+    Returns ``fam``, changed in place."""
+    fam["p_holm"] = holm(fam["p"].to_numpy())
+    fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
+                      for r in fam.itertuples()]
+    return fam
+
+
+def pairs_family(table: pd.DataFrame, pairs: Sequence[tuple[str, str]],
+                 budget: int | None = None, *, seed: int = 0) -> pd.DataFrame:
+    """Each ``method - reference`` of ``pairs`` on every dataset of ``table`` (e.g. an
+    ablation: one change against the method it changes), paired over documents, as one
+    Holm family (:func:`holm_verdicts`). Columns of :func:`paired_family` (``baseline`` is
+    the pair's reference)."""
+    fam = pd.concat([paired_family(table, [m], ref, budget, seed=seed, correct=False)
+                     for m, ref in pairs], ignore_index=True)
+    return holm_verdicts(fam)
+
+
 def report_or_all(doc_ids: Iterable[str]) -> list[str]:
     """The *report* half of ``doc_ids`` (:func:`split_halves`), or all of them, in their
     order, when the report half is empty (a tiny profile): the documents a choice made on
@@ -259,11 +281,7 @@ def family_with_chosen(table: pd.DataFrame, methods: Sequence[str],
         r = paired_family(t, [a], baseline, budget, docs=report_or_all(t.doc_id.unique()),
                           seed=seed, correct=False)
         parts.append(r.assign(method=prefix + a))
-    fam = pd.concat(parts, ignore_index=True)
-    fam["p_holm"] = holm(fam["p"].to_numpy())
-    fam["verdict"] = [verdict(r.diff_lo, r.diff_hi, r.n_docs, p=r.p_holm)
-                      for r in fam.itertuples()]
-    return fam
+    return holm_verdicts(pd.concat(parts, ignore_index=True))
 
 
 # ----------------------------------------------------------------------------- resize curve
