@@ -360,10 +360,11 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
 
     ``fovea="regions"`` replaces the core and its surround by a level per region
     (:func:`~fovea_core.cascade.core.foveate_regions`): every level-0 cell is read at the
-    coarsest candidate level (every :data:`REGION_STEP` octaves) at which the text height
-    under it (:func:`text_heights`: the detector's measurement with ``side="text"``, else
-    the gist's estimate) is still ``legible_px``, and the tokens go to the cells whose
-    mass per token is highest, so several modes of the map are read, each at its level.
+    rung of a ladder of levels (every :data:`REGION_STEP` octaves, through the one-level
+    choice) nearest to the level at which the text height under it (:func:`text_heights`:
+    the detector's measurement with ``side="text"``, else the gist's estimate) is
+    ``legible_px``, and the tokens go to the cells with the most map mass per unit of page
+    area, so several modes of the map are read, each at its level.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -379,15 +380,21 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.
         TypeError: ``query`` is neither a str nor None.
     """
-    if fixation is not None:            # ignored, but held to the shared rule
-        from fovea_core.allocators.base import resolve_fixation
-
-        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
-            pyramid, Pyramid) else 1, 1, 1))
+    _check_fixation(pyramid, fixation)
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
                          patch=patch, side=side, fovea=fovea).tokens
+
+
+def _check_fixation(pyramid: Pyramid, fixation) -> None:
+    """A given ``fixation`` is ignored (the cascade fixates its map's peak) but held to the
+    shared rule (:func:`~fovea_core.allocators.base.resolve_fixation`: finite, in [0, 1])."""
+    if fixation is not None:
+        from fovea_core.allocators.base import resolve_fixation
+
+        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
+            pyramid, Pyramid) else 1, 1, 1))
 
 
 #: the keyword defaults of each registered cascade (``{name: {"localiser": ..., ...}}``)
@@ -409,11 +416,7 @@ def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixati
         from fovea_core.allocators.base import check_inputs
 
         _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
-    if fixation is not None:
-        from fovea_core.allocators.base import resolve_fixation
-
-        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
-            pyramid, Pyramid) else 1, 1, 1))
+    _check_fixation(pyramid, fixation)
     return cascade_parts(pyramid, budget, query=query, patch=patch,
                          **{**REGISTERED[name], **kw})
 
