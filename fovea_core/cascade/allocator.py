@@ -27,8 +27,9 @@ import torch
 
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.registry import register
-from fovea_core.cascade.core import (STAGE_FOVEA, Gist, combine, foveate,
-                                     foveate_regions, gist, gist_to_grid, page_key)
+from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, foveate,
+                                     foveate_regions, gist, gist_to_grid, look_ink,
+                                     page_key)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.raster import coverage_raster
 from fovea_core.cascade.side import SideCost, detect_text
@@ -56,9 +57,13 @@ def gist_budget_for(budget: int) -> int:
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
 SURROUND = 0.5
 #: the fovea's forms: ``"core"`` (one level per page, :func:`choose_level`, plus the
-#: surround one octave coarser) or ``"regions"`` (a level per region, from the text height
-#: under each cell: :func:`~fovea_core.cascade.core.foveate_regions`)
-FOVEAE = ("core", "regions")
+#: surround one octave coarser), ``"regions"`` (a level per region, from the text height
+#: under each cell: :func:`~fovea_core.cascade.core.foveate_regions`) or ``"saccade"`` (the
+#: coarse look first, then the core on the cells where it showed ink)
+FOVEAE = ("core", "regions", "saccade")
+#: with ``fovea="saccade"``, a cell the first look showed blank keeps this share of its map
+#: mass for the core (as :data:`SIDE_FLOOR` does for the detector's mask)
+BLANK_FLOOR = 0.02
 #: spacing (octaves) of the candidate levels of ``fovea="regions"``, a ladder through the
 #: page's one-level choice (:func:`_regions`)
 REGION_STEP = 0.5
@@ -289,6 +294,16 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         lv = levels[b] = lv_core
         kw = dict(image_size=pyramid.image_size, patch=patch, context=context,
                   context_weight=context_weight, stage=STAGE_FOVEA)
+        if fovea == "saccade" and n_sur:
+            # the coarse look first, where the map points; the core then reads finely only
+            # the cells it showed ink in, and those it did not show
+            first = foveate(loc[b:b + 1], n_sur, level=lv2, **kw)
+            ink, seen = look_ink(_image(pyramid, b), first, patch=patch)
+            blank = seen & (ink < INK_MIN)
+            core = foveate(torch.where(blank, BLANK_FLOOR, 1.0) * loc[b:b + 1], n_core,
+                           level=lv, **kw)
+            parts.append(combine([g.tokens[b], first, core], fixation=core.fixations))
+            continue
         core = foveate(loc[b:b + 1], n_core, level=lv, **kw)
         stages = [g.tokens[b], core]
         if n_sur:
@@ -298,6 +313,14 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         parts.append(combine(stages, fixation=core.fixations))
     tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
     return CascadeParts(tokens, g, loc, levels, cost)
+
+
+def _image(pyramid: Pyramid, b: int) -> Pyramid:
+    """Image ``b`` of ``pyramid`` as a pyramid of one (the pyramid itself when it holds one,
+    so that what is cached on it, such as the area sampler's table, is reused)."""
+    if pyramid.batch_size == 1:
+        return pyramid
+    return Pyramid(tuple(lv[b:b + 1] for lv in pyramid.levels))
 
 
 def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
@@ -365,6 +388,14 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     the detector's measurement with ``side="text"``, else the gist's estimate) is
     ``legible_px``, and the tokens go to the cells with the most map mass per unit of page
     area, so several modes of the map are read, each at its level.
+
+    ``fovea="saccade"`` reads the surround first, as a first look at the cells with the most
+    map mass, and then the core: a cell the first look showed blank
+    (:func:`~fovea_core.cascade.core.look_ink`: no sample differs from its token's paper by
+    :data:`~fovea_core.cascade.core.INK_MIN`) keeps :data:`BLANK_FLOOR` of its mass, so the
+    fine tokens go to the marks the map points at rather than to the paper between them. The
+    token counts and levels are those of ``"core"``; where the page leaves no room for a
+    surround the saccade is the core alone.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still

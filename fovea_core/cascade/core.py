@@ -20,12 +20,17 @@ alone:
     surround one octave coarser is a second :func:`foveate` call with the same label.
     :func:`foveate_regions` is the alternative with a level per region: each cell read at
     the coarsest of a ladder of levels at which its own text is legible.
+(d) *a second look* (``fovea="saccade"`` of the cascade): the first look is the coarse
+    part of the fovea, put where the map points; :func:`look_ink` says which of the cells it
+    showed hold ink, and the fine core reads only those (and the cells it did not show).
 
 :func:`~fovea_core.cascade.allocator.cascade` chains them; the token counts add up to
 exactly ``N`` and ``TokenSet.stage`` says where every token came from
 (:data:`STAGE_GIST` = 0, :data:`STAGE_FOVEA` = 1). It is registered as the allocator
-``"cascade"`` (:mod:`fovea_core.cascade.allocator`). There is no second look: the seeds'
-"look again" step is not built (chapter 14.5 says why).
+``"cascade"`` (:mod:`fovea_core.cascade.allocator`). The second look decides *where* to read
+finely from what the first look showed (ink or blank paper), never from what the text says:
+the cascade does not read, so it cannot tell which of the lines it found answers the
+question (chapter 14.5).
 
 The idea is the seeds' "saccade" Homunculus (look coarsely, decide, look again) and the
 classic coarse-to-fine search of active vision [Ballard 1991, Animate vision]; the
@@ -47,12 +52,12 @@ import torch.nn.functional as F
 from fovea_core.allocators.base import resolve_fixation, select
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.pyramid import Pyramid
-from fovea_core.sample import sample
+from fovea_core.sample import sample, sample_positions
 from fovea_core.tokens import TokenSet
 
 __all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "page_key", "overlap_matrix",
            "gist_to_grid", "grid_mass", "fovea_grid", "foveate", "region_levels",
-           "foveate_regions", "combine", "Localiser"]
+           "foveate_regions", "look_ink", "INK_MIN", "combine", "Localiser"]
 
 #: ``TokenSet.stage`` labels: the gist's tokens, the fovea's (core and surround)
 STAGE_GIST, STAGE_FOVEA = 0, 1
@@ -373,6 +378,46 @@ def foveate_regions(scores: torch.Tensor, budget: int, *, image_size: tuple[int,
     return TokenSet(torch.stack([cx, cy], -1).float(), lv[which].float(),
                     torch.cat(mass, 1).gather(1, idx), fix[:, None], (h, w), patch,
                     torch.full(idx.shape, stage, dtype=torch.int64).expand(s.shape[0], -1))
+
+
+#: a sample of a look shows ink where its luminance differs from its token's median (the
+#: paper under sparse text) by at least this much (page values in [0, 1])
+INK_MIN = 0.15
+
+
+def look_ink(pyramid: Pyramid, look: TokenSet, *, patch: int = 16
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a look's tokens showed, on the level-0 patch grid: ``(ink, seen)``, both
+    ``[B, Gh, Gw]``.
+
+    Every token of ``look`` is read as the model reads it (:func:`~fovea_core.sample.sample`,
+    the area resample); a sample's *ink* is the absolute difference of its luminance (the
+    mean over channels) from its token's median luminance, which is the paper's under text
+    that covers less than half of a patch, whatever the polarity. A level-0 cell's ``ink``
+    is the largest over the samples whose positions fall in it, ``seen`` whether any does
+    (a look at level ``l <= 4`` places a sample every ``2**l <= 16`` base pixels, so every
+    cell under its footprint is seen; ``ink`` is 0 where nothing was seen). No text is
+    recognised: the test only separates marks from blank paper.
+    """
+    if look.batch_size != pyramid.batch_size or tuple(look.image_size) != tuple(
+            pyramid.image_size):
+        raise ValueError("look_ink: the look's tokens must belong to this pyramid (same batch "
+                         "size and image size)")
+    h, w = pyramid.image_size
+    gh, gw = pyramid.grid_shape(patch, 0)
+    b, m = look.levels.shape
+    lum = sample(pyramid, look).mean(2)                                      # [B, M, p, p]
+    med = lum.flatten(2).median(2).values[..., None, None]
+    ink = (lum - med).abs()
+    xs, ys = sample_positions(look)                                          # [B, M, p]
+    col = (xs.clamp(0, w - 1) // patch).long().clamp(max=gw - 1)[:, :, None, :]
+    row = (ys.clamp(0, h - 1) // patch).long().clamp(max=gh - 1)[:, :, :, None]
+    cell = (row * gw + col).expand(b, m, ys.shape[-1], xs.shape[-1]).reshape(b, -1)
+    out = torch.zeros(b, gh * gw, dtype=ink.dtype, device=ink.device)
+    out.scatter_reduce_(1, cell, ink.reshape(b, -1).to(out.dtype), "amax")
+    seen = torch.zeros(b, gh * gw, dtype=torch.bool, device=ink.device)
+    seen.scatter_(1, cell, True)
+    return out.view(b, gh, gw), seen.view(b, gh, gw)
 
 
 def combine(parts: list[TokenSet], fixation: torch.Tensor | None = None) -> TokenSet:

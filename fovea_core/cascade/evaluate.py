@@ -10,7 +10,7 @@ maps, the gist).
 A cascade method is a :class:`Method` with ``cascade=True``: its allocate hook
 (:func:`cascade_allocate`) runs :func:`~fovea_core.cascade.allocator.cascade_parts` with the
 page's gist (kept in the page state), and its columns hook (:func:`cascade_columns`) adds the
-localisation metrics ``fovea_share``, ``cell_auc`` and ``fovea_level``
+localisation metrics ``fovea_share``, ``core_share``, ``cell_auc`` and ``fovea_level``
 (:func:`~fovea_core.cascade.metrics.localisation_row`) to each of its rows. Cells are cached
 in the evaluator's cell cache (``data/cache/sweep/rows-<fingerprint[:12]>.sqlite``, shared
 with the sweep; :func:`~fovea_core.eval.evaluator.cell_key`).
@@ -32,7 +32,8 @@ from fovea_core.eval.evaluator import PageState, cell_cache_path, evaluate_docum
 from fovea_core.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
-__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "REGION_PAIRS", "ChapterSettings", "Method",
+__all__ = ["BOOK_LOCALISERS", "TEXT_SIDE_LABEL", "FOVEA_VARIANTS", "REGION_PAIRS",
+           "SACCADE_PAIRS", "ChapterSettings", "Method", "fovea_pairs", "fovea_methods",
            "region_methods", "text_side_method", "book_methods", "cascade_allocate",
            "cascade_columns", "cascade_method", "chapter_settings", "evaluate",
            "gist_choice", "gist_choice_line", "gist_split_methods", "gist_split_rows",
@@ -61,12 +62,12 @@ def cascade_allocate(state: PageState, method: EvalMethod, query: str | None, bu
 
 def cascade_columns(state: PageState, method: EvalMethod, question: Question,
                     tokens: TokenSet, parts: Any) -> dict:
-    """The cascade's columns hook: ``fovea_share``, ``cell_auc`` and ``fovea_level`` of the
-    question's answer boxes (:func:`~fovea_core.cascade.metrics.localisation_row`, with the
-    localiser's map ``parts.scores`` ``[1, Gh, Gw]``), and the page's side compute
-    (``parts.side``, :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``,
-    ``side_ms`` and ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside
-    N)."""
+    """The cascade's columns hook: ``fovea_share``, ``core_share``, ``cell_auc`` and
+    ``fovea_level`` of the question's answer boxes
+    (:func:`~fovea_core.cascade.metrics.localisation_row`, with the localiser's map
+    ``parts.scores`` ``[1, Gh, Gw]``), and the page's side compute (``parts.side``,
+    :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``, ``side_ms`` and
+    ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside N)."""
     from fovea_core.cascade.metrics import localisation_row
 
     side = parts.side
@@ -153,21 +154,42 @@ def text_side_method(label: str = TEXT_SIDE_LABEL, *, gist_budget: int | None = 
                   cascade=True, query_aware=True)
 
 
-#: the level-per-region variants (:func:`region_methods`) and the one-level method each
-#: changes: ``[(variant label, reference label)]``
-REGION_PAIRS = [("cascade | learned, level per region", "cascade | learned"),
-                (TEXT_SIDE_LABEL + ", level per region", TEXT_SIDE_LABEL)]
+#: the fovea variants chapter 14.5 compares with the one-level fovea (``fovea=`` of
+#: :func:`~fovea_core.cascade.allocator.cascade`): ``{fovea: what its labels add}``
+FOVEA_VARIANTS = {"regions": "level per region", "saccade": "second look"}
+
+
+def fovea_pairs(fovea: str) -> list[tuple[str, str]]:
+    """``[(variant label, reference label)]`` of the two cascades of :func:`real_set_methods`
+    with ``fovea`` (a key of :data:`FOVEA_VARIANTS`) and the one-level method each changes."""
+    if fovea not in FOVEA_VARIANTS:
+        raise ValueError(f"fovea_pairs: fovea must be one of {list(FOVEA_VARIANTS)}, got "
+                         f"{fovea!r}")
+    return [(f"{ref}, {FOVEA_VARIANTS[fovea]}", ref)
+            for ref in ("cascade | learned", TEXT_SIDE_LABEL)]
+
+
+def fovea_methods(fovea: str, *, gist_budget: int | None = None) -> list[Method]:
+    """The two cascades of :func:`real_set_methods` with ``fovea`` instead of one core level
+    and a surround, labelled as in :func:`fovea_pairs`: the learned cascade (budgeted) and
+    the cascade with the text detector (side compute). ``"regions"``: a level per region
+    (:func:`~fovea_core.cascade.core.foveate_regions`), from the gist's text-size estimate
+    or the detector's measured heights; ``"saccade"``: the coarse look first, then the core
+    on the cells where it showed ink (:func:`~fovea_core.cascade.core.look_ink`)."""
+    (learned, _), (text, _) = fovea_pairs(fovea)
+    return [cascade_method(learned, "learned", gist_budget=gist_budget, fovea=fovea),
+            text_side_method(text, gist_budget=gist_budget, fovea=fovea)]
+
+
+#: the level-per-region variants and the one-level method each changes
+REGION_PAIRS = fovea_pairs("regions")
+#: the second-look variants and the one-level method each changes
+SACCADE_PAIRS = fovea_pairs("saccade")
 
 
 def region_methods(*, gist_budget: int | None = None) -> list[Method]:
-    """The two cascades of :func:`real_set_methods` with a fovea level per region
-    (``fovea="regions"``: :func:`~fovea_core.cascade.core.foveate_regions`) instead of one
-    core level and a surround, labelled as in :data:`REGION_PAIRS`: the learned cascade
-    (the level from the gist's text-size estimate, budgeted) and the cascade with the text
-    detector (from the detector's measured heights, side compute)."""
-    return [cascade_method(REGION_PAIRS[0][0], "learned", gist_budget=gist_budget,
-                           fovea="regions"),
-            text_side_method(REGION_PAIRS[1][0], gist_budget=gist_budget, fovea="regions")]
+    """:func:`fovea_methods` with a level per region (labels: :data:`REGION_PAIRS`)."""
+    return fovea_methods("regions", gist_budget=gist_budget)
 
 
 def real_set_methods(oracle, *, gist_budget: int | None = None) -> list[Method]:
@@ -197,7 +219,7 @@ def evaluate(datasets: Mapping[str, Sequence[Document]], methods: Sequence[Metho
     """Rows (one per document x question x method, plus the ``full`` ceiling) with every
     column of :func:`~fovea_core.eval.sweep.run_sweep`
     (:data:`~fovea_core.eval.evaluator.ROW_COLUMNS`); cascade methods add ``fovea_share``,
-    ``cell_auc`` and ``fovea_level`` (NaN in the other rows). Cells and score maps are
+    ``core_share``, ``cell_auc`` and ``fovea_level`` (NaN in the other rows). Cells and score maps are
     cached in one file: ``cache_path`` (``"default"``: :func:`default_cache_path`, the
     sweep's cache, so chapters share them; ``None``: no cache).
 

@@ -74,9 +74,21 @@ def cell_auc(scores: torch.Tensor, boxes: Sequence[Box], image_size: tuple[int, 
 
 def localisation_row(tokens: TokenSet, scores: torch.Tensor, boxes: Sequence[Box],
                      *, index: int = 0, patch: int = 16) -> dict:
-    """``{"fovea_share", "cell_auc", "fovea_level"}`` of image ``index`` for one answer."""
-    stage = tokens.stage[index] if tokens.stage is not None else None
-    lv = tokens.levels[index][stage >= 1] if stage is not None else tokens.levels[index]
+    """``{"fovea_share", "core_share", "cell_auc", "fovea_level"}`` of image ``index`` for
+    one answer: ``core_share`` is the :func:`fovea_share` of the fovea's finest tokens
+    alone (its core, read at ``fovea_level``)."""
+    t = tokens[index]
+    if t.stage is None:
+        return dict(fovea_share=fovea_share(tokens, boxes, index=index), core_share=float("nan"),
+                    cell_auc=cell_auc(scores[index], boxes, tokens.image_size, patch=patch),
+                    fovea_level=float(t.levels[0].min()))
+    fov = t.stage >= 1
+    lv = t.levels[fov]
+    level = float(lv.min()) if lv.numel() else float("nan")
+    core = fov & (t.levels <= level + 1e-6)
+    as_core = TokenSet(t.centers, t.levels, t.scores, t.fixations, t.image_size, t.patch,
+                       core.long())
     return dict(fovea_share=fovea_share(tokens, boxes, index=index),
+                core_share=fovea_share(as_core, boxes, stages=(1,)) if lv.numel() else 0.0,
                 cell_auc=cell_auc(scores[index], boxes, tokens.image_size, patch=patch),
-                fovea_level=float(lv.min()) if lv.numel() else float("nan"))
+                fovea_level=level)
