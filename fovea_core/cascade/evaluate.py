@@ -219,9 +219,10 @@ def evaluate(datasets: Mapping[str, Sequence[Document]], methods: Sequence[Metho
     """Rows (one per document x question x method, plus the ``full`` ceiling) with every
     column of :func:`~fovea_core.eval.sweep.run_sweep`
     (:data:`~fovea_core.eval.evaluator.ROW_COLUMNS`); cascade methods add ``fovea_share``,
-    ``core_share``, ``cell_auc`` and ``fovea_level`` (NaN in the other rows). Cells and score maps are
-    cached in one file: ``cache_path`` (``"default"``: :func:`default_cache_path`, the
-    sweep's cache, so chapters share them; ``None``: no cache).
+    ``core_share``, ``cell_auc`` and ``fovea_level`` (NaN in the other rows). Cells and
+    score maps are cached in one file: ``cache_path`` (``"default"``:
+    :func:`default_cache_path`, the sweep's cache, so chapters share them; ``None``: no
+    cache).
 
     ``workers``: 1 (default) evaluates in this process; ``None`` (the CPU count) or more
     spreads the documents over :func:`~fovea_core.eval.evaluator.process_pool` (methods and

@@ -78,11 +78,7 @@ def localisation_row(tokens: TokenSet, scores: torch.Tensor, boxes: Sequence[Box
     one answer: ``core_share`` is the :func:`fovea_share` of the fovea's finest tokens
     alone (its core, read at ``fovea_level``)."""
     t = tokens[index]
-    if t.stage is None:
-        return dict(fovea_share=fovea_share(tokens, boxes, index=index), core_share=float("nan"),
-                    cell_auc=cell_auc(scores[index], boxes, tokens.image_size, patch=patch),
-                    fovea_level=float(t.levels[0].min()))
-    fov = t.stage >= 1
+    fov = t.stage >= 1                          # a cascade's tokens carry their stages
     lv = t.levels[fov]
     level = float(lv.min()) if lv.numel() else float("nan")
     core = fov & (t.levels <= level + 1e-6)
