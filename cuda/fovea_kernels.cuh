@@ -29,6 +29,13 @@
 
 #define FOVEA_MAX_LEVELS 16
 
+// Fully unroll a loop of constant trip count (so small arrays stay in registers on the GPU).
+#ifdef __CUDACC__
+#define FOVEA_UNROLL _Pragma("unroll")
+#else
+#define FOVEA_UNROLL _Pragma("GCC unroll 4")
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Where the levels of a pyramid live. Level m is a [B, C, H_m, W_m] array of floats at
 // address ptr[m] with element strides (sb, sc, sy, sx): the same table describes a torch
@@ -128,6 +135,144 @@ HD void gather_sample(const LevelTable& T, const TokenConst& t, int b, int p, in
         for (int ch = 0; ch < c; ++ch) {
             const float v = bilerp(img, T.sc[m], T.sy[m], T.sx[m], ty, tx, ch) * wq;
             out[ch * out_stride] = q == 0 ? v : out[ch * out_stride] + v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused token gather (gather_tokens): channels-last pyramids whose channel count is a
+// multiple of 4 ("NHWC4", e.g. RGB + one zero channel), so one tap of four channels is one
+// 128-bit load; a thread computes four consecutive samples of a token ("a quad") and writes
+// them as one 128-bit store per output channel. Every lane does the scalar arithmetic of
+// gather_sample / bilerp in the same order, so the values are the same bits.
+// ---------------------------------------------------------------------------------------
+struct F4 { float v[4]; };
+
+// Four consecutive floats at p (16-byte aligned on the GPU: the caller checks).
+HD F4 load4(const float* p) {
+    F4 r;
+#ifdef __CUDA_ARCH__
+    const float4 q = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = q.x; r.v[1] = q.y; r.v[2] = q.z; r.v[3] = q.w;
+#else
+    for (int k = 0; k < 4; ++k) r.v[k] = p[k];
+#endif
+    return r;
+}
+
+// bilerp of four adjacent channels (px points at channel 4g of the level image).
+HD F4 bilerp4(const float* px, int sy, int sx, Tap ty, Tap tx) {
+    const float* r0 = px + ty.i0 * sy;
+    const F4 a = load4(r0 + tx.i0 * sx);
+    F4 top = a;
+    if (tx.f != 0.0f) {
+        const F4 b = load4(r0 + tx.i1 * sx);
+        FOVEA_UNROLL
+        for (int k = 0; k < 4; ++k) top.v[k] = lerp_exact(a.v[k], b.v[k], tx.f);
+    }
+    if (ty.f == 0.0f) return top;
+    const float* r1 = px + ty.i1 * sy;
+    const F4 c = load4(r1 + tx.i0 * sx);
+    F4 bot = c;
+    if (tx.f != 0.0f) {
+        const F4 d = load4(r1 + tx.i1 * sx);
+        FOVEA_UNROLL
+        for (int k = 0; k < 4; ++k) bot.v[k] = lerp_exact(c.v[k], d.v[k], tx.f);
+    }
+    F4 r;
+    FOVEA_UNROLL
+    for (int k = 0; k < 4; ++k) r.v[k] = lerp_exact(top.v[k], bot.v[k], ty.f);
+    return r;
+}
+
+// Channels 4g..4g+3 of samples s0..s0+nk-1 (flattened i * p + j, nk <= 4) of one token:
+// acc[k].v[c] = the value gather_sample writes for channel 4g + c of sample s0 + k.
+HD void gather_quad(const LevelTable& T, const TokenConst& t, int b, int p, int s0, int nk,
+                    int g, F4 acc[4]) {
+    for (int q = 0; q < t.nq; ++q) {
+        const int m = t.lo + q;
+        const float inv_s = 1.0f / (float)(1 << m);          // exact power of two
+        const float* img = level_image(T, m, b) + 4 * g;     // channel stride 1 (NHWC4)
+        const float wq = q == 0 ? 1.0f - t.frac : t.frac;
+        FOVEA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+            if (k >= nk) break;
+            const int s = s0 + k, i = s / p, j = s - (s / p) * p;
+            const Tap tx = axis_tap(index_coord(sample_base_pos(t.cx_px, j, p, t.step), inv_s),
+                                    T.w[m]);
+            const Tap ty = axis_tap(index_coord(sample_base_pos(t.cy_px, i, p, t.step), inv_s),
+                                    T.h[m]);
+            const F4 v = bilerp4(img, T.sy[m], T.sx[m], ty, tx);
+            FOVEA_UNROLL
+            for (int c = 0; c < 4; ++c) {
+                const float vw = v.v[c] * wq;
+                acc[k].v[c] = q == 0 ? vw : acc[k].v[c] + vw;
+            }
+        }
+    }
+}
+
+// float -> bfloat16 bits, round to nearest even, NaN -> 0x7fc0 (what torch's .to(bfloat16)
+// does), written with integer operations so that both builds give the same bits.
+HD unsigned short bf16_bits(float x) {
+    union { float f; unsigned int u; } w;
+    w.f = x;
+    if ((w.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
+    const unsigned int rounding_bias = 0x7fffu + ((w.u >> 16) & 1u);
+    return (unsigned short)((w.u + rounding_bias) >> 16);
+}
+
+// Store one output channel of a quad: nk values at dst (fp32, or bf16 when bf16 != 0).
+// On the GPU a full, 16-byte aligned quad is one 128-bit store (8-byte for bf16).
+HD void store_quad(void* dst, const F4 acc[4], int c, int nk, int bf16, bool vector_ok) {
+    if (bf16) {
+        unsigned short* o = (unsigned short*)dst;
+#ifdef __CUDA_ARCH__
+        if (vector_ok && nk == 4) {
+            uint2 u;
+            u.x = (unsigned int)bf16_bits(acc[0].v[c]) | ((unsigned int)bf16_bits(acc[1].v[c]) << 16);
+            u.y = (unsigned int)bf16_bits(acc[2].v[c]) | ((unsigned int)bf16_bits(acc[3].v[c]) << 16);
+            *reinterpret_cast<uint2*>(o) = u;
+            return;
+        }
+#endif
+        FOVEA_UNROLL
+        for (int k = 0; k < 4; ++k)
+            if (k < nk) o[k] = bf16_bits(acc[k].v[c]);
+        return;
+    }
+    float* o = (float*)dst;
+#ifdef __CUDA_ARCH__
+    if (vector_ok && nk == 4) {
+        *reinterpret_cast<float4*>(o) = make_float4(acc[0].v[c], acc[1].v[c], acc[2].v[c],
+                                                    acc[3].v[c]);
+        return;
+    }
+#endif
+    FOVEA_UNROLL
+    for (int k = 0; k < 4; ++k)
+        if (k < nk) o[k] = acc[k].v[c];
+}
+
+// Everything one thread does for quad `quad` of token t: the samples, then the stores of
+// its `channels` real channels, each repeated `temporal` times (the [C, T, p, p] patch
+// layout of a Qwen2-VL-style patch embedding; T = 1 is [C, p, p]).
+HD void gather_token_quad(const LevelTable& T, const TokenConst& tc, int b, int p, int quad,
+                          int channels, int temporal, int bf16, void* token_out) {
+    const int pp = p * p, s0 = 4 * quad;
+    const int nk = pp - s0 < 4 ? pp - s0 : 4;
+    const bool vector_ok = (pp & 3) == 0;                // every quad starts 16-byte aligned
+    const int esize = bf16 ? 2 : 4;
+    for (int g = 0; 4 * g < channels; ++g) {
+        F4 acc[4] = {};                                  // (k >= nk stays unused)
+        gather_quad(T, tc, b, p, s0, nk, g, acc);
+        FOVEA_UNROLL
+        for (int c = 0; c < 4; ++c) {
+            if (4 * g + c >= channels) break;
+            for (int u = 0; u < temporal; ++u) {
+                const long long e = ((long long)(4 * g + c) * temporal + u) * pp + s0;
+                store_quad((char*)token_out + e * esize, acc, c, nk, bf16, vector_ok);
+            }
         }
     }
 }

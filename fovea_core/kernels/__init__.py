@@ -45,7 +45,8 @@ from fovea_core.kernels.build import (CUDA_DIR, CXX_FLAGS, KERNEL_NAMES, NVCC_FL
                                       kernel_resources, source_excerpt)
 from fovea_core.kernels.layout import MAX_LEVELS, LevelTable, level_table
 from fovea_core.kernels.ops import (available_backends, backend_status, device_pyramid,
-                                    divprune_greedy, gather_patches, pyr_down_into, remap,
+                                    divprune_greedy, gather_patches, gather_tokens,
+                                    nhwc4_pyramid, pyr_down_into, remap,
                                     render_into, sample_image, select_candidates_kernel,
                                     v1_candidates_kernel, v1_layout)
 from fovea_core.kernels.pyramids import (PackedPyramid, build_packed_pyramid, build_pyramid_cv2,
@@ -55,7 +56,8 @@ from fovea_core.kernels.pyramids import _layout, _workspace  # noqa: F401
 
 __all__ = ["PackedPyramid", "available_backends", "backend_status", "build_cpu_library",
            "build_packed_pyramid", "build_pyramid_cv2", "device_pyramid", "levels_needed",
-           "pyr_down_into", "pack_pyramid", "gather_patches", "sample_image", "remap",
+           "pyr_down_into", "pack_pyramid", "gather_patches", "gather_tokens", "nhwc4_pyramid",
+           "sample_image", "remap",
            "v1_layout", "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
            "render_into", "cuda_source", "compile_cuda", "source_excerpt", "kernel_resources",
            "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS", "KERNEL_NAMES",

@@ -29,7 +29,7 @@ CXX_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared
              "-x", "c++")
 NVCC_FLAGS = ("-O3", "-fmad=false")
 OPENMP_FLAG = "-fopenmp"
-KERNEL_NAMES = ("gather_patches", "pyr_down", "remap_lut", "v1_candidates")
+KERNEL_NAMES = ("gather_patches", "gather_tokens", "pyr_down", "remap_lut", "v1_candidates")
 
 
 def _cache_dir() -> Path:

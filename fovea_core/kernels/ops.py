@@ -29,7 +29,8 @@ from fovea_core.kernels.pyramids import (PackedPyramid, _hwc_float_batch, _layou
 from fovea_core.pyramid import Pyramid, default_num_levels, register_pyr_down
 from fovea_core.tokens import TokenSet
 
-__all__ = ["backend_status", "available_backends", "gather_patches", "device_pyramid",
+__all__ = ["backend_status", "available_backends", "gather_patches", "gather_tokens",
+           "nhwc4_pyramid", "device_pyramid",
            "pyr_down_into", "sample_image", "remap", "divprune_greedy", "render_into",
            "v1_candidates_kernel", "select_candidates_kernel", "v1_layout"]
 
@@ -136,6 +137,137 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
         _launch_cuda("gather_patches", dev, min(b * n, 2**31 - 1), 32 * math.ceil(min(p * p, 1024) / 32),
                      [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
                       ctypes.c_int(p), _u64(cen), _u64(lods), _u64(steps), _u64(res)], binding)
+    return res
+
+
+#: threads per block of the ``gather_tokens`` kernel (``GATHER_TOKENS_BLOCK`` in the source;
+#: its ``__launch_bounds__`` promise 3 blocks of this size an SM)
+GATHER_TOKENS_BLOCK = 256
+GATHER_TOKENS_BLOCKS_PER_SM = 3
+
+
+def nhwc4_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch: int = 16,
+                  backend: str | None = None, binding: str | None = None) -> Pyramid:
+    """The pyramid :func:`gather_tokens` reads: channels last, channels padded with zeros to a
+    multiple of 4 (RGB -> RGB0), so that one tap of four channels is one 128-bit load.
+
+    ``image [B, C, H, W]`` float32 (any strides) is copied once into the padded channels-last
+    level 0, and :func:`device_pyramid` builds the levels above it (each channel on its own,
+    so the first ``C`` channels of every level equal :func:`device_pyramid` of ``image``
+    bit for bit and the padding stays 0). Returns levels ``[B, C4, H_m, W_m]`` with
+    ``stride(1) == 1`` and ``C4 = 4 * ceil(C / 4)``.
+    """
+    if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.dtype != torch.float32:
+        raise ValueError("image must be a float32 tensor [B, C, H, W]; convert it with "
+                         "fovea_core.pyramid.as_image_batch")
+    b, c, h, w = image.shape
+    c4 = 4 * -(-c // 4)
+    base = torch.zeros(b, h, w, c4, dtype=torch.float32, device=image.device)
+    base[..., :c] = image.permute(0, 2, 3, 1)
+    return device_pyramid(base.permute(0, 3, 1, 2), num_levels, patch=patch, backend=backend,
+                          binding=binding)
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached by torch)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(idx).multi_processor_count
+
+
+def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet, *,
+                  channels: int | None = None, temporal: int = 1,
+                  dtype: torch.dtype = torch.float32, backend: str | None = None,
+                  binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fused gather: the tokens' patches straight in a VLM patch embedding's layout.
+
+    Returns ``[B, N, C, T, p, p]`` in ``dtype`` (float32 or bfloat16), which ``.view(B * N,
+    C * T * p * p)`` turns into the ``pixel_values`` rows of a Qwen2-VL-style processor
+    (channel, then temporal copy, then row, then column; an image is repeated ``T =
+    temporal_patch_size`` times). Values: those of :func:`gather_patches` bit for bit (its
+    first ``C`` channels, repeated ``T`` times; rounded to nearest even for bfloat16, as
+    ``.to(torch.bfloat16)`` rounds).
+
+    How it reads and writes (``cuda/fovea_kernels.cuh``, ``gather_token_quad``): the pyramid
+    is channels last with a multiple of 4 channels (:func:`nhwc4_pyramid`), so one tap of four
+    channels is one 128-bit load; one thread computes four consecutive samples of a token and
+    writes each output channel as one 128-bit store (64-bit in bfloat16); a block holds
+    several tokens; the grid is persistent (sized to fill the GPU once). On ``"cuda"`` it is
+    queued on the current torch stream with no host round trip; ``"cpu"`` runs the same
+    per-quad code in the g++ build (the parity path).
+
+    Args:
+        pyramid: levels ``[B, C4, H_m, W_m]`` float32 with ``stride(1) == 1``, ``C4 % 4 == 0``
+            and 16-byte aligned level images (what :func:`nhwc4_pyramid` returns).
+        tokens: ``[B, N]`` tokens of the pyramid's image size.
+        channels: how many leading channels to write (default: all ``C4``).
+        temporal: copies of each patch along T (``>= 1``).
+        dtype: ``torch.float32`` or ``torch.bfloat16``.
+        out: optional contiguous result buffer of the returned shape, dtype and device.
+
+    Raises:
+        ValueError: a pyramid not in that layout, ``channels`` outside ``[1, C4]``,
+            ``temporal < 1``, another dtype, or a size mismatch with ``tokens``.
+    """
+    levels = _levels_of(pyramid)
+    b, n = tokens.levels.shape
+    c4 = levels[0].shape[1]
+    if levels[0].shape[0] != b or tuple(levels[0].shape[-2:]) != tuple(tokens.image_size):
+        raise ValueError(f"pyramid (B={levels[0].shape[0]}, size={tuple(levels[0].shape[-2:])}) "
+                         f"does not match tokens (B={b}, size={tokens.image_size})")
+    for m, lv in enumerate(levels):
+        if c4 % 4 or lv.stride(1) != 1 or lv.stride(3) != c4 or lv.data_ptr() % 16:
+            raise ValueError(f"pyramid level {m}: gather_tokens reads channels-last levels "
+                             f"with a multiple of 4 channels, 16-byte aligned (got shape "
+                             f"{tuple(lv.shape)}, strides {lv.stride()}); build it with "
+                             "nhwc4_pyramid")
+    c = c4 if channels is None else channels
+    if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= c4:
+        raise ValueError(f"channels must be an int in [1, {c4}], got {channels!r}")
+    if isinstance(temporal, bool) or not isinstance(temporal, int) or temporal < 1:
+        raise ValueError(f"temporal must be an int >= 1, got {temporal!r}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    p = tokens.patch
+    dev = levels[0].device
+    be = _choose(backend, dev.type == "cuda")
+    nl = len(levels)
+    h, w = tokens.image_size
+    shape = (b, n, c, temporal, p, p)
+    run_dev = dev if be == "cuda" else torch.device("cpu")
+    res = out if out is not None else torch.empty(shape, dtype=dtype, device=run_dev)
+    if tuple(res.shape) != shape or res.dtype != dtype or not res.is_contiguous() \
+            or res.device.type != run_dev.type or res.data_ptr() % 16:
+        raise ValueError(f"out must be a contiguous, 16-byte aligned {dtype} tensor "
+                         f"{list(shape)} on {run_dev}, got {res.dtype} {list(res.shape)} on "
+                         f"{res.device}")
+    bf16 = int(dtype == torch.bfloat16)
+    if be == "cpu":
+        lmax = float(tokens.levels.max()) if b * n else 0.0
+        if lmax > nl - 1:
+            raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
+                             f"levels), got a level {lmax:g}")
+        levels = [lv.cpu() for lv in levels]
+        table = level_table(levels)
+        cen = tokens.centers.detach().cpu().float().contiguous()
+        lods = tokens.levels.detach().cpu().float().contiguous()
+        steps = torch.exp2(lods)                         # the reference's own exp2
+        _cpu_lib().gather_tokens_cpu(ctypes.byref(table), b, n, h, w, p, c, temporal, bf16,
+                                     _ptr(cen), _ptr(lods), _ptr(steps), _ptr(res),
+                                     CPU_PARALLEL_TOKENS)
+        return res
+    levels, table = _table_of(pyramid)
+    cen = tokens.centers.detach().to(dev, torch.float32).contiguous()
+    lv = tokens.levels.detach().to(dev, torch.float32).contiguous()
+    lods = lv.clamp(max=nl - 1)
+    steps = torch.exp2(lv)
+    if b * n:
+        tpb = max(1, GATHER_TOKENS_BLOCK // min(-(-p * p // 4), GATHER_TOKENS_BLOCK))
+        grid = min(-(-b * n // tpb), GATHER_TOKENS_BLOCKS_PER_SM * _sm_count(dev))
+        _launch_cuda("gather_tokens", dev, grid, GATHER_TOKENS_BLOCK,
+                     [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
+                      ctypes.c_int(p), ctypes.c_int(c), ctypes.c_int(temporal),
+                      ctypes.c_int(bf16), _u64(cen), _u64(lods), _u64(steps), _u64(res)],
+                     binding)
     return res
 
 
