@@ -32,30 +32,31 @@ __global__ void gather_patches(const LevelTable T, int batch, int num_tokens, in
     }
 }
 
-// The fused gather (see gather_token_quad): NHWC4 pyramid in, [B, N, C, T, p, p] out (fp32
-// or bf16). Each block holds tpb = blockDim.x / quads-per-token tokens (at least one), one
-// thread per quad of four consecutive samples: consecutive threads read neighbouring pixels
+// The fused gather (see gather_token_quad): NHWC4 pyramid in, [B, N, merge^2, C, T, p/merge,
+// p/merge] out (fp32 or bf16). Each block holds tpb = blockDim.x / quads-per-token tokens
+// (at least one), one thread per quad of four consecutive samples of a block: consecutive
+// threads read neighbouring pixels
 // (128-bit loads) and write consecutive 16-byte pieces of the output (coalesced). The grid is
 // persistent (a grid-stride loop; the caller sizes it to fill the GPU once), so a small batch
 // costs one launch and a large one no more blocks than the device runs at once. Launched
-// with GATHER_TOKENS_BLOCK threads; at most 80 registers a thread (3 blocks an SM on sm_90,
-// no spills: `kernel_resources`), each thread keeping its quad's 4 samples x 4 taps in
-// flight.
+// with GATHER_TOKENS_BLOCK threads, at least 2 blocks an SM (at most 128 registers a thread;
+// 3 blocks would cap it at 80, and ptxas then spills: `kernel_resources`), each thread
+// keeping its quad's 4 samples x 4 taps in flight.
 #define GATHER_TOKENS_BLOCK 256
-__global__ void __launch_bounds__(GATHER_TOKENS_BLOCK, 3)
+__global__ void __launch_bounds__(GATHER_TOKENS_BLOCK, 2)
 gather_tokens(const LevelTable T, int batch, int num_tokens, int img_h, int img_w, int p,
-              int channels, int temporal, int bf16,
+              int merge, int channels, int temporal, int bf16,
               const float* __restrict__ centers,  // [B, N, 2]
               const float* __restrict__ lods,     // [B, N]
               const float* __restrict__ steps,    // [B, N] = 2^lod
-              void* __restrict__ out) {           // [B, N, C, T, p, p]
-    const int pp = p * p, qpt = (pp + 3) / 4;
+              void* __restrict__ out) {           // [B, N, merge^2, C, T, qs, qs]
+    const int qs = p / merge, qpt = merge * merge * ((qs * qs + 3) / 4);   // quads a token
     const int tpt = qpt < (int)blockDim.x ? qpt : (int)blockDim.x;   // threads per token
     const int tpb = (int)blockDim.x / tpt;                            // tokens per block
     const int lt = (int)threadIdx.x / tpt, lq = (int)threadIdx.x - lt * tpt;
     if (lt >= tpb) return;                               // the block's spare threads
     const int tokens = batch * num_tokens;
-    const long long token_bytes = (long long)channels * temporal * pp * (bf16 ? 2 : 4);
+    const long long token_bytes = (long long)channels * temporal * p * p * (bf16 ? 2 : 4);
     for (int t0 = blockIdx.x * tpb; t0 < tokens; t0 += gridDim.x * tpb) {
         const int t = t0 + lt;
         if (t >= tokens) break;
@@ -63,7 +64,7 @@ gather_tokens(const LevelTable T, int batch, int num_tokens, int img_h, int img_
         const TokenConst tc = token_const(centers[2 * t], centers[2 * t + 1], lods[t],
                                           steps[t], img_h, img_w, T.num_levels);
         for (int quad = lq; quad < qpt; quad += tpt)
-            gather_token_quad(T, tc, b, p, quad, channels, temporal, bf16,
+            gather_token_quad(T, tc, b, p, merge, quad, channels, temporal, bf16,
                               (char*)out + (long long)t * token_bytes);
     }
 }
@@ -183,16 +184,18 @@ void gather_patches_cpu(const LevelTable* T, int batch, int num_tokens, int img_
 
 // The fused gather's CPU twin (parity only: the same gather_token_quad per token and quad).
 void gather_tokens_cpu(const LevelTable* T, int batch, int num_tokens, int img_h, int img_w,
-                       int p, int channels, int temporal, int bf16, const float* centers,
-                       const float* lods, const float* steps, void* out, int min_parallel) {
-    const int tokens = batch * num_tokens, qpt = (p * p + 3) / 4;
+                       int p, int merge, int channels, int temporal, int bf16,
+                       const float* centers, const float* lods, const float* steps, void* out,
+                       int min_parallel) {
+    const int qs = p / merge;
+    const int tokens = batch * num_tokens, qpt = merge * merge * ((qs * qs + 3) / 4);
     const long long token_bytes = (long long)channels * temporal * p * p * (bf16 ? 2 : 4);
 #pragma omp parallel for schedule(static) if (tokens >= min_parallel)
     for (int t = 0; t < tokens; ++t) {
         const TokenConst tc = token_const(centers[2 * t], centers[2 * t + 1], lods[t], steps[t],
                                           img_h, img_w, T->num_levels);
         for (int quad = 0; quad < qpt; ++quad)
-            gather_token_quad(*T, tc, t / num_tokens, p, quad, channels, temporal, bf16,
+            gather_token_quad(*T, tc, t / num_tokens, p, merge, quad, channels, temporal, bf16,
                               (char*)out + (long long)t * token_bytes);
     }
 }

@@ -185,10 +185,12 @@ HD F4 bilerp4(const float* px, int sy, int sx, Tap ty, Tap tx) {
     return r;
 }
 
-// Channels 4g..4g+3 of samples s0..s0+nk-1 (flattened i * p + j, nk <= 4) of one token:
-// acc[k].v[c] = the value gather_sample writes for channel 4g + c of sample s0 + k.
-HD void gather_quad(const LevelTable& T, const TokenConst& t, int b, int p, int s0, int nk,
-                    int g, F4 acc[4]) {
+// Channels 4g..4g+3 of samples s0..s0+nk-1 (nk <= 4) of one qs x qs block of a p x p token,
+// the block's first sample being the token's sample (row0, col0); sample s of the block is
+// the token's sample (row0 + s / qs, col0 + s % qs). acc[k].v[c] = the value gather_sample
+// writes for channel 4g + c of that sample.
+HD void gather_quad(const LevelTable& T, const TokenConst& t, int b, int p, int qs, int row0,
+                    int col0, int s0, int nk, int g, F4 acc[4]) {
     for (int q = 0; q < t.nq; ++q) {
         const int m = t.lo + q;
         const float inv_s = 1.0f / (float)(1 << m);          // exact power of two
@@ -197,7 +199,7 @@ HD void gather_quad(const LevelTable& T, const TokenConst& t, int b, int p, int 
         FOVEA_UNROLL
         for (int k = 0; k < 4; ++k) {
             if (k >= nk) break;
-            const int s = s0 + k, i = s / p, j = s - (s / p) * p;
+            const int s = s0 + k, i = row0 + s / qs, j = col0 + s - (s / qs) * qs;
             const Tap tx = axis_tap(index_coord(sample_base_pos(t.cx_px, j, p, t.step), inv_s),
                                     T.w[m]);
             const Tap ty = axis_tap(index_coord(sample_base_pos(t.cy_px, i, p, t.step), inv_s),
@@ -255,22 +257,28 @@ HD void store_quad(void* dst, const F4 acc[4], int c, int nk, int bf16, bool vec
 }
 
 // Everything one thread does for quad `quad` of token t: the samples, then the stores of
-// its `channels` real channels, each repeated `temporal` times (the [C, T, p, p] patch
-// layout of a Qwen2-VL-style patch embedding; T = 1 is [C, p, p]).
-HD void gather_token_quad(const LevelTable& T, const TokenConst& tc, int b, int p, int quad,
-                          int channels, int temporal, int bf16, void* token_out) {
-    const int pp = p * p, s0 = 4 * quad;
-    const int nk = pp - s0 < 4 ? pp - s0 : 4;
-    const bool vector_ok = (pp & 3) == 0;                // every quad starts 16-byte aligned
+// its `channels` real channels, each repeated `temporal` times. The token's p x p samples
+// are written as merge x merge blocks of side qs = p / merge, block-major: [merge^2, C, T,
+// qs, qs], the patch layout of a Qwen2-VL-style processor (merge = 2: the four ViT patches
+// of one merged token; T = 2: a still image repeated over temporal_patch_size). merge = 1,
+// T = 1 is [C, p, p]. A thread's quad lies inside one block (qpb quads a block).
+HD void gather_token_quad(const LevelTable& T, const TokenConst& tc, int b, int p, int merge,
+                          int quad, int channels, int temporal, int bf16, void* token_out) {
+    const int qs = p / merge, qq = qs * qs, qpb = (qq + 3) / 4;
+    const int blk = quad / qpb, s0 = 4 * (quad - blk * qpb);
+    const int nk = qq - s0 < 4 ? qq - s0 : 4;
+    const int row0 = (blk / merge) * qs, col0 = (blk - (blk / merge) * merge) * qs;
+    const bool vector_ok = (qq & 3) == 0;                // every quad starts 16-byte aligned
     const int esize = bf16 ? 2 : 4;
     for (int g = 0; 4 * g < channels; ++g) {
         F4 acc[4] = {};                                  // (k >= nk stays unused)
-        gather_quad(T, tc, b, p, s0, nk, g, acc);
+        gather_quad(T, tc, b, p, qs, row0, col0, s0, nk, g, acc);
         FOVEA_UNROLL
         for (int c = 0; c < 4; ++c) {
             if (4 * g + c >= channels) break;
             for (int u = 0; u < temporal; ++u) {
-                const long long e = ((long long)(4 * g + c) * temporal + u) * pp + s0;
+                const long long e = (((long long)blk * channels + 4 * g + c) * temporal + u) * qq
+                                    + s0;
                 store_quad((char*)token_out + e * esize, acc, c, nk, bf16, vector_ok);
             }
         }

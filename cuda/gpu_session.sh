@@ -58,7 +58,7 @@ else
 fi
 
 log "GPU tests"
-$PY -m pytest -m gpu -q -rA tests/test_kernels.py -p no:cacheprovider \
+$PY -m pytest -m gpu -q -rA tests/test_kernels.py tests/test_kernels_fused.py tests/test_allocators_device.py -p no:cacheprovider \
     >"$OUT/pytest_gpu.log" 2>&1
 tail -25 "$OUT/pytest_gpu.log"
 
@@ -73,10 +73,10 @@ cp _build/benchmarks/sampling_gpu.json "$OUT/" 2>/dev/null
 log "ncu: DRAM traffic of the gather kernel (B = 64)"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
-  timeout 240 "$NCU" --target-processes all -k regex:gather_patches --launch-skip 1 --launch-count 2 \
+  timeout 240 "$NCU" --target-processes all -k regex:'gather_(patches|tokens)' --launch-skip 1 --launch-count 16 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
       $PY -m fovea_core.bench gather_probe >"$OUT/ncu_gather.txt" 2>&1
-  grep -E "gather_patches|gpu__time|dram__|warps_active|registers" "$OUT/ncu_gather.txt" | head -30
+  grep -E "gather_|gpu__time|dram__|warps_active|registers" "$OUT/ncu_gather.txt" | head -30
 else
   log "ncu not found"
 fi

@@ -17,7 +17,7 @@ from fovea_core import kernels as K
 from fovea_core.pyramid import Pyramid
 from fovea_core.sample import sample_reference
 from fovea_core.tokens import TokenSet
-from fovea_core.vlm.qwen import QWEN_MERGE, QWEN_PATCH, PIXEL_NORM, pixel_values
+from fovea_core.vlm.qwen import PIXEL_NORM, QWEN_MERGE, QWEN_PATCH, pixel_values
 
 HAS_NVCC = shutil.which("nvcc") is not None
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
@@ -40,9 +40,14 @@ def _case(g: torch.Generator, b: int, c: int, h: int, w: int, n: int, patch: int
     return img, K.nhwc4_pyramid(img, levels), ts
 
 
-def _reference(pyr4: Pyramid, ts: TokenSet, c: int) -> torch.Tensor:
-    """The torch reference on the first ``c`` channels: ``[B, N, c, p, p]``."""
-    return sample_reference(Pyramid(tuple(lv[:, :c] for lv in pyr4.levels)), ts)
+def _reference(pyr4: Pyramid, ts: TokenSet, c: int, merge: int = 1) -> torch.Tensor:
+    """The torch reference on the first ``c`` channels as ``merge x merge`` blocks:
+    ``[B, N, merge^2, c, q, q]``."""
+    ref = sample_reference(Pyramid(tuple(lv[:, :c] for lv in pyr4.levels)), ts)
+    b, n, _, p, _ = ref.shape
+    q = p // merge
+    return (ref.reshape(b, n, c, merge, q, merge, q).permute(0, 1, 3, 5, 2, 4, 6)
+            .reshape(b, n, merge * merge, c, q, q))
 
 
 @needs_gxx
@@ -50,20 +55,24 @@ def _reference(pyr4: Pyramid, ts: TokenSet, c: int) -> torch.Tensor:
 @given(seed=st.integers(0, 100_000), b=st.integers(1, 3), c=st.integers(1, 6),
        h=st.integers(9, 90), w=st.integers(9, 90), n=st.integers(1, 30),
        patch=st.sampled_from([1, 3, 4, 14, 16]), levels=st.integers(1, 3),
-       trilinear=st.booleans(), temporal=st.integers(1, 2), bf16=st.booleans())
+       trilinear=st.booleans(), temporal=st.integers(1, 2), bf16=st.booleans(),
+       merge=st.sampled_from([1, 2]))
 def test_cpu_build_equals_the_reference_bit_for_bit(seed, b, c, h, w, n, patch, levels,
-                                                    trilinear, temporal, bf16):
+                                                    trilinear, temporal, bf16, merge):
+    merge = merge if patch % merge == 0 else 1
+    q = patch // merge
     g = torch.Generator().manual_seed(seed)
     img, pyr, ts = _case(g, b, c, h, w, n, patch, levels, trilinear)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    got = K.gather_tokens(pyr, ts, channels=c, temporal=temporal, dtype=dtype, backend="cpu")
-    assert got.shape == (b, n, c, temporal, patch, patch) and got.dtype == dtype
-    ref = _reference(pyr, ts, c).to(dtype)                 # RNE, as the kernel rounds
+    got = K.gather_tokens(pyr, ts, channels=c, temporal=temporal, merge=merge, dtype=dtype,
+                          backend="cpu")
+    assert got.shape == (b, n, merge * merge, c, temporal, q, q) and got.dtype == dtype
+    ref = _reference(pyr, ts, c, merge).to(dtype)          # RNE, as the kernel rounds
     for u in range(temporal):
-        assert torch.equal(got[:, :, :, u], ref)
+        assert torch.equal(got[:, :, :, :, u], ref)
     # the same values as the unfused gather on the unpadded pyramid
-    if not bf16:
-        assert torch.equal(got[:, :, :, 0],
+    if not bf16 and merge == 1:
+        assert torch.equal(got[:, :, 0, :, 0],
                            K.gather_patches(K.device_pyramid(img, levels), ts, backend="cpu"))
 
 
@@ -80,30 +89,30 @@ def test_padded_pyramid_is_channels_last_and_its_channels_are_the_plain_pyramid(
 
 @needs_gxx
 def test_rows_are_qwen2_vl_pixel_values():
-    """Level-0 tokens on Qwen's patch grid, in its 2 x 2 merge order: the rows of
-    ``gather_tokens(..., temporal=2).view(B * N, -1)`` are ``pixel_values`` bit for bit."""
+    """The merged cells of a page as level-0 tokens of side 2p in raster order: the rows of
+    ``gather_tokens(..., merge=2, temporal=2).view(B * 4N, -1)`` are ``pixel_values`` bit
+    for bit (each merged token one 2 x 2 block of ViT patches, the image repeated twice)."""
     p, m, hm, wm = QWEN_PATCH["qwen2-vl"], QWEN_MERGE, 3, 2
     h, w = hm * m * p, wm * m * p
     images = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(2))
     pv, _ = pixel_values(images, "qwen2-vl")
     mean, std = (images.new_tensor(v).view(1, 3, 1, 1) for v in PIXEL_NORM["qwen2-vl"])
     normed = (images - mean) / std                         # what pixel_values normalises
-    r, cc, i, j = torch.meshgrid(torch.arange(hm), torch.arange(wm), torch.arange(m),
-                                 torch.arange(m), indexing="ij")
-    rows, cols = (r * m + i).reshape(-1), (cc * m + j).reshape(-1)     # merge-block order
-    n = rows.numel()
-    centers = torch.stack([(cols + 0.5) * p / w, (rows + 0.5) * p / h], -1).expand(2, n, 2)
-    ts = TokenSet(centers.contiguous(), torch.zeros(2, n), torch.zeros(2, n),
-                  torch.full((2, 1, 2), 0.5), (h, w), p)
-    got = K.gather_tokens(K.nhwc4_pyramid(normed, 1), ts, channels=3, temporal=2,
+    rows, cols = torch.meshgrid(torch.arange(hm), torch.arange(wm), indexing="ij")
+    cell = m * p
+    ts = TokenSet.from_grid(rows.reshape(1, -1).expand(2, -1), cols.reshape(1, -1).expand(2, -1),
+                            0, image_size=(h, w), patch=cell)
+    got = K.gather_tokens(K.nhwc4_pyramid(normed, 1), ts, channels=3, temporal=2, merge=m,
                           backend="cpu")
-    assert torch.equal(got.view(2 * n, -1), pv)
+    assert got.shape == (2, hm * wm, m * m, 3, 2, p, p)
+    assert torch.equal(got.view(2 * hm * wm * m * m, -1), pv)
 
 
 @needs_gxx
 @pytest.mark.parametrize("bad, match", [
     (dict(channels=0), "channels must be"), (dict(channels=5), "channels must be"),
     (dict(temporal=0), "temporal must be"), (dict(dtype=torch.float16), "dtype must be"),
+    (dict(merge=3), "merge must be"), (dict(merge=0), "merge must be"),
     (dict(out=torch.empty(1)), "out must be"),
 ])
 def test_bad_arguments_are_named(bad, match):
@@ -127,7 +136,7 @@ def test_a_pyramid_in_another_layout_is_refused():
 def test_nvcc_builds_it_without_spills_within_its_launch_bounds():
     res = K.kernel_resources("sm_90")["gather_tokens"]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0
-    # __launch_bounds__(256, 3): 3 blocks of 256 threads an SM fit 65,536 registers
+    # __launch_bounds__(256, 2): 2 blocks of 256 threads an SM fit 65,536 registers
     assert res["registers"] * K.ops.GATHER_TOKENS_BLOCK * K.ops.GATHER_TOKENS_BLOCKS_PER_SM \
         <= 65536
 
@@ -141,16 +150,16 @@ def test_gpu_build_equals_the_reference_and_stays_on_the_device(bf16):
     dtype = torch.bfloat16 if bf16 else torch.float32
     torch.cuda.set_sync_debug_mode("error")                # any host sync raises
     try:
-        got = K.gather_tokens(pyr, ts, channels=3, temporal=2, dtype=dtype)
+        got = K.gather_tokens(pyr, ts, channels=3, temporal=2, merge=2, dtype=dtype)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert got.is_cuda
-    ref = _reference(pyr, ts, 3).to(dtype)
-    assert torch.equal(got[:, :, :, 0], ref) and torch.equal(got[:, :, :, 1], ref)
+    ref = _reference(pyr, ts, 3, 2).to(dtype)
+    assert torch.equal(got[:, :, :, :, 0], ref) and torch.equal(got[:, :, :, :, 1], ref)
     tri = replace(ts, levels=torch.rand(3, 273, generator=g).cuda() * 3)
-    assert torch.equal(K.gather_tokens(pyr, tri, channels=3, dtype=dtype)[:, :, :, 0],
-                       _reference(pyr, tri, 3).to(dtype))
+    assert torch.equal(K.gather_tokens(pyr, tri, channels=3, dtype=dtype)[:, :, 0, :, 0],
+                       _reference(pyr, tri, 3)[:, :, 0].to(dtype))
     # the CPU build of the same source gives the same bits
     cpu = Pyramid(tuple(lv.cpu() for lv in pyr.levels))
     assert torch.equal(got.cpu(), K.gather_tokens(cpu, ts.to("cpu"), channels=3, temporal=2,
-                                                  dtype=dtype, backend="cpu"))
+                                                  merge=2, dtype=dtype, backend="cpu"))

@@ -1,5 +1,5 @@
 """A minimal GPU workload for a profiler (``ncu``): the gather kernel at batch 64, N = 273,
-on NCHW and channels-last pyramids (``python -m fovea_core.bench gather_probe``). Writes no
+on NCHW and channels-last pyramids, then the fused ``gather_tokens`` (fp32, bf16) (``python -m fovea_core.bench gather_probe``). Writes no
 record; without a CUDA GPU it exits 1 at once."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         out = K.gather_patches(pyr, tokens)
         for _ in range(3):
             K.gather_patches(pyr, tokens, out=out)
+    pyr4 = K.nhwc4_pyramid(x)                      # the fused kernel: fp32 and bf16 output
+    for dtype in (torch.float32, torch.bfloat16):
+        out4 = K.gather_tokens(pyr4, tokens, channels=3, dtype=dtype)
+        for _ in range(3):
+            K.gather_tokens(pyr4, tokens, channels=3, dtype=dtype, out=out4)
     torch.cuda.synchronize()
     print("probe done")
     return 0

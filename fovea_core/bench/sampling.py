@@ -365,16 +365,29 @@ def gpu_section(batch: int) -> dict:
     apyr = build_pyramid(x)                                    # the torch path's atlas (NHWC)
     grid = one_call_grid(tokens)
     out = torch.empty(batch, BUDGET, 3, PATCH, PATCH, device=dev)
+    pyr4 = K.nhwc4_pyramid(x)                                  # RGB0 channels last: the fused
+    out_bf16 = torch.empty(batch, BUDGET, 1, 3, 1, PATCH, PATCH, device=dev, dtype=torch.bfloat16)
     ref = sample_reference(dpyr, tokens)
     res: dict = {"batch": batch, "parity": {
         "kernel_vs_reference_equal": bool(torch.equal(K.gather_patches(dpyr, tokens), ref)),
         "torch_vs_reference_max_abs": float((sample(apyr, tokens) - ref).abs().max()),
         "e2e_vs_reference_max_abs": float((K.sample_image(x, tokens) - ref).abs().max()),
+        "fused_vs_reference_equal": bool(torch.equal(
+            K.gather_tokens(pyr4, tokens, channels=3)[:, :, 0, :, 0], ref)),
+        "fused_bf16_vs_reference_equal": bool(torch.equal(
+            K.gather_tokens(pyr4, tokens, channels=3, dtype=torch.bfloat16)[:, :, 0, :, 0],
+            ref.to(torch.bfloat16))),
     }}
     fns = {
         "gather_kernel_driver": lambda: K.gather_patches(dpyr, tokens, out=out),
         "gather_kernel_nhwc": lambda: K.gather_patches(dpyr_cl, tokens, out=out),
         "gather_kernel_atlas": lambda: K.gather_patches(apyr, tokens, out=out),
+        "gather_kernel_fused": lambda: K.gather_tokens(pyr4, tokens, channels=3,
+                                                       out=out.view(batch, BUDGET, 1, 3, 1,
+                                                                    PATCH, PATCH)),
+        "gather_kernel_fused_bf16": lambda: K.gather_tokens(pyr4, tokens, channels=3,
+                                                            dtype=torch.bfloat16, out=out_bf16),
+        "pyramid_kernel_nhwc4": lambda: K.nhwc4_pyramid(x),
         "e2e_kernel_nhwc": lambda: K.sample_image(x_cl, tokens),
         "pyramid_kernel": lambda: K.device_pyramid(x),
         "e2e_kernel": lambda: K.sample_image(x, tokens),
@@ -414,12 +427,17 @@ def gpu_section(batch: int) -> dict:
     t = {k: _event_ms(f) for k, f in fns.items()}
     t["gather_kernel_graph"] = _graph_ms(fns["gather_kernel_driver"])
     t["gather_kernel_nhwc_graph"] = _graph_ms(fns["gather_kernel_nhwc"])
+    t["gather_kernel_fused_graph"] = _graph_ms(fns["gather_kernel_fused"])
+    t["gather_kernel_fused_bf16_graph"] = _graph_ms(fns["gather_kernel_fused_bf16"])
     t["grid_sample_one_call_graph"] = _graph_ms(fns["grid_sample_one_call"])
     res["parity"]["nhwc_equal"] = bool(torch.equal(K.gather_patches(dpyr_cl, tokens), ref))
     # bandwidth: the fewest bytes the gather must move: every patch written once and every
-    # one of its samples read once (p*p*C floats each way per token)
+    # one of its samples read once (p*p*C floats each way per token; bf16 output: half the
+    # written bytes). The fused path reads 4 channels (RGB0), which this count does not credit.
     written = out.numel() * 4
     need = 2 * written
+    need_of = {"gather_kernel_fused_bf16": written + written // 2,
+               "gather_kernel_fused_bf16_graph": written + written // 2}
     big = torch.empty(512 * 2**20 // 4, device=dev)
     copy = _event_ms(lambda: big.clone(), iters=5)
     copy_bw = 2 * big.numel() * 4 / (copy["median_ms"] / 1e3)
@@ -428,14 +446,17 @@ def gpu_section(batch: int) -> dict:
     bw = {}
     for key in ("gather_kernel_driver", "gather_kernel_graph", "gather_kernel_pycuda",
                 "gather_kernel_nhwc", "gather_kernel_nhwc_graph", "gather_kernel_atlas",
+                "gather_kernel_fused", "gather_kernel_fused_graph", "gather_kernel_fused_bf16",
+                "gather_kernel_fused_bf16_graph",
                 "grid_sample_one_call", "grid_sample_one_call_graph", "sample_torch"):
         if key in t and "median_ms" in t[key]:
-            gbs = need / (t[key]["median_ms"] / 1e3)
+            gbs = need_of.get(key, need) / (t[key]["median_ms"] / 1e3)
             bw[key] = {"GBps": gbs / 1e9, "fraction_of_copy": gbs / copy_bw,
                        "fraction_of_datasheet": gbs / sheet if sheet else None}
     res.update(timings=t, copy_512MiB=copy, bandwidth={
-        "bytes_min": need, "bytes_note": "patches written once + every sample read once "
-        "(2 * B * N * C * p * p * 4)", "device_copy_GBps": copy_bw / 1e9,
+        "bytes_min": need, "bytes_min_bf16_out": need_of["gather_kernel_fused_bf16"],
+        "bytes_note": "patches written once + every sample read once "
+        "(2 * B * N * C * p * p * 4; bf16 output: 1.5 * B * N * C * p * p * 4)", "device_copy_GBps": copy_bw / 1e9,
         "datasheet_GBps": sheet / 1e9 if sheet else None, "paths": bw},
         ratios={k: t[k]["median_ms"] / t["gather_kernel_driver"]["median_ms"]
                 for k in t if k != "gather_kernel_driver" and "median_ms" in t[k]},

@@ -36,7 +36,7 @@ def _cpu_lib() -> ctypes.CDLL:
                            "fovea_core/kernels/layout.py")
     lib.gather_patches_cpu.argtypes = [_LT, _I, _I, _I, _I, _I, _P, _P, _P, _P, _I]
     lib.gather_patches_cpu.restype = None
-    lib.gather_tokens_cpu.argtypes = [_LT] + [_I] * 8 + [_P] * 4 + [_I]
+    lib.gather_tokens_cpu.argtypes = [_LT] + [_I] * 9 + [_P] * 4 + [_I]
     lib.gather_tokens_cpu.restype = None
     lib.pyr_down_cpu.argtypes = [_LT, _I, _LT, _I, _I]
     lib.pyr_down_cpu.restype = None

@@ -141,9 +141,9 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
 
 
 #: threads per block of the ``gather_tokens`` kernel (``GATHER_TOKENS_BLOCK`` in the source;
-#: its ``__launch_bounds__`` promise 3 blocks of this size an SM)
+#: its ``__launch_bounds__`` promise 2 blocks of this size an SM: the persistent grid's size)
 GATHER_TOKENS_BLOCK = 256
-GATHER_TOKENS_BLOCKS_PER_SM = 3
+GATHER_TOKENS_BLOCKS_PER_SM = 2
 
 
 def nhwc4_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch: int = 16,
@@ -175,16 +175,19 @@ def _sm_count(device: torch.device) -> int:
 
 
 def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet, *,
-                  channels: int | None = None, temporal: int = 1,
+                  channels: int | None = None, temporal: int = 1, merge: int = 1,
                   dtype: torch.dtype = torch.float32, backend: str | None = None,
                   binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The fused gather: the tokens' patches straight in a VLM patch embedding's layout.
 
-    Returns ``[B, N, C, T, p, p]`` in ``dtype`` (float32 or bfloat16), which ``.view(B * N,
-    C * T * p * p)`` turns into the ``pixel_values`` rows of a Qwen2-VL-style processor
-    (channel, then temporal copy, then row, then column; an image is repeated ``T =
-    temporal_patch_size`` times). Values: those of :func:`gather_patches` bit for bit (its
-    first ``C`` channels, repeated ``T`` times; rounded to nearest even for bfloat16, as
+    Returns ``[B, N, M*M, C, T, q, q]`` in ``dtype`` (float32 or bfloat16), ``M = merge``,
+    ``q = p / M``: each token's ``p x p`` samples as ``M x M`` blocks (row-major), each block
+    channel, then temporal copy, then row, then column. With ``merge=2, temporal=2``,
+    ``.view(B * N * 4, C * 2 * q * q)`` are the ``pixel_values`` rows of a Qwen2-VL-style
+    processor (``fovea_core.vlm.qwen.pixel_values``: a merged token is a 2 x 2 block of ViT
+    patches, a still image is repeated over ``temporal_patch_size = 2``), before its
+    normalisation. Values: those of :func:`gather_patches` bit for bit (its first ``C``
+    channels, rearranged and repeated; rounded to nearest even for bfloat16, as
     ``.to(torch.bfloat16)`` rounds).
 
     How it reads and writes (``cuda/fovea_kernels.cuh``, ``gather_token_quad``): the pyramid
@@ -201,12 +204,14 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
         tokens: ``[B, N]`` tokens of the pyramid's image size.
         channels: how many leading channels to write (default: all ``C4``).
         temporal: copies of each patch along T (``>= 1``).
+        merge: blocks per side (``>= 1``, dividing ``tokens.patch``).
         dtype: ``torch.float32`` or ``torch.bfloat16``.
         out: optional contiguous result buffer of the returned shape, dtype and device.
 
     Raises:
         ValueError: a pyramid not in that layout, ``channels`` outside ``[1, C4]``,
-            ``temporal < 1``, another dtype, or a size mismatch with ``tokens``.
+            ``temporal < 1``, a ``merge`` that does not divide the patch, another dtype, or
+            a size mismatch with ``tokens``.
     """
     levels = _levels_of(pyramid)
     b, n = tokens.levels.shape
@@ -228,11 +233,14 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     p = tokens.patch
+    if isinstance(merge, bool) or not isinstance(merge, int) or merge < 1 or p % merge:
+        raise ValueError(f"merge must be an int >= 1 dividing the patch ({p}), got {merge!r}")
+    q = p // merge
     dev = levels[0].device
     be = _choose(backend, dev.type == "cuda")
     nl = len(levels)
     h, w = tokens.image_size
-    shape = (b, n, c, temporal, p, p)
+    shape = (b, n, merge * merge, c, temporal, q, q)
     run_dev = dev if be == "cuda" else torch.device("cpu")
     res = out if out is not None else torch.empty(shape, dtype=dtype, device=run_dev)
     if tuple(res.shape) != shape or res.dtype != dtype or not res.is_contiguous() \
@@ -251,8 +259,8 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
         cen = tokens.centers.detach().cpu().float().contiguous()
         lods = tokens.levels.detach().cpu().float().contiguous()
         steps = torch.exp2(lods)                         # the reference's own exp2
-        _cpu_lib().gather_tokens_cpu(ctypes.byref(table), b, n, h, w, p, c, temporal, bf16,
-                                     _ptr(cen), _ptr(lods), _ptr(steps), _ptr(res),
+        _cpu_lib().gather_tokens_cpu(ctypes.byref(table), b, n, h, w, p, merge, c, temporal,
+                                     bf16, _ptr(cen), _ptr(lods), _ptr(steps), _ptr(res),
                                      CPU_PARALLEL_TOKENS)
         return res
     levels, table = _table_of(pyramid)
@@ -261,11 +269,13 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
     lods = lv.clamp(max=nl - 1)
     steps = torch.exp2(lv)
     if b * n:
-        tpb = max(1, GATHER_TOKENS_BLOCK // min(-(-p * p // 4), GATHER_TOKENS_BLOCK))
+        quads = merge * merge * -(-q * q // 4)                      # threads a token wants
+        tpb = max(1, GATHER_TOKENS_BLOCK // min(quads, GATHER_TOKENS_BLOCK))
         grid = min(-(-b * n // tpb), GATHER_TOKENS_BLOCKS_PER_SM * _sm_count(dev))
         _launch_cuda("gather_tokens", dev, grid, GATHER_TOKENS_BLOCK,
                      [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
-                      ctypes.c_int(p), ctypes.c_int(c), ctypes.c_int(temporal),
+                      ctypes.c_int(p), ctypes.c_int(merge), ctypes.c_int(c),
+                      ctypes.c_int(temporal),
                       ctypes.c_int(bf16), _u64(cen), _u64(lods), _u64(steps), _u64(res)],
                      binding)
     return res
