@@ -42,9 +42,10 @@ log "pycuda build (background)"
 ) >"$OUT/pycuda_build.log" 2>&1 &
 PYCUDA_PID=$!
 
-log "VLM prefill (bf16, Qwen2-VL-2B LM, random weights)"
+log "VLM prefill (bf16, Qwen2-VL-2B LM, random weights; batches 1, 8, 32; the pipeline)"
 $PY -m fovea_core.bench vlm_latency --no-cpu --gpu-models qwen2-vl-2b \
-    --gpu-tokens 64 273 1024 4096 --cuda-graph --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
+    --gpu-tokens 273 576 1024 4096 --gpu-batches 1 8 32 --cuda-graph --pipeline \
+    --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
 tail -3 "$OUT/vlm.log"
 cp _build/benchmarks/vlm_latency_gpu.json "$OUT/" 2>/dev/null
 

@@ -250,3 +250,28 @@ def test_latency_benchmark_runs_and_compares_with_the_flop_bound():
     assert s["speedup_range"] == [25 / 3, 40 / 1.5]
     assert s["speedup_measured_min_times"] == 25 / 1.5
     assert vlm_latency.summary(fake[:1], cfg) == {}
+
+
+def test_latency_runs_at_a_batch_and_the_pipeline_times_its_four_stages():
+    from fovea_core.bench import vlm_latency
+    from fovea_core.bench.common import BenchError
+    run = vlm_latency.run_model("qwen2-vl-tiny", (64, 273), "cpu", torch.float32,
+                                budget_s=0.01, batch=3)
+    assert run["batch"] == 3
+    cfg = qwen_config("qwen2-vl-tiny").text_config
+    assert run["points"][1]["flops"] == lm_prefill_flops(cfg, 305, batch=3)["total"]
+    pipe = vlm_latency.pipeline("qwen2-vl-tiny", "cpu", torch.float32, budget=40, batch=2,
+                                image_px=224, repeats=2)
+    stages = ("pyramid", "allocate", "gather", "prefill")
+    assert set(pipe["timings"]) == {*stages, "chain"}
+    assert sum(pipe["shares"].values()) == pytest.approx(1.0)
+    side = sum(pipe["timings"][k]["median_ms"] for k in stages[:3])
+    assert pipe["side_over_prefill"] == pytest.approx(side / pipe["timings"]["prefill"]["median_ms"])
+    assert pipe["met"] == (pipe["side_over_prefill"] <= vlm_latency.PIPELINE_TARGET)
+    # the gathered pixels are the model's pixel_values rows: 4 ViT patches a merged token
+    assert pipe["pixel_values_shape"] == [2 * 40 * 4, 3 * 2 * 14 * 14]
+    with pytest.raises(BenchError, match="fewer than the budget"):
+        vlm_latency.pipeline("qwen2-vl-tiny", "cpu", torch.float32, budget=65, batch=1,
+                             image_px=224)
+    with pytest.raises(SystemExit):
+        vlm_latency.main(["--gpu-batches", "0"])

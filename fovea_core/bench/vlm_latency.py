@@ -26,8 +26,13 @@ Writes ``_build/benchmarks/<--name>.json`` (``--record``: the committed
 ``data/benchmarks/<--name>.json``, through the rule of :class:`~fovea_core.bench.common.Run`).
 ``--no-cpu`` without a GPU to measure exits 1 at once, writing nothing.
 
-CPU: ``qwen2-vl-tiny`` and ``qwen2-vl-mid`` in float32. GPU (when ``torch.cuda`` is
-available): ``qwen2-vl-2b`` and ``qwen2.5-vl-7b`` language models in bfloat16.
+CPU: ``qwen2-vl-tiny`` and ``qwen2-vl-mid`` in float32 (``--cpu-batches``, default 1). GPU
+(when ``torch.cuda`` is available): ``qwen2-vl-2b`` and ``qwen2.5-vl-7b`` language models in
+bfloat16 at batches ``--gpu-batches`` (default 1, 8, 32: at batch 1 a few hundred tokens
+are launch-bound, so issue 22 judges the speedup / FLOP-ratio at batch >= 8), eager and
+(``--cuda-graph``) as CUDA-graph replays. ``--pipeline`` adds the foveated path on the GPU
+stage by stage (:func:`pipeline`: pyramid, allocation, the fused gather into
+``pixel_values``, prefill; N = 273, batch 8), each stage's share of the whole.
 
 Run time on an idle 2-core CPU is estimated at about a minute (the mid model's 4096-token
 prefill, ~340 GFLOP, dominates; single-thread throughput measured here ~65 GFLOP/s). On a
@@ -55,7 +60,9 @@ from fovea_core.vlm.qwen import (MODEL_NAMES, build_qwen, lm_parameter_count, lm
 
 TEXT_BEFORE, TEXT_AFTER = 8, 24
 GRID = (64, 64)
-TOKENS = (64, 128, 273, 512, 1024, 2048, 4096)
+TOKENS = (64, 128, 273, 512, 576, 1024, 2048, 4096)
+#: batches of the GPU runs (issue 22: where a prefill is compute-bound, batch >= 8)
+GPU_BATCHES = (1, 8, 32)
 #: the headline comparison, also timed in interleaved rounds
 PAIR = (273, 4096)
 QUICK_TOKENS = (64, 273, 1024, 4096)
@@ -209,6 +216,92 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
             **summary(points, cfg, paired=paired)}
 
 
+#: the pipeline's setting (issue 22): N merged tokens of a 2B-class model at batch 8, a
+#: 896 px page (a 32 x 32 merged grid), an allocator that reads no pixels
+PIPELINE = {"budget": 273, "batch": 8, "image_px": 896, "allocator": "foveated_pyramid"}
+#: issue 22: allocation + pyramid + gather at most this share of the prefill time
+PIPELINE_TARGET = 0.05
+
+
+def pipeline(name: str, device: str, dtype: torch.dtype, *, budget: int = PIPELINE["budget"],
+             batch: int = PIPELINE["batch"], image_px: int = PIPELINE["image_px"],
+             allocator: str = PIPELINE["allocator"], repeats: int = 20) -> dict:
+    """The foveated path on one device, stage by stage: build the NHWC4 pyramid of a batch of
+    pages, allocate N merged tokens from a score map (an allocator that reads no pixels),
+    gather them into the model's ``pixel_values`` layout (:func:`fovea_core.kernels.
+    gather_tokens`, ``merge=2, temporal=2``, in ``dtype``) and prefill the language model of
+    ``name`` on N visual + the text tokens (random embeddings, as :func:`run_model`).
+
+    The vision tower between gather and prefill is not timed (as in :func:`run_model`).
+    Each stage is timed on its own (:func:`~fovea_core.bench.common.time_it`, synchronised on
+    a GPU), then the four in a row. Returns the stage medians, their shares of the stages'
+    sum, ``side_over_prefill`` = (pyramid + allocate + gather) / prefill against
+    ``PIPELINE_TARGET``, and the device the allocator's tokens came back on (``"cpu"`` for a
+    CUDA run means a host round trip inside the allocator).
+    """
+    from fovea_core import kernels as K
+    from fovea_core.allocators import allocate
+    from fovea_core.bench.common import time_it
+    from fovea_core.vlm.positions import merged_cell_px
+    from fovea_core.vlm.qwen import family_of
+
+    qcfg = qwen_config(name)
+    cfg = qcfg.text_config
+    cell = merged_cell_px(family_of(qcfg))
+    grid = image_px // cell
+    if grid * grid < budget:
+        raise BenchError(f"pipeline: a {image_px} px page has {grid * grid} merged cells, "
+                         f"fewer than the budget {budget}")
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    gen = torch.Generator(device).manual_seed(0)
+    images = torch.rand(batch, 3, image_px, image_px, device=device, generator=gen)
+    scores = torch.rand(batch, grid, grid, device=device, generator=gen)
+    lm = build_qwen(name, text_only=True, dtype=dtype, device=device)
+    x = torch.randn(batch, TEXT_BEFORE + budget + TEXT_AFTER, cfg.hidden_size, device=device,
+                    dtype=dtype, generator=gen)
+    pos = _positions(budget, batch, "cpu").to(device)
+    state: dict = {}
+
+    def pyramid():
+        state["pyr"] = K.nhwc4_pyramid(images, patch=cell)
+
+    def allocate_():
+        state["tokens"] = allocate(allocator, state["pyr"], scores, budget, patch=cell)
+
+    def gather():
+        state["pv"] = K.gather_tokens(state["pyr"], state["tokens"], channels=3, temporal=2,
+                                      merge=2, dtype=dtype)
+
+    @torch.no_grad()
+    def prefill():
+        state["h"] = lm(inputs_embeds=x, position_ids=pos).last_hidden_state
+
+    def chain():
+        pyramid(), allocate_(), gather(), prefill()
+
+    stages = {"pyramid": pyramid, "allocate": allocate_, "gather": gather, "prefill": prefill}
+    chain()
+    t = {k: time_it(f, repeats=repeats, warmup=2, sync=sync) for k, f in stages.items()}
+    t["chain"] = time_it(chain, repeats=repeats, warmup=1, sync=sync)
+    total = sum(t[k]["median_ms"] for k in stages)
+    side = sum(t[k]["median_ms"] for k in ("pyramid", "allocate", "gather"))
+    del lm
+    return {"model": name, "device": device, "dtype": str(dtype).replace("torch.", ""),
+            "batch": batch, "budget": budget, "image_px": image_px, "allocator": allocator,
+            "pixel_values_shape": list(state["pv"].reshape(-1, state["pv"][0, 0, 0].numel())
+                                       .shape),
+            "tokens_device": state["tokens"].centers.device.type, "timings": t,
+            "shares": {k: t[k]["median_ms"] / total for k in stages},
+            "side_over_prefill": side / t["prefill"]["median_ms"],
+            # the same from the chain (a fresh pyramid each time: nothing cached between
+            # stages), an estimate from two medians
+            "chain_side_over_prefill": (t["chain"]["median_ms"] - t["prefill"]["median_ms"])
+            / t["prefill"]["median_ms"],
+            "target_side_over_prefill": PIPELINE_TARGET,
+            "met": side / t["prefill"]["median_ms"] <= PIPELINE_TARGET,
+            "note": "vision tower not timed; shares are of the four stages' medians"}
+
+
 def summary(points: list[dict], cfg, small: int = 273, large: int = 4096,
             paired: dict | None = None) -> dict:
     """Measured speedup t(large)/t(small) vs the FLOP-ratio bound, where both points exist.
@@ -269,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="visual-token counts (each >= 1, at most 64*64)")
     ap.add_argument("--cuda-graph", action="store_true",
                     help="on the GPU also time CUDA-graph replays of each prefill")
+    ap.add_argument("--gpu-batches", type=int_at_least(1), nargs="+", default=list(GPU_BATCHES),
+                    help="batch sizes of the GPU runs (each >= 1)")
+    ap.add_argument("--cpu-batches", type=int_at_least(1), nargs="+", default=[1],
+                    help="batch sizes of the CPU runs (each >= 1)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="on the GPU also time allocate + gather + prefill at N = 273, batch 8 "
+                         "(each stage's share of the whole)")
     add_output_args(ap)
     args = ap.parse_args(argv)
     if too_many := [n for n in args.gpu_tokens if n > GRID[0] * GRID[1]]:
@@ -285,26 +385,33 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     runs = []
     if args.quick:
-        runs.append(run_model("qwen2-vl-tiny", QUICK_TOKENS, "cpu", torch.float32, budget_s=0.5))
+        for b in args.cpu_batches:
+            runs.append(run_model("qwen2-vl-tiny", QUICK_TOKENS, "cpu", torch.float32,
+                                  budget_s=0.5, batch=b))
     elif not args.no_cpu:
-        runs.append(run_model("qwen2-vl-tiny", TOKENS, "cpu", torch.float32, budget_s=1.5))
-        runs.append(run_model("qwen2-vl-mid", TOKENS, "cpu", torch.float32, budget_s=6.0))
+        for b in args.cpu_batches:
+            runs.append(run_model("qwen2-vl-tiny", TOKENS, "cpu", torch.float32, budget_s=1.5,
+                                  batch=b))
+            runs.append(run_model("qwen2-vl-mid", TOKENS, "cpu", torch.float32, budget_s=6.0,
+                                  batch=b))
     gpu_note = "no CUDA device on this machine: GPU part skipped"
+    pipe = None
     if gpu:
         gpu_note = torch.cuda.get_device_name(0)
         peak = matmul_peak_tflops("cuda", torch.bfloat16)
         for name in args.gpu_models:
-            runs.append(run_model(name, tuple(args.gpu_tokens), "cuda", torch.bfloat16,
-                                  budget_s=2.0, peak_tflops=peak))
-            torch.cuda.empty_cache()
-            if args.cuda_graph:
-                try:
-                    runs.append(run_model(name, tuple(args.gpu_tokens), "cuda", torch.bfloat16,
-                                          budget_s=2.0, peak_tflops=peak, cuda_graph=True))
-                except Exception as exc:  # noqa: BLE001  (capture can fail: recorded)
-                    runs.append({"model": name, "cuda_graph": True,
-                                 "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                torch.cuda.empty_cache()
+            for b in args.gpu_batches:
+                for graph in (False, True) if args.cuda_graph else (False,):
+                    try:
+                        runs.append(run_model(name, tuple(args.gpu_tokens), "cuda",
+                                              torch.bfloat16, budget_s=2.0, batch=b,
+                                              peak_tflops=peak, cuda_graph=graph))
+                    except Exception as exc:  # noqa: BLE001  (capture / memory: recorded)
+                        runs.append({"model": name, "batch": b, "cuda_graph": graph,
+                                     "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                    torch.cuda.empty_cache()
+        if args.pipeline:
+            pipe = pipeline(args.gpu_models[0], "cuda", torch.bfloat16)
     run.write({
         "description": "LM prefill (random weights, real transformers Qwen-VL classes) vs "
                        "number of visual tokens; text prompt of "
@@ -313,8 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_memory": "peak RSS increase during one prefill, sampled every 1 ms from /proc/self/statm",
         "gpu": gpu_note, "text_tokens": TEXT_BEFORE + TEXT_AFTER,
         "transformers": __import__("transformers").__version__,
-        "wall_s": time.perf_counter() - t0, "runs": runs},
-        sources=("fovea_core/bench/vlm_latency.py", "fovea_core/vlm"))
+        "wall_s": time.perf_counter() - t0, "runs": runs,
+        **({"pipeline": pipe} if pipe is not None else {})},
+        sources=("fovea_core/bench/vlm_latency.py", "fovea_core/vlm")
+        + (("fovea_core/kernels", "cuda", "fovea_core/allocators") if pipe else ()))
     return 0
 
 
