@@ -32,24 +32,24 @@ __global__ void gather_patches(const LevelTable T, int batch, int num_tokens, in
     }
 }
 
+#define GATHER_TOKENS_BLOCK 256
+
 // The fused gather (see gather_token_quad): NHWC4 pyramid in, [B, N, merge^2, C, T, p/merge,
 // p/merge] out (fp32 or bf16). Each block holds tpb = blockDim.x / quads-per-token tokens
 // (at least one), one thread per quad of four consecutive samples of a block: consecutive
-// threads read neighbouring pixels
-// (128-bit loads) and write consecutive 16-byte pieces of the output (coalesced). The grid is
-// persistent (a grid-stride loop; the caller sizes it to fill the GPU once), so a small batch
+// threads read neighbouring pixels (128-bit loads) and write consecutive 16-byte pieces of
+// the output (coalesced). The grid is persistent (a grid-stride loop; the caller sizes it to fill the GPU once), so a small batch
 // costs one launch and a large one no more blocks than the device runs at once. Launched
 // with GATHER_TOKENS_BLOCK threads, at least 2 blocks an SM (at most 128 registers a thread;
 // 3 blocks would cap it at 80, and ptxas then spills: `kernel_resources`), each thread
 // keeping its quad's 4 samples x 4 taps in flight.
-#define GATHER_TOKENS_BLOCK 256
-__global__ void __launch_bounds__(GATHER_TOKENS_BLOCK, 2)
-gather_tokens(const LevelTable T, int batch, int num_tokens, int img_h, int img_w, int p,
-              int merge, int channels, int temporal, int bf16,
-              const float* __restrict__ centers,  // [B, N, 2]
-              const float* __restrict__ lods,     // [B, N]
-              const float* __restrict__ steps,    // [B, N] = 2^lod
-              void* __restrict__ out) {           // [B, N, merge^2, C, T, qs, qs]
+__global__ void __launch_bounds__(GATHER_TOKENS_BLOCK, 2) gather_tokens(const LevelTable T,
+        int batch, int num_tokens, int img_h, int img_w, int p, int merge, int channels,
+        int temporal, int bf16,
+        const float* __restrict__ centers,  // [B, N, 2]
+        const float* __restrict__ lods,     // [B, N]
+        const float* __restrict__ steps,    // [B, N] = 2^lod
+        void* __restrict__ out) {           // [B, N, merge^2, C, T, qs, qs]
     const int qs = p / merge, qpt = merge * merge * ((qs * qs + 3) / 4);   // quads a token
     const int tpt = qpt < (int)blockDim.x ? qpt : (int)blockDim.x;   // threads per token
     const int tpb = (int)blockDim.x / tpt;                            // tokens per block
