@@ -94,7 +94,8 @@ def test_read_ncu_parses_every_launch(tmp_path):
     assert [r["kernel"] for r in got] == ["gather_patches", "gather_tokens", "gather_tokens"]
     assert got[0]["dram__bytes_read.sum"] == 62.96
     assert got[1]["launch__registers_per_thread"] == 96
-    assert read_ncu(tmp_path / "absent.txt") == [] and read_ncu(None) == []
+    assert read_ncu(tmp_path / "absent.txt") == []
+    assert {r["kernel"] for r in read_ncu()} >= {"gather_patches"}      # the committed log
 
 
 def test_speed_targets_pick_one_run_per_target_and_judge_it(tmp_path):

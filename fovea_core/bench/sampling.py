@@ -151,7 +151,10 @@ def grid_sample_by_level(pyramid: Pyramid, tokens: TokenSet) -> torch.Tensor:
 def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
     """Kernels vs torch references on ``n_cases`` random pyramids and token sets (edge
     tokens included): a DataFrame with one row per case. ``gather`` / ``trilinear`` /
-    ``remap``: max abs difference kernel - exact reference (0 = bit for bit);
+    ``remap``: max abs difference kernel - exact reference (0 = bit for bit); ``fused``:
+    the same for :func:`~fovea_core.kernels.gather_tokens` (trilinear tokens, written as 2 x
+    2 blocks, twice along T, on its own NHWC4 pyramid) and ``fused_bf16_exact``: its
+    bfloat16 output equals the reference rounded to bfloat16;
     ``torch_vs_reference``: the fast torch path :func:`sample` against the exact one;
     ``reference_vs_grid_sample``: the convention against an independent implementation."""
     import pandas as pd
@@ -177,6 +180,13 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
         ref = v1_cortical(pyr, torch.zeros(b, *pyr.grid_shape(patch)), budget, fixation=fix,
                           patch=patch)
         exact = sample_reference(pyr, ts)
+        pyr4 = K.nhwc4_pyramid(pyr.base, pyr.num_levels, backend=backend)
+        ref4 = sample_reference(Pyramid(tuple(lv[:, :c] for lv in pyr4.levels)), tri)
+        ref4 = (ref4.reshape(b, n, c, 2, patch // 2, 2, patch // 2).permute(0, 1, 3, 5, 2, 4, 6)
+                .reshape(b, n, 4, c, 1, patch // 2, patch // 2))       # the 2 x 2 block layout
+        fused = {dt: K.gather_tokens(pyr4, tri, channels=c, temporal=2, merge=2, dtype=dt,
+                                     backend=backend).cpu()
+                 for dt in (torch.float32, torch.bfloat16)}
         rows.append({
             "B": b, "C": c, "H": h, "W": w, "N": n, "p": patch, "levels": pyr.num_levels,
             "gather": float((K.gather_patches(pyr, ts, backend=backend).cpu() - exact)
@@ -185,6 +195,10 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
                                 - sample_reference(pyr, tri)).abs().max()),
             "remap": float((K.remap(pyr.base, lut, backend=backend).cpu()
                             - remap_reference(pyr.base, lut)).abs().max()),
+            "fused": float((fused[torch.float32] - ref4).abs().max()),
+            "fused_bf16_exact": bool(torch.equal(fused[torch.bfloat16],
+                                                 ref4.to(torch.bfloat16).expand_as(
+                                                     fused[torch.bfloat16]))),
             "torch_vs_reference": float((sample(pyr, tri, filter="mip") - sample_reference(pyr, tri))
                                         .abs().max()),
             "reference_vs_grid_sample": float((exact - grid_sample_by_level(pyr, ts))

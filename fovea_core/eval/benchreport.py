@@ -56,15 +56,21 @@ SPEED_TARGETS = {
 }
 
 
-def read_ncu(path: str | Path | None) -> list[dict]:
-    """The kernels of an ``ncu`` text report (``--metrics ...`` without ``--csv``): one dict
-    per profiled launch, ``{"kernel": name, metric: value}``; ``[]`` when there is no file."""
+#: the profiler's report of the gather kernels from the last GPU session (cuda/gpu_session.sh)
+NCU_LOG = RECORDS / "gpu_logs" / "ncu_gather.txt"
+
+
+def read_ncu(path: str | Path | None = None) -> list[dict]:
+    """The kernels of an ``ncu`` text report (``--metrics ...`` without ``--csv``; default the
+    committed ``NCU_LOG``): one dict per profiled launch, ``{"kernel": name, metric: value}``;
+    ``[]`` when there is no file."""
     import re
 
-    if path is None or not Path(path).exists():
+    path = project_root() / NCU_LOG if path is None else Path(path)
+    if not path.exists():
         return []
     out: list[dict] = []
-    for line in Path(path).read_text().splitlines():
+    for line in path.read_text().splitlines():
         head = re.match(r"\s{2}(\w+) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line)
         if head:
             out.append({"kernel": head.group(1)})
