@@ -45,7 +45,7 @@ from fovea_core.importance.base import fixation_from_scores  # the one default-f
 
 __all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
            "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best", "group_rank", "largest_remainder",
-           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers", "device_pair",
+           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers", "device_values",
            "stratum_ids", "top_per_stratum", "box3_mean", "footprint_cover", "importance_captured"]
 
 
@@ -258,12 +258,15 @@ def cell_centers(shape: tuple[int, int], level: int, image_size: tuple[int, int]
                        -1).reshape(-1, 2)
 
 
-def device_pair(a: float, b: float, *, dtype: torch.dtype | None = None,
-                device: torch.device | str | None = None) -> torch.Tensor:
-    """``torch.tensor([a, b], dtype=dtype)`` made on ``device`` by a kernel there (a host
-    tensor copied to a GPU would be a blocking copy: a host sync)."""
-    out = torch.full((2,), a, dtype=dtype, device=device)
-    return out.index_fill_(0, torch.ones(1, dtype=torch.long, device=device), b)
+def device_values(values: Sequence[float], *, dtype: torch.dtype,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype)`` made on ``device`` by fills there, one per value
+    (a few values: constants such as ``(W, H)``). A host tensor copied to a GPU would be a
+    blocking copy, i.e. a host sync."""
+    out = torch.empty(len(values), dtype=dtype, device=device)
+    for i, v in enumerate(values):                       # over the few values
+        out.narrow(0, i, 1).fill_(v)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
