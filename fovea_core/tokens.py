@@ -134,8 +134,8 @@ class TokenSet:
             raise ValueError(f"fixations must be [B, K, 2] with B = {b}, got {tuple(f.shape)}")
         # value checks: exact errors on the CPU, queued on a device (no host sync, :func:`require`)
         c_ok = torch.isfinite(c) & (c >= 0) & (c <= 1)
-        require(c_ok, "centers must be finite and in [0, 1]",
-                detail=lambda: f"centers must be finite and in [0, 1]; found {c[~c_ok][:3].tolist()}")
+        require(c_ok, "centers must be finite and in [0, 1]", detail=lambda: (
+            f"centers must be finite and in [0, 1]; found {c[~c_ok][:3].tolist()}"))
         require(torch.isfinite(f) & (f >= 0) & (f <= 1), "fixations must be finite and in [0, 1]")
         require(torch.isfinite(lv),
                 "levels must be finite (a level l covers patch * 2**l pixels)")

@@ -79,7 +79,8 @@ def atlas(pyramid: Pyramid, scores, budget: int, *, n_segments: int = 24,
     budget, the ``budget`` regions of highest weight get one each.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="atlas")
-    dev, s = s.device, s.cpu()   # host content (SLIC superpixels): computed on the CPU (a sync), tokens on dev
+    # host content (SLIC superpixels): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     fix = resolve_fixation(fixation, s)
     lab = (segment_regions(pyramid, n_segments, patch) if regions is None
            else torch.as_tensor(regions)).cpu()

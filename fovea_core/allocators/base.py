@@ -44,9 +44,10 @@ from fovea_core.tokens import TokenSet, require
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
 __all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
-           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best", "group_rank", "largest_remainder",
-           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers", "device_values",
-           "stratum_ids", "top_per_stratum", "box3_mean", "footprint_cover", "importance_captured"]
+           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best",
+           "group_rank", "largest_remainder", "cells_to_tokens", "candidate_grid", "image_rand",
+           "nonneg", "cell_centers", "device_values", "stratum_ids", "top_per_stratum",
+           "box3_mean", "footprint_cover", "importance_captured"]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -476,7 +477,9 @@ def group_rank(priority: torch.Tensor, group: torch.Tensor, num_groups: int,
     key = lex_key(priority, tier, tier_max=tier_max)
     gbits = max(1, int(num_groups - 1).bit_length())
     ib = max(1, int(m - 1).bit_length())
-    if key is not None and tier is not None and tier_max is None:
+    if key is None:
+        kbits = 64                                  # no key: the rank path below
+    elif tier is not None and tier_max is None:
         kbits = int(key.max()).bit_length()         # no static bound: read it (host sync)
     else:
         kbits = 32 + ib + (0 if tier is None else max(int(tier_max), 0).bit_length())

@@ -111,7 +111,8 @@ def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, heig
     if not aniso >= 0:
         raise ValueError(f"frequency: aniso must be >= 0, got {aniso!r}")
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="frequency")
-    dev, s = s.device, s.cpu()   # host content (steerable bands): computed on the CPU (a sync), tokens on dev
+    # host content (steerable bands): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     fix = resolve_fixation(fixation, s)
     energies, levels = band_energy(pyramid, patch=patch, max_side=max_side, height=height,
                                    aniso=aniso)

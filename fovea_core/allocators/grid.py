@@ -505,7 +505,8 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     coarsest level allows (as ``resize``), and for a negative or non-finite ``threshold``.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize_nonblank")
-    dev, s = s.device, s.cpu()   # host content (a per-image search): computed on the CPU (a sync), tokens on dev
+    # host content (a per-image search): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) \
             or not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"resize_nonblank: threshold must be a finite number >= 0 (pixel "
