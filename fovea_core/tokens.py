@@ -24,11 +24,19 @@ def _as_tensor(x: torch.Tensor | object, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
 
 
-#: Device types whose value checks (:func:`require`) run on the host and raise the exact
-#: ``ValueError`` at once. On any other device (CUDA) reading a check's result back would
-#: make the host wait for the device, so there the check is queued on the device instead.
-#: Add ``"cuda"`` to get the exact errors on the GPU too, at one host sync per check.
-HOST_CHECKED_DEVICES: set[str] = {"cpu"}
+#: Device types whose tensors the host reads without waiting for a device (the CPU). There a
+#: value check (:func:`require`) raises the exact ``ValueError`` at once, and a few allocators
+#: take a data-dependent shortcut (a ``topk`` sized by the largest quota) that gives the same
+#: tokens as their device path. On any other device (CUDA) reading a tensor back would make
+#: the host wait, so checks are queued on the device and sizes come from shapes. Add
+#: ``"cuda"`` for the exact errors on the GPU, at one host sync per check;
+#: ``tests/test_allocators_device.py`` empties it to run the device path on the CPU.
+HOST_DEVICES: set[str] = {"cpu"}
+
+
+def on_host(t: torch.Tensor) -> bool:
+    """Whether the host reads ``t`` without a sync (its device type is in :data:`HOST_DEVICES`)."""
+    return t.device.type in HOST_DEVICES
 
 
 def require(ok: torch.Tensor, message: str, *, detail: Callable[[], str] | None = None,
@@ -36,14 +44,14 @@ def require(ok: torch.Tensor, message: str, *, detail: Callable[[], str] | None 
     """Check that every element of the bool tensor ``ok`` is true, without a host sync on a
     device.
 
-    On a device type in :data:`HOST_CHECKED_DEVICES` (the CPU) this raises ``error`` at once,
-    with ``detail()`` (built only on failure, so it may read the data) or else ``message``.
-    On any other device (CUDA) the check is ``torch._assert_async(ok.all(), message)``: no
-    sync, and a violation surfaces at the device's next synchronisation as a device-side
-    assertion (a ``RuntimeError``; torch documents that it leaves the CUDA context unusable),
-    so a bad input still stops the run instead of flowing on silently.
+    Where :func:`on_host` (the CPU) this raises ``error`` at once, with ``detail()`` (built
+    only on failure, so it may read the data) or else ``message``. On any other device (CUDA)
+    the check is ``torch._assert_async(ok.all(), message)``: no sync, and a violation surfaces
+    at the device's next synchronisation as a device-side assertion (a ``RuntimeError``;
+    torch documents that it leaves the CUDA context unusable), so a bad input still stops
+    the run instead of flowing on silently.
     """
-    if ok.device.type in HOST_CHECKED_DEVICES:
+    if on_host(ok):
         if not bool(ok.all()):
             raise error(detail() if detail is not None else message)
     else:

@@ -10,8 +10,8 @@ a host sync on CUDA. There is no GPU here, so three checks stand in for it:
 1. **No host sync** (CPU): :func:`no_host_sync` makes every host read of a tensor raise
    (the ``Tensor`` methods above are replaced) and a ``TorchDispatchMode`` raise on the ops
    that synchronise on CUDA and on any copy between devices; value checks take their device
-   path (:data:`fovea_core.tokens.HOST_CHECKED_DEVICES` emptied: ``torch._assert_async``).
-   Every sync-free allocator runs under it on the pinned cases.
+   path (:data:`fovea_core.tokens.HOST_DEVICES` emptied: ``torch._assert_async``, and no
+   host-only shortcut). Every sync-free allocator runs under it on the pinned cases.
 2. **Same tokens as before**: the TokenSets (centres, levels, scores, fixations, bit for
    bit) are hashed and compared with hashes pinned from the code before the change
    (``tests/fixtures/allocators_device_pins.json``, made by ``python
@@ -220,15 +220,15 @@ def no_host_sync():
     """Inside: any host read of a tensor or CUDA-synchronising op raises :class:`HostSync`;
     value checks take their device path (``torch._assert_async``)."""
     saved = {n: torch.Tensor.__dict__.get(n) for n in _HOST_METHODS}
-    checked = T.HOST_CHECKED_DEVICES
+    host = T.HOST_DEVICES
     for n in _HOST_METHODS:
         setattr(torch.Tensor, n, _host_read(n, getattr(torch.Tensor, n)))
-    T.HOST_CHECKED_DEVICES = set()
+    T.HOST_DEVICES = set()
     try:
         with _SyncOps():
             yield
     finally:
-        T.HOST_CHECKED_DEVICES = checked
+        T.HOST_DEVICES = host
         for n, v in saved.items():
             if v is None:
                 delattr(torch.Tensor, n)
@@ -292,6 +292,24 @@ def test_sync_free_under_the_guard(name, pins):
     """No host read, no syncing op, and still the same tokens."""
     for n, i, j in pin_keys([name]):
         assert run_case(n, i, j, guarded) == pins[f"{n}|{i}|{j}"], (n, i, j)
+
+
+@pytest.mark.parametrize("name", ["stratified", "stratified_8x8", "adaptive_stratified"])
+def test_host_shortcuts_equal_the_device_path(name):
+    """On the CPU these take a data-sized shortcut (``topk`` by the largest quota; each
+    granularity on its own images); the device path (the guard) gives the same tokens."""
+    g = torch.Generator().manual_seed(5)
+    for trial in range(12):
+        h, w = (int(v) for v in torch.randint(8, 20, (2,), generator=g) * PATCH)
+        pyr = build_pyramid(torch.rand(3, 3, h, w, generator=g), patch=PATCH)
+        gh, gw = pyr.grid_shape(PATCH, 0)
+        s = torch.rand(3, gh, gw, generator=g) ** int(torch.randint(1, 12, (1,), generator=g))
+        s[int(trial % 3)] = 1.0                                  # a flat map in the batch
+        budget = int(torch.randint(64, gh * gw + 1, (1,), generator=g))
+
+        def go():
+            return allocate(name, pyr, s, budget, fixation=(0.5, 0.5))
+        assert digest(go()) == digest(guarded(go)), (name, trial, (gh, gw), budget)
 
 
 def _fixation_for(name: str, b: int, device, k: int = 2) -> torch.Tensor:

@@ -22,7 +22,9 @@ never a host tensor copied over), sizes come from shapes and arguments, never fr
 (``topk``/``sort``/``scatter``/``cumsum`` with static sizes instead of ``nonzero``, boolean
 masks, ``unique``, ``bincount`` or ``.item()``), and value checks go through
 :func:`fovea_core.tokens.require` (exact ``ValueError`` on the CPU, ``torch._assert_async``
-on a device). Two rules keep a data-dependent fallback for inputs beyond their static
+on a device). Where the host reads tensors for free (:func:`fovea_core.tokens.on_host`, the
+CPU) two rules keep a cheaper data-sized shortcut with the same result
+(:func:`top_per_stratum`, ``adaptive_stratified``). Two rules keep a data-dependent fallback for inputs beyond their static
 bounds, documented where they are: :func:`lex_key` without ``tier_max`` (or with a tier
 that may not fit in the key) and :func:`image_rand` (seeded by a CRC32 of the scores' bytes,
 read on the host). ``tests/test_allocators_device.py`` runs every allocator that reads no
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet, require
+from fovea_core.tokens import TokenSet, on_host, require
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
 __all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
@@ -442,13 +444,18 @@ def _group_layout(shape: tuple[int, int], strata: int,
 
 
 def top_per_stratum(priority: torch.Tensor, shape: tuple[int, int], strata: int,
-                    quota: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor:
+                    quota: torch.Tensor, key: torch.Tensor | None = None,
+                    max_quota: int | None = None) -> torch.Tensor:
     """``[B, M]`` bool: the best ``quota[b, g]`` cells of every stratum ``g`` (order of
     :func:`order`); the same set as ``group_rank(...) < quota[:, gid]``.
 
-    With equal-size strata the cells are laid out ``[B, G, S]`` and each stratum's keys are
-    sorted once, which gives its threshold key (the quota-th best) for every quota up to
-    ``S``; otherwise :func:`group_rank` is used. No size depends on the quotas' values.
+    With equal-size strata the cells are laid out ``[B, G, S]`` and the ``k`` best keys of
+    each stratum (one ``topk``, or one sort when ``k = S``) give its threshold key for every
+    quota up to ``k``; otherwise :func:`group_rank` is used. On a device ``k`` comes from the
+    shapes, never from the quotas' values: ``min(S, max_quota)``, where ``max_quota`` is the
+    caller's static bound on every quota (default: none, ``k = S``); on the host
+    (:func:`~fovea_core.tokens.on_host`) it is the largest quota, a smaller ``topk`` with the
+    same thresholds.
     """
     gid, ng = stratum_ids(shape, strata, priority.device)
     perm = _group_layout(shape, strata, priority.device)
@@ -456,8 +463,13 @@ def top_per_stratum(priority: torch.Tensor, shape: tuple[int, int], strata: int,
     if perm is None or key is None:
         return group_rank(priority, gid, ng) < quota[:, gid]
     b, m = key.shape
-    q = quota.clamp(0, m // ng)
-    top = torch.sort(key[:, perm].view(b, ng, m // ng), dim=-1, descending=True).values
+    k = m // ng if max_quota is None else max(1, min(m // ng, max_quota))
+    if on_host(quota):                # free to read on the host: k = the largest quota
+        k = max(int(quota.clamp(0, k).max()), 1)
+    q = quota.clamp(0, k)
+    cells = key[:, perm].view(b, ng, m // ng)
+    top = (torch.sort(cells, dim=-1, descending=True).values if k == m // ng
+           else torch.topk(cells, k, dim=-1).values)                              # [B, G, k]
     thr = top.gather(-1, (q - 1).clamp(min=0)[..., None])[..., 0]                # [B, G]
     return (key >= thr[:, gid]) & (q[:, gid] > 0)
 

@@ -21,7 +21,7 @@ from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_i
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet, on_host
 
 
 def _level0(pyramid: Pyramid, patch: int, device: torch.device | None = None):
@@ -249,7 +249,9 @@ def stratified_tier(scores: torch.Tensor, budget: int, strata,
     """``[B, M]`` long: 1 for the cells the stratified quotas pick (best ``q_g`` of each
     stratum by score), else 0. ``key``: ``lex_key(scores.flatten(1))`` if already computed."""
     _, q, _ = stratified_quotas(scores, budget, strata)
-    return top_per_stratum(scores.flatten(1), tuple(scores.shape[1:]), strata, q, key).long()
+    # every quota is at most 1 + (budget - G): the static bound top_per_stratum needs
+    return top_per_stratum(scores.flatten(1), tuple(scores.shape[1:]), strata, q, key,
+                           max_quota=budget - q.shape[1] + 1).long()
 
 
 @register("stratified", family="grid", version="v1", coverage="stratum", strata=4)
@@ -330,11 +332,16 @@ def adaptive_stratified(pyramid: Pyramid, scores, budget: int, *, choices=(2, 4,
     pick = adaptive_strata(s, n, choices, thresholds)
     tier = torch.zeros(s.shape[0], s[0].numel(), dtype=torch.long, device=s.device)
     flat = s.flatten(1)
-    key = lex_key(flat)
-    # every granularity the rule can pick, for the whole batch (each image's tier depends on
-    # that image only), kept where it was picked: no host read of ``pick``
-    for c in sorted(set(_strata_choices(s, n, choices))):     # <= 3 granularities
-        tier = torch.where((pick == c)[:, None], stratified_tier(s, n, c, key), tier)
+    if on_host(pick):                 # free to read: each granularity on its own images
+        for c in torch.unique(pick).tolist():                  # <= 3 granularities
+            rows = pick == c
+            tier[rows] = stratified_tier(s[rows], n, int(c))
+    else:
+        # on a device: every granularity the rule can pick, for the whole batch (an image's
+        # tier depends on that image only), kept where it was picked; no host read of pick
+        key = lex_key(flat)
+        for c in sorted(set(_strata_choices(s, n, choices))):  # <= 3 granularities
+            tier = torch.where((pick == c)[:, None], stratified_tier(s, n, c, key), tier)
     idx = select(flat, n, tier, tier_max=1)
     return cells_to_tokens(_level0(pyramid, patch, s.device), idx, flat, pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
