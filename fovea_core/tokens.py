@@ -14,6 +14,7 @@ down; pixel ``i`` spans ``[i, i+1)`` so its centre is ``(i + 0.5) / W``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -21,6 +22,40 @@ import torch
 
 def _as_tensor(x: torch.Tensor | object, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
+
+
+#: Device types whose tensors the host reads without waiting for a device (the CPU). There a
+#: value check (:func:`require`) raises the exact ``ValueError`` at once, and a few allocators
+#: take a data-dependent shortcut (a ``topk`` sized by the largest quota) that gives the same
+#: tokens as their device path. On any other device (CUDA) reading a tensor back would make
+#: the host wait, so checks are queued on the device and sizes come from shapes. Add
+#: ``"cuda"`` for the exact errors on the GPU, at one host sync per check;
+#: ``tests/test_allocators_device.py`` empties it to run the device path on the CPU.
+HOST_DEVICES: set[str] = {"cpu"}
+
+
+def on_host(t: torch.Tensor) -> bool:
+    """Whether the host reads ``t`` without a sync (its device type is in :data:`HOST_DEVICES`)."""
+    return t.device.type in HOST_DEVICES
+
+
+def require(ok: torch.Tensor, message: str, *, detail: Callable[[], str] | None = None,
+            error: type[Exception] = ValueError) -> None:
+    """Check that every element of the bool tensor ``ok`` is true, without a host sync on a
+    device.
+
+    Where :func:`on_host` (the CPU) this raises ``error`` at once, with ``detail()`` (built
+    only on failure, so it may read the data) or else ``message``. On any other device (CUDA)
+    the check is ``torch._assert_async(ok.all(), message)``: no sync, and a violation surfaces
+    at the device's next synchronisation as a device-side assertion (a ``RuntimeError``;
+    torch documents that it leaves the CUDA context unusable), so a bad input still stops
+    the run instead of flowing on silently.
+    """
+    if on_host(ok):
+        if not bool(ok.all()):
+            raise error(detail() if detail is not None else message)
+    else:
+        torch._assert_async(ok.all(), message)
 
 
 #: a level is quantised to 1/LEVEL_QUANTUM in :func:`token_keys` (two tokens whose levels
@@ -105,17 +140,16 @@ class TokenSet:
             raise ValueError(f"scores must be [B, N] = [{b}, {n}], got {tuple(s.shape)}")
         if f.ndim != 3 or f.shape[0] != b or f.shape[1] < 1 or f.shape[-1] != 2:
             raise ValueError(f"fixations must be [B, K, 2] with B = {b}, got {tuple(f.shape)}")
-        if not torch.isfinite(c).all() or c.min() < 0 or c.max() > 1:
-            bad = c[~(torch.isfinite(c) & (c >= 0) & (c <= 1))][:3].tolist()
-            raise ValueError(f"centers must be finite and in [0, 1]; found {bad}")
-        if not torch.isfinite(f).all() or f.min() < 0 or f.max() > 1:
-            raise ValueError("fixations must be finite and in [0, 1]")
-        if not torch.isfinite(lv).all():
-            raise ValueError("levels must be finite (a level l covers patch * 2**l pixels)")
-        if lv.min() < 0:
-            raise ValueError(f"levels must be >= 0, found {float(lv.min()):g}")
-        if not torch.isfinite(s).all():
-            raise ValueError("scores must be finite (found NaN or inf)")
+        # value checks: exact errors on the CPU, queued on a device (no host sync, :func:`require`)
+        c_ok = torch.isfinite(c) & (c >= 0) & (c <= 1)
+        require(c_ok, "centers must be finite and in [0, 1]", detail=lambda: (
+            f"centers must be finite and in [0, 1]; found {c[~c_ok][:3].tolist()}"))
+        require(torch.isfinite(f) & (f >= 0) & (f <= 1), "fixations must be finite and in [0, 1]")
+        require(torch.isfinite(lv),
+                "levels must be finite (a level l covers patch * 2**l pixels)")
+        require(lv >= 0, "levels must be >= 0",
+                detail=lambda: f"levels must be >= 0, found {float(lv.min()):g}")
+        require(torch.isfinite(s), "scores must be finite (found NaN or inf)")
         if self.stage is not None and tuple(self.stage.shape) != (b, n):
             raise ValueError(f"stage must be None or [B, N] = [{b}, {n}], "
                              f"got {tuple(self.stage.shape)}")
@@ -171,7 +205,7 @@ class TokenSet:
         """``[B]`` bool: no two tokens of an image share level and centre."""
         k = self.keys().sort(dim=1).values
         return (k[:, 1:] != k[:, :-1]).all(dim=1) if self.budget > 1 else torch.ones(
-            self.batch_size, dtype=torch.bool)
+            self.batch_size, dtype=torch.bool, device=k.device)
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -186,15 +220,17 @@ class TokenSet:
         ``((j + 0.5) * s, (i + 0.5) * s)`` with ``s = patch * 2**l``, clipped into the image.
         """
         rows, cols = rows.long(), cols.long()
+        if isinstance(levels, (int, float)):           # a scalar: made on the cells' device
+            levels = torch.full((), float(levels), device=rows.device)
         lv = torch.as_tensor(levels, dtype=torch.float32).expand_as(rows)
         h, w = image_size
         side = patch * torch.exp2(lv)
         cx = ((cols.float() + 0.5) * side / w).clamp(0, 1)
         cy = ((rows.float() + 0.5) * side / h).clamp(0, 1)
         if scores is None:
-            scores = torch.zeros(rows.shape)
+            scores = torch.zeros(rows.shape, device=rows.device)
         if fixations is None:
-            fixations = torch.full((rows.shape[0], 1, 2), 0.5)
+            fixations = torch.full((rows.shape[0], 1, 2), 0.5, device=rows.device)
         return cls(torch.stack([cx, cy], -1), lv, scores, fixations, image_size, patch, stage)
 
     def to(self, device: str | torch.device) -> "TokenSet":

@@ -79,8 +79,11 @@ def atlas(pyramid: Pyramid, scores, budget: int, *, n_segments: int = 24,
     budget, the ``budget`` regions of highest weight get one each.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="atlas")
+    # host content (SLIC superpixels): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     fix = resolve_fixation(fixation, s)
-    lab = segment_regions(pyramid, n_segments, patch) if regions is None else torch.as_tensor(regions)
+    lab = (segment_regions(pyramid, n_segments, patch) if regions is None
+           else torch.as_tensor(regions)).cpu()
     if lab.shape != s.shape:
         raise ValueError(f"atlas: regions must be [B, Gh, Gw] = {list(s.shape)}, got {list(lab.shape)}")
     b = s.shape[0]
@@ -99,4 +102,4 @@ def atlas(pyramid: Pyramid, scores, budget: int, *, n_segments: int = 24,
                                        capacity=(cnt - one.long()).clamp(min=0))
     tier = (group_rank(flat, g, nr) < q.gather(1, g)).long()
     return cells_to_tokens(candidate_grid(pyramid, [0], patch), select(flat, n, tier), flat,
-                           pyramid.image_size, fix, patch)
+                           pyramid.image_size, fix, patch).to(dev)

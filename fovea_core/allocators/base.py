@@ -15,6 +15,20 @@ candidate cells (no Python loop over patches):
 Scores live on the level-0 patch grid ``[B, Gh, Gw]`` with ``Gh = ceil(H / patch)``.
 Coarser levels get their scores by pooling ``2**l x 2**l`` blocks (:func:`pool_scores`,
 ``"max"`` or ``"mean"``, each allocator says which).
+
+**On the scores' device, without host syncs.** Everything here runs where the scores are
+(CPU or CUDA) and returns tensors there: constants are made on that device (``device=``,
+never a host tensor copied over), sizes come from shapes and arguments, never from data
+(``topk``/``sort``/``scatter``/``cumsum`` with static sizes instead of ``nonzero``, boolean
+masks, ``unique``, ``bincount`` or ``.item()``), and value checks go through
+:func:`fovea_core.tokens.require` (exact ``ValueError`` on the CPU, ``torch._assert_async``
+on a device). Where the host reads tensors for free (:func:`fovea_core.tokens.on_host`, the
+CPU) two rules keep a cheaper data-sized shortcut with the same result
+(:func:`top_per_stratum`, ``adaptive_stratified``). Two rules keep a data-dependent fallback for inputs beyond their static
+bounds, documented where they are: :func:`lex_key` without ``tier_max`` (or with a tier
+that may not fit in the key) and :func:`image_rand` (seeded by a CRC32 of the scores' bytes,
+read on the host). ``tests/test_allocators_device.py`` runs every allocator that reads no
+pixels under a guard that fails on any host sync.
 """
 
 from __future__ import annotations
@@ -28,14 +42,14 @@ import numpy as np
 import torch
 
 from fovea_core.pyramid import Pyramid
-from fovea_core.rounding import largest_remainder as _hamilton  # the one apportionment rule
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import TokenSet, on_host, require
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
 __all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
-           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best", "group_rank", "largest_remainder",
-           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers",
-           "stratum_ids", "top_per_stratum", "box3_mean", "footprint_cover", "importance_captured"]
+           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best",
+           "group_rank", "largest_remainder", "cells_to_tokens", "candidate_grid", "image_rand",
+           "nonneg", "cell_centers", "device_values", "stratum_ids", "top_per_stratum",
+           "box3_mean", "footprint_cover", "importance_captured"]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -47,6 +61,10 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
     Raises ``ValueError`` naming the argument: ``scores`` must be ``[B, Gh, Gw]`` (or
     ``[Gh, Gw]`` for a batch of one) with ``(Gh, Gw) = pyramid.grid_shape(patch, 0)`` and no
     NaN / inf; ``budget`` must be an int in ``[1, max_budget]`` (default ``Gh * Gw``).
+
+    The scores stay on their device (an array becomes a CPU tensor). The NaN / inf check is
+    :func:`~fovea_core.tokens.require`: exact on the CPU, ``torch._assert_async`` (no host
+    sync) on a device, where a bad map fails at the next synchronisation.
     """
     if not isinstance(pyramid, Pyramid):
         raise TypeError(f"{name}: pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
@@ -54,7 +72,7 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
         raise ValueError(f"{name}: scores must be a [B, Gh, Gw] importance map; None is only "
                          "accepted by allocators that do not read scores (uses_scores=False)")
     try:
-        s = torch.as_tensor(scores).detach().to("cpu", torch.float32)
+        s = torch.as_tensor(scores).detach().to(dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{name}: scores must be a [B, Gh, Gw] numeric tensor or array, got "
                          f"{type(scores).__name__}") from exc
@@ -65,11 +83,14 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
     if tuple(s.shape) != expect:
         raise ValueError(f"{name}: scores must have shape [B, Gh, Gw] = {list(expect)} "
                          f"(image {pyramid.image_size}, patch {patch}), got {list(s.shape)}")
-    if not torch.isfinite(s).all():
+
+    def detail() -> str:
         if torch.isnan(s).any():
-            raise ValueError(f"{name}: scores contain NaN ({int(torch.isnan(s).sum())} cells); "
-                             "importance maps must be finite")
-        raise ValueError(f"{name}: scores contain +-inf; importance maps must be finite")
+            return (f"{name}: scores contain NaN ({int(torch.isnan(s).sum())} cells); "
+                    "importance maps must be finite")
+        return f"{name}: scores contain +-inf; importance maps must be finite"
+    require(torch.isfinite(s), f"{name}: scores contain NaN or inf; importance maps must be "
+            "finite", detail=detail)
     cap = gh * gw if max_budget is None else max_budget
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
         raise ValueError(f"{name}: budget must be an int in [1, {cap}], got {budget!r}")
@@ -104,7 +125,9 @@ def resolve_fixation(fixation, scores: torch.Tensor, *, dtype: torch.dtype = tor
     smoothed peak, ties to the grid centre); ``(x, y)`` or ``[2]`` -> the same for every
     image; ``[B, 2]`` (or ``[B, 1, 2]``) -> per image. Values must be finite and in
     ``[0, 1]``. ``dtype`` is the returned precision (an explicit fixation is converted
-    directly, so float64 keeps every bit of a float64 input).
+    directly, so float64 keeps every bit of a float64 input). The result is on the scores'
+    device: a fixation given as host data is checked on the host and copied over without
+    blocking; one already on the device is checked there (:func:`~fovea_core.tokens.require`).
 
     Raises:
         ValueError: naming ``fixation``, for a wrong shape, NaN/inf or values outside [0, 1].
@@ -113,7 +136,7 @@ def resolve_fixation(fixation, scores: torch.Tensor, *, dtype: torch.dtype = tor
     if fixation is None:
         return fixation_from_scores(scores).to(dtype)
     try:
-        f = torch.as_tensor(fixation, dtype=dtype).detach().cpu()
+        f = torch.as_tensor(fixation, dtype=dtype).detach()
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"fixation must be (x, y), [2] or [B, 2] numbers in [0, 1], got "
                          f"{fixation!r}") from exc
@@ -123,9 +146,9 @@ def resolve_fixation(fixation, scores: torch.Tensor, *, dtype: torch.dtype = tor
         f = f.expand(b, 2)
     if f.shape != (b, 2):
         raise ValueError(f"fixation must be (x, y), [2] or [B, 2] with B = {b}, got {tuple(f.shape)}")
-    if not torch.isfinite(f).all() or f.min() < 0 or f.max() > 1:
-        raise ValueError(f"fixation must be finite (x, y) in [0, 1], got {f.tolist()[:2]}")
-    return f.contiguous()
+    require(torch.isfinite(f) & (f >= 0) & (f <= 1), "fixation must be finite (x, y) in [0, 1]",
+            detail=lambda: f"fixation must be finite (x, y) in [0, 1], got {f.tolist()[:2]}")
+    return f.to(scores.device, non_blocking=True).contiguous()
 
 
 def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.Tensor:
@@ -134,14 +157,18 @@ def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.T
     Image ``b`` draws from a generator seeded with ``seed`` mixed with a CRC32 of its score
     map, so the draw is deterministic for a seed, independent of the batch it sits in
     (batch == per-image loop) and different for different images. (The loop is over images,
-    not patches.)"""
+    not patches.)
+
+    Synchronises on a device: the CRC32 reads the score bytes on the host and the numbers
+    come from torch's CPU generator (the same on every device); they are copied back to the
+    scores' device."""
     n = scores[0].numel() if n is None else n
     rows = []
-    for s in scores:
+    for s in scores.detach().cpu():
         crc = zlib.crc32(np.ascontiguousarray(s.numpy()).tobytes())
         g = torch.Generator().manual_seed((int(seed) * 1_000_003 + crc) % (2**63))
         rows.append(torch.rand(n, generator=g))
-    return torch.stack(rows)
+    return torch.stack(rows).to(scores.device)
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -166,7 +193,7 @@ def pool_scores(scores: torch.Tensor, level: int, mode: str = "max") -> torch.Te
     tot = x.view(b, (gh + ph) // k, k, (gw + pw) // k, k).sum(dim=(2, 4))
     if mode == "sum":
         return tot
-    ones = torch.nn.functional.pad(torch.ones(1, gh, gw), (0, pw, 0, ph))
+    ones = torch.nn.functional.pad(torch.ones(1, gh, gw, device=scores.device), (0, pw, 0, ph))
     cnt = ones.view(1, (gh + ph) // k, k, (gw + pw) // k, k).sum(dim=(2, 4))
     return tot / cnt
 
@@ -200,16 +227,19 @@ class Candidates:
         return torch.cat([pool_scores(scores, lv, mode).flatten(1) for lv in self.levels_used], 1)
 
 
-def candidate_grid(pyramid: Pyramid, levels: Sequence[int], patch: int = 16) -> Candidates:
-    """All cells of the given pyramid levels (each level's grid at ``patch * 2**l`` pixels)."""
+def candidate_grid(pyramid: Pyramid, levels: Sequence[int], patch: int = 16,
+                   device: torch.device | str | None = None) -> Candidates:
+    """All cells of the given pyramid levels (each level's grid at ``patch * 2**l`` pixels),
+    made on ``device`` (default: the CPU)."""
     rows, cols, lvs, shapes, offsets = [], [], [], [], []
     off = 0
     for lv in levels:
         gh, gw = pyramid.grid_shape(patch, lv)
-        r, c = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+        r, c = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device),
+                              indexing="ij")
         rows.append(r.flatten())
         cols.append(c.flatten())
-        lvs.append(torch.full((gh * gw,), lv, dtype=torch.int64))
+        lvs.append(torch.full((gh * gw,), lv, dtype=torch.int64, device=device))
         shapes.append((gh, gw))
         offsets.append(off)
         off += gh * gw
@@ -218,30 +248,43 @@ def candidate_grid(pyramid: Pyramid, levels: Sequence[int], patch: int = 16) -> 
 
 
 def cell_centers(shape: tuple[int, int], level: int, image_size: tuple[int, int],
-                 patch: int = 16, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                 patch: int = 16, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> torch.Tensor:
     """Normalised centres ``[Gh_l * Gw_l, 2]`` (x, y) of a level's cells, clipped to [0, 1]
-    exactly as :meth:`TokenSet.from_grid` places them."""
+    exactly as :meth:`TokenSet.from_grid` places them (on ``device``, default the CPU)."""
     gh, gw = shape
     h, w = image_size
     side = patch * 2.0**level
-    r, c = torch.meshgrid(torch.arange(gh, dtype=dtype), torch.arange(gw, dtype=dtype),
-                          indexing="ij")
+    r, c = torch.meshgrid(torch.arange(gh, dtype=dtype, device=device),
+                          torch.arange(gw, dtype=dtype, device=device), indexing="ij")
     return torch.stack([((c + 0.5) * side / w).clamp(0, 1), ((r + 0.5) * side / h).clamp(0, 1)],
                        -1).reshape(-1, 2)
 
 
+def device_values(values: Sequence[float], *, dtype: torch.dtype,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype)`` made on ``device`` by fills there, one per value
+    (a few values: constants such as ``(W, H)``). A host tensor copied to a GPU would be a
+    blocking copy, i.e. a host sync."""
+    out = torch.empty(len(values), dtype=dtype, device=device)
+    for i, v in enumerate(values):                       # over the few values
+        out.narrow(0, i, 1).fill_(v)
+    return out
+
+
 @functools.lru_cache(maxsize=64)
-def stratum_ids(shape: tuple[int, int], strata: int | tuple[int, int]) -> tuple[torch.Tensor, int]:
+def stratum_ids(shape: tuple[int, int], strata: int | tuple[int, int],
+                device: torch.device | str | None = None) -> tuple[torch.Tensor, int]:
     """Stratum index ``[Gh*Gw]`` of each cell for an ``sy x sx`` partition of the grid into
-    (near-)equal rectangles; returns ``(ids, sy*sx)``. Every stratum is non-empty when
-    ``sy <= Gh`` and ``sx <= Gw``."""
+    (near-)equal rectangles; returns ``(ids, sy*sx)`` (ids on ``device``, default the CPU;
+    cached). Every stratum is non-empty when ``sy <= Gh`` and ``sx <= Gw``."""
     gh, gw = shape
     sy, sx = (strata, strata) if isinstance(strata, int) else strata
     if not (1 <= sy <= gh and 1 <= sx <= gw):
         raise ValueError(f"strata must be in [1, {gh}] x [1, {gw}] for a {gh}x{gw} grid, "
                          f"got {sy}x{sx}")
-    ry = torch.arange(gh) * sy // gh
-    rx = torch.arange(gw) * sx // gw
+    ry = torch.arange(gh, device=device) * sy // gh
+    rx = torch.arange(gw, device=device) * sx // gw
     return (ry[:, None] * sx + rx[None, :]).flatten(), sy * sx
 
 
@@ -264,8 +307,14 @@ def _secondary_key(sec: torch.Tensor) -> torch.Tensor:
     return ((sec - lo) / span * (2**SECONDARY_BITS - 1)).round().long()
 
 
+def _tier_fits(tb: int, tier_max: int | None) -> bool:
+    """Whether tiers in ``[0, tier_max]`` fit in ``tb`` key bits (a static decision)."""
+    return tier_max is not None and tb >= 1 and 0 <= tier_max < 2**tb
+
+
 def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
-            secondary: torch.Tensor | None = None) -> torch.Tensor | None:
+            secondary: torch.Tensor | None = None, *, tier_max: int | None = None
+            ) -> torch.Tensor | None:
     """One int64 key per candidate ``[B, M]`` whose descending order is the lexicographic
     order (tier desc, priority desc, secondary desc, index asc); keys are unique.
 
@@ -273,17 +322,25 @@ def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
     (optional) is quantised to ``SECONDARY_BITS`` bits over its per-image range (integers
     are used as they are); ``tier`` is a small non-negative int. Returns ``None`` when the
     bits do not fit in 63 (then callers use the multi-sort path).
+
+    ``tier_max``: the caller's static bound ``0 <= tier <= tier_max``. When it fits the
+    key's tier bits the decision is made from shapes alone (no host sync); without it, or
+    when it does not fit (grids of more than ~2**15 cells with a secondary key), the
+    actual ``tier.min()`` / ``tier.max()`` decide, as they always did (a host sync on a
+    device). Both give the same key whenever the tiers fit.
     """
     b, m = priority.shape[0], priority.shape[-1]
     ib = max(1, int(m - 1).bit_length())
     sb = SECONDARY_BITS if secondary is not None else 0
     tb = 63 - 32 - ib - sb
-    key = (float_key(priority.expand(b, m)) << (sb + ib)) | (m - 1 - torch.arange(m))
+    idx = m - 1 - torch.arange(m, device=priority.device)
+    key = (float_key(priority.expand(b, m)) << (sb + ib)) | idx
     if secondary is not None:
         key = key | (_secondary_key(secondary.expand(b, m)) << ib)
     if tier is not None:
         t = tier.expand(b, m).long()
-        if tb < 1 or int(t.max()) >= 2**tb or int(t.min()) < 0:
+        if not _tier_fits(tb, tier_max) and (
+                tb < 1 or int(t.max()) >= 2**tb or int(t.min()) < 0):
             return None
         key = key | (t << (32 + sb + ib))
     elif tb < 0:
@@ -293,129 +350,188 @@ def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
 
 def _order_sorts(keys: Sequence[torch.Tensor]) -> torch.Tensor:
     b, m = keys[0].shape[0], keys[-1].shape[-1]
-    perm = torch.arange(m).expand(b, m)
+    perm = torch.arange(m, device=keys[-1].device).expand(b, m)
     for key in reversed(list(keys)):
         k = key.expand(b, m).gather(1, perm)
         perm = perm.gather(1, torch.sort(k, dim=1, descending=True, stable=True).indices)
     return perm
 
 
-def order_lex(keys: Sequence[torch.Tensor]) -> torch.Tensor:
+def order_lex(keys: Sequence[torch.Tensor], *, tier_max: int | None = None) -> torch.Tensor:
     """Permutation ``[B, M]`` sorting by ``[tier, priority]`` or ``[tier, priority,
-    secondary]`` (all descending, then index ascending); see :func:`lex_key`."""
-    key = lex_key(keys[1], keys[0], keys[2] if len(keys) > 2 else None)
+    secondary]`` (all descending, then index ascending); see :func:`lex_key` (and its
+    ``tier_max``)."""
+    key = lex_key(keys[1], keys[0], keys[2] if len(keys) > 2 else None, tier_max=tier_max)
     if key is None:
         return _order_sorts(keys)
     return torch.sort(key, dim=1, descending=True).indices
 
 
-def order(priority: torch.Tensor, tier: torch.Tensor | None = None) -> torch.Tensor:
+def order(priority: torch.Tensor, tier: torch.Tensor | None = None, *,
+          tier_max: int | None = None) -> torch.Tensor:
     """Permutation ``[B, M]`` sorting candidates by (tier desc, priority desc, index asc).
 
     Deterministic: ties break towards the lower index (keys are made unique by
-    :func:`lex_key`; a stable multi-sort fallback gives the same order).
+    :func:`lex_key`; a stable multi-sort fallback gives the same order). ``tier_max``: see
+    :func:`lex_key`.
     """
-    key = lex_key(priority, tier)
+    key = lex_key(priority, tier, tier_max=tier_max)
     if key is None:
         return _order_sorts([priority] if tier is None else [tier, priority])
     return torch.sort(key, dim=1, descending=True).indices
 
 
 def select(priority: torch.Tensor, budget: int, tier: torch.Tensor | None = None,
-           secondary: torch.Tensor | None = None, base_key: torch.Tensor | None = None
-           ) -> torch.Tensor:
+           secondary: torch.Tensor | None = None, base_key: torch.Tensor | None = None,
+           *, tier_max: int | None = None) -> torch.Tensor:
     """Indices ``[B, budget]`` of the first ``budget`` candidates in the order of
     :func:`lex_key` (one ``topk`` on unique int64 keys; the returned order is unspecified).
     ``base_key`` = ``lex_key(priority)`` already computed by the caller (reused when there is
-    no ``secondary``)."""
+    no ``secondary``). ``tier_max``: the static bound of ``tier`` (:func:`lex_key`); with it
+    the selection reads no data on the host."""
     if budget > priority.shape[-1]:
         raise ValueError(f"budget {budget} exceeds the {priority.shape[-1]} candidates")
-    if base_key is not None and secondary is None and (tier is None or int(tier.max()) <= 1) \
-            and int(priority.shape[-1] - 1).bit_length() <= 30:
+    if base_key is not None and secondary is None and (
+            tier is None or (tier_max is not None and 0 <= tier_max <= 1)
+            or int(tier.max()) <= 1) and int(priority.shape[-1] - 1).bit_length() <= 30:
         ib = max(1, int(priority.shape[-1] - 1).bit_length())
         key = base_key if tier is None else base_key | (tier.long() << (32 + ib))
     else:
-        key = lex_key(priority, tier, secondary)
+        key = lex_key(priority, tier, secondary, tier_max=tier_max)
     if key is None:
         keys = [tier if tier is not None else torch.zeros_like(priority, dtype=torch.long), priority]
         return _order_sorts(keys + ([secondary] if secondary is not None else []))[:, :budget]
     return torch.topk(key, budget, dim=1, sorted=False).indices
 
 
-def rank_of(priority: torch.Tensor, tier: torch.Tensor | None = None) -> torch.Tensor:
+def rank_of(priority: torch.Tensor, tier: torch.Tensor | None = None, *,
+            tier_max: int | None = None) -> torch.Tensor:
     """Position ``[B, M]`` of each candidate in :func:`order` (0 = first)."""
-    perm = order(priority, tier)
+    perm = order(priority, tier, tier_max=tier_max)
     rank = torch.empty_like(perm)
-    rank.scatter_(1, perm, torch.arange(perm.shape[1]).expand_as(perm))
+    rank.scatter_(1, perm, torch.arange(perm.shape[1], device=perm.device).expand_as(perm))
     return rank
 
 
 def group_best(priority: torch.Tensor, group: torch.Tensor, num_groups: int,
-               tier: torch.Tensor | None = None) -> torch.Tensor:
+               tier: torch.Tensor | None = None, *, tier_max: int | None = None
+               ) -> torch.Tensor:
     """``[B, M]`` bool: the candidate is the first of its group in :func:`order` (one
     ``scatter_reduce(amax)`` of the unique keys, no sort)."""
-    key = lex_key(priority, tier)
+    key = lex_key(priority, tier, tier_max=tier_max)
     if key is None:
-        return group_rank(priority, group, num_groups, tier) == 0
+        return group_rank(priority, group, num_groups, tier, tier_max=tier_max) == 0
     b, m = key.shape
     g = group.expand(b, m).long()
-    best = torch.full((b, num_groups), -1, dtype=torch.long).scatter_reduce(1, g, key, "amax")
+    best = torch.full((b, num_groups), -1, dtype=torch.long, device=key.device).scatter_reduce(
+        1, g, key, "amax")
     return best.gather(1, g) == key
 
 
 @functools.lru_cache(maxsize=64)
-def _group_layout(shape: tuple[int, int], strata: int) -> torch.Tensor | None:
+def _group_layout(shape: tuple[int, int], strata: int,
+                  device: torch.device | str | None = None) -> torch.Tensor | None:
     """Cell order ``[M]`` that makes every stratum contiguous (row-major inside), or
-    ``None`` when the strata are not all the same size."""
-    gid, ng = stratum_ids(shape, strata)
-    if gid.numel() % ng or (torch.bincount(gid, minlength=ng) != gid.numel() // ng).any():
+    ``None`` when the strata are not all the same size (decided from the shape alone)."""
+    gh, gw = shape
+    gid, ng = stratum_ids(shape, strata, device)
+    sy, sx = (strata, strata) if isinstance(strata, int) else strata
+    rows = [sum(1 for i in range(gh) if i * sy // gh == k) for k in range(sy)]
+    cols = [sum(1 for j in range(gw) if j * sx // gw == k) for k in range(sx)]
+    if len(set(rows)) > 1 or len(set(cols)) > 1:
         return None
     return torch.sort(gid, stable=True).indices
 
 
 def top_per_stratum(priority: torch.Tensor, shape: tuple[int, int], strata: int,
-                    quota: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor:
+                    quota: torch.Tensor, key: torch.Tensor | None = None,
+                    max_quota: int | None = None) -> torch.Tensor:
     """``[B, M]`` bool: the best ``quota[b, g]`` cells of every stratum ``g`` (order of
     :func:`order`); the same set as ``group_rank(...) < quota[:, gid]``.
 
-    With equal-size strata the cells are laid out ``[B, G, S]`` and one ``topk`` with
-    ``k = max quota`` gives each stratum's threshold key (faster than a full sort);
-    otherwise :func:`group_rank` is used.
+    With equal-size strata the cells are laid out ``[B, G, S]`` and the ``k`` best keys of
+    each stratum (one ``topk``, or one sort when ``k = S``) give its threshold key for every
+    quota up to ``k``; otherwise :func:`group_rank` is used. On a device ``k`` comes from the
+    shapes, never from the quotas' values: ``min(S, max_quota)``, where ``max_quota`` is the
+    caller's static bound on every quota (default: none, ``k = S``); on the host
+    (:func:`~fovea_core.tokens.on_host`) it is the largest quota, a smaller ``topk`` with the
+    same thresholds.
     """
-    gid, ng = stratum_ids(shape, strata)
-    perm = _group_layout(shape, strata)
+    gid, ng = stratum_ids(shape, strata, priority.device)
+    perm = _group_layout(shape, strata, priority.device)
     key = lex_key(priority) if key is None else key
     if perm is None or key is None:
         return group_rank(priority, gid, ng) < quota[:, gid]
     b, m = key.shape
-    q = quota.clamp(0, m // ng)
-    kmax = max(int(q.max()), 1)
-    top = torch.topk(key[:, perm].view(b, ng, m // ng), kmax, dim=-1).values     # [B, G, k]
+    k = m // ng if max_quota is None else max(1, min(m // ng, max_quota))
+    if on_host(quota):                # free to read on the host: k = the largest quota
+        k = max(int(quota.clamp(0, k).max()), 1)
+    q = quota.clamp(0, k)
+    cells = key[:, perm].view(b, ng, m // ng)
+    top = (torch.sort(cells, dim=-1, descending=True).values if k == m // ng
+           else torch.topk(cells, k, dim=-1).values)                              # [B, G, k]
     thr = top.gather(-1, (q - 1).clamp(min=0)[..., None])[..., 0]                # [B, G]
     return (key >= thr[:, gid]) & (q[:, gid] > 0)
 
 
 def group_rank(priority: torch.Tensor, group: torch.Tensor, num_groups: int,
-               tier: torch.Tensor | None = None) -> torch.Tensor:
+               tier: torch.Tensor | None = None, *, tier_max: int | None = None
+               ) -> torch.Tensor:
     """Rank ``[B, M]`` of each candidate within its group (0 = best), by (tier desc,
     priority desc, index asc). ``group`` is ``[M]`` or ``[B, M]`` in ``[0, num_groups)``.
 
-    One sort of the int64 key (group asc, :func:`lex_key` desc) when it fits in 63 bits.
+    One sort of the int64 key (group asc, :func:`lex_key` desc) when it fits in 63 bits
+    (decided from the key's static width: ``32 + log2 M`` bits, plus the tier's with
+    ``tier_max``), else a sort of ``group * M + rank``; both give the same ranks.
     """
     b, m = priority.shape
     g = group.expand(b, m).long()
-    key = lex_key(priority, tier)
+    key = lex_key(priority, tier, tier_max=tier_max)
     gbits = max(1, int(num_groups - 1).bit_length())
-    if key is not None and int(key.max()).bit_length() + gbits <= 63:
-        srt = torch.sort((g << int(key.max()).bit_length()) - key, dim=1).indices
+    ib = max(1, int(m - 1).bit_length())
+    if key is None:
+        kbits = 64                                  # no key: the rank path below
+    elif tier is not None and tier_max is None:
+        kbits = int(key.max()).bit_length()         # no static bound: read it (host sync)
     else:
-        grank = rank_of(priority, tier)
+        kbits = 32 + ib + (0 if tier is None else max(int(tier_max), 0).bit_length())
+    if key is not None and kbits + gbits <= 63:
+        srt = torch.sort((g << kbits) - key, dim=1).indices
+    else:
+        grank = rank_of(priority, tier, tier_max=tier_max)
         srt = torch.sort(g * m + grank, dim=1).indices       # cells sorted by (group, rank)
-    counts = torch.zeros(b, num_groups, dtype=torch.long).scatter_add_(1, g, torch.ones_like(g))
+    counts = torch.zeros(b, num_groups, dtype=torch.long, device=g.device).scatter_add_(
+        1, g, torch.ones_like(g))
     start = torch.cumsum(counts, 1) - counts                 # first position of each group
     pos = torch.empty_like(srt)
-    pos.scatter_(1, srt, torch.arange(m).expand(b, m))       # position of each cell in srt
+    pos.scatter_(1, srt, torch.arange(m, device=srt.device).expand(b, m))  # position in srt
     return pos - start.gather(1, g)
+
+
+def _sum_like_numpy(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last axis in numpy's pairwise order (``np.add.reduce`` on a contiguous
+    axis: blocks of 8 accumulators up to 128 items, halves beyond), so a float64 sum is
+    bit-identical to numpy's. Vectorised over the leading axes; the loop is over blocks."""
+    n = x.shape[-1]
+    if n < 8:
+        res = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+        for i in range(n):
+            res = res + x[..., i]
+        return res
+    if n <= 128:
+        r = x[..., :8]
+        i = 8
+        while i < n - n % 8:
+            r = r + x[..., i:i + 8]
+            i += 8
+        res = ((r[..., 0] + r[..., 1]) + (r[..., 2] + r[..., 3])) + \
+              ((r[..., 4] + r[..., 5]) + (r[..., 6] + r[..., 7]))
+        for j in range(i, n):
+            res = res + x[..., j]
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _sum_like_numpy(x[..., :n2]) + _sum_like_numpy(x[..., n2:])
 
 
 def largest_remainder(weights: torch.Tensor, total: int | torch.Tensor, minimum: int = 0,
@@ -427,14 +543,47 @@ def largest_remainder(weights: torch.Tensor, total: int | torch.Tensor, minimum:
     a row of weights sums to zero. With ``capacity``, quotas are clipped to it (the sum can
     then fall short; callers fill the rest).
 
-    A torch front end of :func:`fovea_core.rounding.largest_remainder`, the one
-    implementation shared with the biology code (``[B, G]`` is tiny: it runs in numpy on the
-    CPU and comes back on ``weights``' device as int64).
+    The torch twin of :func:`fovea_core.rounding.largest_remainder` (the rule shared with
+    the biology code), on ``weights``' device and without host syncs: the same float64
+    steps in the same order (the weight sum in numpy's pairwise order), so the quotas are
+    identical (``tests/test_allocators_device.py`` compares the two). Returns int64.
+
+    Raises:
+        ValueError: naming ``weights`` (empty, NaN/inf), ``total`` (negative or not an
+            integer) or ``minimum`` (negative); on a device the value checks are queued
+            (:func:`~fovea_core.tokens.require`).
     """
-    tot = total.detach().cpu().numpy() if isinstance(total, torch.Tensor) else total
-    cap = None if capacity is None else capacity.detach().cpu().numpy()
-    q = _hamilton(weights.detach().cpu().double().numpy(), tot, minimum=minimum, capacity=cap)
-    return torch.from_numpy(q).to(weights.device)
+    w = torch.as_tensor(weights).detach().double()
+    if w.ndim == 0 or w.shape[-1] == 0:
+        raise ValueError(f"weights must have a non-empty last axis [..., G], got shape "
+                         f"{tuple(w.shape)}")
+    require(torch.isfinite(w), "weights must be finite (no NaN/inf)")
+    if isinstance(total, torch.Tensor):
+        t = total.detach().to(w.device, torch.float64)
+        require(torch.isfinite(t) & (t >= 0) & (t == torch.floor(t)),
+                "total must be a non-negative integer (per row)",
+                detail=lambda: f"total must be a non-negative integer (per row), got {total!r}")
+    else:                                     # host data: checked on the host, as numpy does
+        tn = np.asarray(total, dtype=np.float64)
+        if not np.all(np.isfinite(tn)) or np.any(tn < 0) or np.any(tn != np.floor(tn)):
+            raise ValueError(f"total must be a non-negative integer (per row), got {total!r}")
+        t = (torch.full((), float(tn), dtype=torch.float64, device=w.device) if tn.ndim == 0
+             else torch.from_numpy(tn).to(w.device, non_blocking=True))
+    if int(minimum) != minimum or minimum < 0:
+        raise ValueError(f"minimum must be a non-negative integer, got {minimum!r}")
+    g = w.shape[-1]
+    rest = (t.expand(w.shape[:-1]) - minimum * g).clamp(min=0.0)
+    w = w.clamp(min=0.0)
+    wsum = _sum_like_numpy(w)[..., None]
+    share = torch.where(wsum > 0, w / torch.where(wsum > 0, wsum, 1.0), 1.0 / g)
+    quota = share * rest[..., None]
+    base = torch.floor(quota)
+    left = torch.round(rest - base.sum(-1)).long()                     # 0 <= left < G
+    order_ = torch.sort(-(quota - base), dim=-1, stable=True).indices  # largest remainder first
+    rank = torch.empty_like(order_).scatter_(
+        -1, order_, torch.arange(g, device=w.device).expand_as(order_))
+    q = base.long() + (rank < left[..., None]) + int(minimum)
+    return q if capacity is None else torch.minimum(q, capacity.to(w.device, torch.long))
 
 
 # ----------------------------------------------------------------------------- output
@@ -463,7 +612,7 @@ def footprint_cover(tokens: TokenSet, grid_shape: tuple[int, int]) -> torch.Tens
     box = torch.round(tokens.boxes() / tokens.patch).long()                   # [B, N, 4]
     x0, y0 = box[..., 0].clamp(0, gw), box[..., 1].clamp(0, gh)
     x1, y1 = box[..., 2].clamp(0, gw), box[..., 3].clamp(0, gh)
-    diff = torch.zeros(b, (gh + 1) * (gw + 1), dtype=torch.long)
+    diff = torch.zeros(b, (gh + 1) * (gw + 1), dtype=torch.long, device=box.device)
     one = torch.ones_like(x0)
     for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):  # 4 corners
         diff.scatter_add_(1, ys * (gw + 1) + xs, sign * one)

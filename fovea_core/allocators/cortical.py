@@ -360,11 +360,13 @@ def v1_cortical(pyramid: Pyramid, scores: torch.Tensor, budget: int, *,
     h, w = pyramid.image_size
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="v1_cortical")
     fix = resolve_fixation(fixation, s, dtype=torch.float64)       # [B, 2], exact if given
+    # the plan's sizes (rays, rings per image) depend on the fixation: it is made on the host
+    # (plan_v1 reads the fixation back, a sync on a device) and the layout is copied over
     plan = plan_v1(fix, (h, w), n, patch=patch, num_levels=pyramid.num_levels, **params)
     cxy, level, valid = v1_candidates(plan)
     idx = select_candidates(cxy, level, valid, n, (h, w))
-    centers = torch.gather(cxy, 1, idx[..., None].expand(-1, -1, 2))
-    levels = torch.gather(level, 1, idx)
+    centers = torch.gather(cxy, 1, idx[..., None].expand(-1, -1, 2)).to(s.device)
+    levels = torch.gather(level, 1, idx).to(s.device)
     b, gh, gw = s.shape
     col = (centers[..., 0] * gw).long().clamp(0, gw - 1)
     row = (centers[..., 1] * gh).long().clamp(0, gh - 1)

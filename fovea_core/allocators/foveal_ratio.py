@@ -14,7 +14,8 @@ import math
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cell_centers, cells_to_tokens,
-                                        check_inputs, group_rank, resolve_fixation, select)
+                                        check_inputs, device_values, group_rank,
+                                        resolve_fixation, select)
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
@@ -54,11 +55,13 @@ def foveal_ratio_pyramid(pyramid: Pyramid, scores, budget: int, *, ratio: float 
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="foveal_ratio_pyramid")
     fix = resolve_fixation(fixation, s)
     levels = list(range(min(max_level, pyramid.num_levels - 1) + 1))
-    cand = candidate_grid(pyramid, levels, patch)
+    dev = s.device
+    cand = candidate_grid(pyramid, levels, patch, dev)
     h, w = pyramid.image_size
-    centers = torch.cat([cell_centers(cand.shapes[i], lv, (h, w), patch)
+    centers = torch.cat([cell_centers(cand.shapes[i], lv, (h, w), patch, device=dev)
                          for i, lv in enumerate(levels)])                    # [M, 2]
-    ecc = ((centers[None] - fix[:, None]) * torch.tensor([w, h]) / patch).norm(dim=-1)  # [B, M]
+    wh = device_values([w, h], dtype=torch.float32, device=dev)
+    ecc = ((centers[None] - fix[:, None]) * wh / patch).norm(dim=-1)          # [B, M]
     prio = cand.gather_scores(s, "max")                                      # [B, M]
     lv = cand.levels[None]                                                   # [1, M]
     n0 = min(int(round(float(ratio) * n)), cand.shapes[0][0] * cand.shapes[0][1])
@@ -71,13 +74,13 @@ def foveal_ratio_pyramid(pyramid: Pyramid, scores, budget: int, *, ratio: float 
         pref = 1 + torch.floor(torch.log2(1 + (ecc - e_f).clamp(min=0) / log_e1.exp()))
         return outside & (pref.clamp(1, max(top, 1)).long() == lv)
 
-    lo = torch.full((s.shape[0], 1), math.log(1e-3))
-    hi = torch.full((s.shape[0], 1), math.log(4.0 * max(h, w) / patch))
+    lo = torch.full((s.shape[0], 1), math.log(1e-3), device=dev)
+    hi = torch.full((s.shape[0], 1), math.log(4.0 * max(h, w) / patch), device=dev)
     need = n - n0
     for _ in range(iters):                                                   # bisection steps
         mid = (lo + hi) / 2
         ok = periphery(mid).sum(1, keepdim=True) >= need
         hi, lo = torch.where(ok, mid, hi), torch.where(ok, lo, mid)
     tier = 2 * fovea.long() + periphery(hi).long() * (need > 0)
-    idx = select(prio, n, tier, -ecc)
+    idx = select(prio, n, tier, -ecc, tier_max=3)
     return cells_to_tokens(cand, idx, prio, (h, w), fix, patch)

@@ -111,6 +111,8 @@ def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, heig
     if not aniso >= 0:
         raise ValueError(f"frequency: aniso must be >= 0, got {aniso!r}")
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="frequency")
+    # host content (steerable bands): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     fix = resolve_fixation(fixation, s)
     energies, levels = band_energy(pyramid, patch=patch, max_side=max_side, height=height,
                                    aniso=aniso)
@@ -128,4 +130,5 @@ def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, heig
     q = largest_remainder(band_w, n, capacity=caps[None])
     lv_idx = torch.repeat_interleave(torch.arange(len(uniq)), caps)
     tier = (group_rank(prio, lv_idx, len(uniq)) < q[:, lv_idx]).long()
-    return cells_to_tokens(cand, select(prio, n, tier), prio, pyramid.image_size, fix, patch)
+    return cells_to_tokens(cand, select(prio, n, tier), prio, pyramid.image_size, fix,
+                           patch).to(dev)

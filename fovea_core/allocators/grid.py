@@ -7,22 +7,25 @@ processor does) and ``uniform`` (its power-of-two variant on the pyramid's level
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        group_best, image_rand, largest_remainder,
+                                        device_values, group_best, image_rand,
+                                        largest_remainder,
                                         lex_key, nonneg,
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet, on_host
 
 
-def _level0(pyramid: Pyramid, patch: int):
-    return candidate_grid(pyramid, [0], patch)
+def _level0(pyramid: Pyramid, patch: int, device: torch.device | None = None):
+    return candidate_grid(pyramid, [0], patch, device)
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -45,7 +48,7 @@ def resize_grid(image_size: tuple[int, int], budget: int, patch: int = 16
 
     Raises ``ValueError`` when ``budget`` is not in ``[1, Gh * Gw]`` (the full level-0 grid).
     """
-    s, rows, cols = resize_scales(image_size, patch)           # checks image_size and patch
+    s, rows, cols = _resize_table(*_image_size(image_size), _patch(patch))  # host shape math
     gh, gw = int(rows[-1]), int(cols[-1])                      # s = 1: the level-0 grid
     if isinstance(budget, bool) or not 1 <= int(budget) <= gh * gw or int(budget) != budget:
         raise ValueError(f"budget must be an int in [1, {gh * gw}] for a {gh}x{gw} patch grid, "
@@ -53,7 +56,7 @@ def resize_grid(image_size: tuple[int, int], budget: int, patch: int = 16
     if int(budget) == gh * gw:
         return gh, gw, 0.0
     # rows * cols is non-decreasing in s: the largest fitting scale is the last that fits
-    best = int(torch.nonzero(rows * cols <= int(budget))[-1])
+    best = int(np.flatnonzero(rows * cols <= int(budget))[-1])
     return int(rows[best]), int(cols[best]), math.log2(1.0 / float(s[best]))
 
 
@@ -76,6 +79,7 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize")
     fix = resolve_fixation(fixation, s)
     b, gh, gw = s.shape
+    dev = s.device
     h, w = pyramid.image_size
     r, c, level = resize_grid((h, w), n, patch)
     side = patch * 2.0**level
@@ -84,7 +88,7 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
         raise ValueError(f"resize: budget {n} needs level {level:.2f} but the pyramid has "
                          f"{pyramid.num_levels} levels; use budget >= {th * tw} or a deeper "
                          "pyramid")
-    cells = torch.arange(r * c)
+    cells = torch.arange(r * c, device=dev)
     rows, cols = cells // c, cells % c
     ox, oy = (w - c * side) / 2, (h - r * side) / 2          # centring offset (<= 0)
     cx = (ox + (cols.double() + 0.5) * side) / w
@@ -94,11 +98,12 @@ def resize(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
         raise ValueError(f"resize: a {r}x{c} grid at level 0 leaves {extra} tokens")
     dist = (cx - 0.5) ** 2 * w * w + (cy - 0.5) ** 2 * h * h
     # leftovers cycle over the cells nearest the centre; pass k reads one octave finer than k-1
-    k = torch.arange(extra)
+    k = torch.arange(extra, device=dev)
     near = torch.sort(dist, stable=True).indices[k % (r * c)]
     finer = (level - 1.0 - (k // (r * c)).double()).clamp(min=0.0)
     level = min(level, pyramid.num_levels - 1.0)
-    levels = torch.cat([torch.full((r * c,), level, dtype=torch.float64), finer]).float()
+    levels = torch.cat([torch.full((r * c,), level, dtype=torch.float64, device=dev),
+                        finer]).float()
     cx, cy = torch.cat([cx, cx[near]]).float(), torch.cat([cy, cy[near]]).float()
     br = (cy * h / patch).long().clamp(0, gh - 1)
     bc = (cx * w / patch).long().clamp(0, gw - 1)
@@ -132,7 +137,8 @@ def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None,
     side = max(h / r, w / c)
     top = pyramid.num_levels - 1
     level = int(min(max(math.ceil(math.log2(max(side / patch, 1.0)) - 1e-9), 0), top))
-    cells = torch.arange(r * c)
+    dev = s.device
+    cells = torch.arange(r * c, device=dev)
     rows, cols = cells // c, cells % c
     cx, cy = (cols.float() + 0.5) / c, (rows.float() + 0.5) / r
     extra = n - r * c
@@ -143,7 +149,8 @@ def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None,
     if extra and other == level:
         raise ValueError(f"uniform: a {r}x{c} grid at level {level} leaves {extra} tokens and the "
                          f"pyramid has no other level to read them at; pass a budget of {r * c}")
-    levels = torch.cat([torch.full((r * c,), level), torch.full((extra,), other)])
+    levels = torch.cat([torch.full((r * c,), level, device=dev),
+                        torch.full((extra,), other, device=dev)])
     cx, cy = torch.cat([cx, cx[near]]), torch.cat([cy, cy[near]])
     br = (cy * h / patch).long().clamp(0, gh - 1)
     bc = (cx * w / patch).long().clamp(0, gw - 1)
@@ -163,7 +170,7 @@ def random(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     score map, so deterministic and batch-independent); scores are not used for selection.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="random")
-    cand = _level0(pyramid, patch)
+    cand = _level0(pyramid, patch, s.device)
     idx = select(image_rand(s, seed), n)
     return cells_to_tokens(cand, idx, s.flatten(1), pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
@@ -178,8 +185,8 @@ def full(pyramid: Pyramid, scores, budget: int | None = None, *, fixation=None, 
         raise ValueError(f"full: budget must be None or Gh*Gw = {gh * gw} (all base patches), "
                          f"got {budget}")
     s, n = check_inputs(pyramid, scores, gh * gw, patch=patch, name="full")
-    cand = _level0(pyramid, patch)
-    idx = torch.arange(n).expand(s.shape[0], n)
+    cand = _level0(pyramid, patch, s.device)
+    idx = torch.arange(n, device=s.device).expand(s.shape[0], n)
     return cells_to_tokens(cand, idx, s.flatten(1), pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
 
@@ -191,7 +198,7 @@ def topk(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, se
     """v1: the ``budget`` level-0 patches with the highest importance (ties: row-major first)."""
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="topk")
     idx = select(s.flatten(1), n)
-    return cells_to_tokens(_level0(pyramid, patch), idx, s.flatten(1), pyramid.image_size,
+    return cells_to_tokens(_level0(pyramid, patch, s.device), idx, s.flatten(1), pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
 
 
@@ -213,11 +220,11 @@ def topk_coverage(pyramid: Pyramid, scores, budget: int, *, strata: int = 4, fix
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="topk_coverage")
     _check_strata(strata, n, s.shape[1:], "topk_coverage")
-    gid, ng = stratum_ids(tuple(s.shape[1:]), strata)
+    gid, ng = stratum_ids(tuple(s.shape[1:]), strata, s.device)
     flat = s.flatten(1)
     tier = group_best(flat, gid, ng).long()
-    idx = select(flat, n, tier)
-    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+    idx = select(flat, n, tier, tier_max=1)
+    return cells_to_tokens(_level0(pyramid, patch, s.device), idx, flat, pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
 
 
@@ -229,10 +236,10 @@ def stratified_quotas(scores: torch.Tensor, budget: int, strata: int | tuple[int
     ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`), clipped to
     the stratum's cell count. Returns ``(group ids [M], quotas [B, G], counts [G])``.
     """
-    b = scores.shape[0]
-    gid, ng = stratum_ids(tuple(scores.shape[1:]), strata)
-    w = torch.zeros(b, ng).index_add_(1, gid, nonneg(scores).flatten(1))
-    counts = torch.bincount(gid, minlength=ng)
+    b, dev = scores.shape[0], scores.device
+    gid, ng = stratum_ids(tuple(scores.shape[1:]), strata, dev)
+    w = torch.zeros(b, ng, device=dev).index_add_(1, gid, nonneg(scores).flatten(1))
+    counts = torch.zeros(ng, dtype=torch.long, device=dev).index_add_(0, gid, torch.ones_like(gid))
     q = largest_remainder(w, budget, minimum=1, capacity=counts.expand(b, ng))
     return gid, q, counts
 
@@ -242,7 +249,9 @@ def stratified_tier(scores: torch.Tensor, budget: int, strata,
     """``[B, M]`` long: 1 for the cells the stratified quotas pick (best ``q_g`` of each
     stratum by score), else 0. ``key``: ``lex_key(scores.flatten(1))`` if already computed."""
     _, q, _ = stratified_quotas(scores, budget, strata)
-    return top_per_stratum(scores.flatten(1), tuple(scores.shape[1:]), strata, q, key).long()
+    # every quota is at most 1 + (budget - G): the static bound top_per_stratum needs
+    return top_per_stratum(scores.flatten(1), tuple(scores.shape[1:]), strata, q, key,
+                           max_quota=budget - q.shape[1] + 1).long()
 
 
 @register("stratified", family="grid", version="v1", coverage="stratum", strata=4)
@@ -259,8 +268,8 @@ def stratified(pyramid: Pyramid, scores, budget: int, *, strata: int = 4, fixati
     _check_strata(strata, n, s.shape[1:], "stratified")
     flat = s.flatten(1)
     key = lex_key(flat)
-    idx = select(flat, n, stratified_tier(s, n, strata, key), base_key=key)
-    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+    idx = select(flat, n, stratified_tier(s, n, strata, key), base_key=key, tier_max=1)
+    return cells_to_tokens(_level0(pyramid, patch, s.device), idx, flat, pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
 
 
@@ -285,15 +294,27 @@ def adaptive_strata(scores: torch.Tensor, budget: int, choices=(2, 4, 8),
     (``>= thresholds[1]``) -> fine strata ``choices[2]`` (coverage matters). Choices that
     do not fit (``s*s > budget`` or ``s`` > grid side) fall back to the largest that fits.
     """
+    pr = participation_ratio(scores)
+    pick = torch.bucketize(pr, device_values(thresholds, dtype=pr.dtype, device=pr.device),
+                           right=True)
+    table = _strata_choices(scores, budget, choices)
+    return device_values(table, dtype=torch.long, device=pr.device)[pick]
+
+
+def _strata_fits(scores: torch.Tensor, budget: int, choices) -> list[int]:
+    """The strata choices that fit the budget and the grid (``ValueError`` if none)."""
     gh, gw = scores.shape[1:]
     fits = [c for c in choices if c * c <= budget and c <= min(gh, gw)]
     if not fits:
         raise ValueError(f"adaptive_stratified: no strata choice in {choices} fits budget "
                          f"{budget} and grid {gh}x{gw}")
-    pr = participation_ratio(scores)
-    pick = torch.bucketize(pr, torch.tensor(thresholds, dtype=pr.dtype), right=True)
-    table = torch.tensor([max([f for f in fits if f <= c], default=min(fits)) for c in choices])
-    return table[pick]
+    return fits
+
+
+def _strata_choices(scores: torch.Tensor, budget: int, choices) -> list[int]:
+    """What :func:`adaptive_strata` returns for each of ``choices`` (its table, host ints)."""
+    fits = _strata_fits(scores, budget, choices)
+    return [max([f for f in fits if f <= c], default=min(fits)) for c in choices]
 
 
 @register("adaptive_stratified", family="grid", version="v1", coverage="stratum")
@@ -309,13 +330,20 @@ def adaptive_stratified(pyramid: Pyramid, scores, budget: int, *, choices=(2, 4,
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="adaptive_stratified")
     pick = adaptive_strata(s, n, choices, thresholds)
-    tier = torch.zeros(s.shape[0], s[0].numel(), dtype=torch.long)
-    for c in torch.unique(pick).tolist():                      # <= 3 granularities
-        rows = pick == c
-        tier[rows] = stratified_tier(s[rows], n, int(c))
+    tier = torch.zeros(s.shape[0], s[0].numel(), dtype=torch.long, device=s.device)
     flat = s.flatten(1)
-    idx = select(flat, n, tier)
-    return cells_to_tokens(_level0(pyramid, patch), idx, flat, pyramid.image_size,
+    if on_host(pick):                 # free to read: each granularity on its own images
+        for c in torch.unique(pick).tolist():                  # <= 3 granularities
+            rows = pick == c
+            tier[rows] = stratified_tier(s[rows], n, int(c))
+    else:
+        # on a device: every granularity the rule can pick, for the whole batch (an image's
+        # tier depends on that image only), kept where it was picked; no host read of pick
+        key = lex_key(flat)
+        for c in sorted(set(_strata_choices(s, n, choices))):  # <= 3 granularities
+            tier = torch.where((pick == c)[:, None], stratified_tier(s, n, c, key), tier)
+    idx = select(flat, n, tier, tier_max=1)
+    return cells_to_tokens(_level0(pyramid, patch, s.device), idx, flat, pyramid.image_size,
                            resolve_fixation(fixation, s), patch)
 
 
@@ -344,18 +372,36 @@ def resize_scales(image_size: tuple[int, int], patch: int = 16
     two consecutive candidates the grid does not change, so these are the only scales a
     search over "the page resized at any ``s <= 1``" needs.
     """
+    s, rows, cols = _resize_table(*_image_size(image_size), _patch(patch))
+    return torch.from_numpy(s.copy()), torch.from_numpy(rows.copy()), torch.from_numpy(cols.copy())
+
+
+def _image_size(image_size: tuple[int, int]) -> tuple[int, int]:
     h, w = (int(v) for v in image_size)
     if h < 1 or w < 1:
         raise ValueError(f"image_size must be positive (H, W), got {image_size!r}")
+    return h, w
+
+
+def _patch(patch: int) -> int:
     if isinstance(patch, bool) or not isinstance(patch, int) or patch < 1:
         raise ValueError(f"patch must be an int >= 1, got {patch!r}")
+    return patch
+
+
+@functools.lru_cache(maxsize=64)
+def _resize_table(h: int, w: int, patch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`resize_scales` on the host (numpy float64, the same steps): shape arithmetic
+    only, so ``resize`` sizes its grid without touching a device. Cached; read-only."""
     gh, gw = -(-h // patch), -(-w // patch)
-    s = torch.cat([torch.arange(1, gh + 1, dtype=torch.float64) * patch / h,
-                   torch.arange(1, gw + 1, dtype=torch.float64) * patch / w,
-                   torch.ones(1, dtype=torch.float64)]).clamp(max=1.0)
-    s = torch.unique(s)                                                   # sorted ascending
-    rows = torch.ceil(h * s / patch - 1e-9).clamp(min=1).long()
-    cols = torch.ceil(w * s / patch - 1e-9).clamp(min=1).long()
+    s = np.minimum(np.concatenate([np.arange(1, gh + 1, dtype=np.float64) * patch / h,
+                                   np.arange(1, gw + 1, dtype=np.float64) * patch / w,
+                                   np.ones(1)]), 1.0)
+    s = np.unique(s)                                                      # sorted ascending
+    rows = np.maximum(np.ceil(h * s / patch - 1e-9), 1).astype(np.int64)
+    cols = np.maximum(np.ceil(w * s / patch - 1e-9), 1).astype(np.int64)
+    for a in (s, rows, cols):
+        a.flags.writeable = False
     return s, rows, cols
 
 
@@ -466,6 +512,8 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     coarsest level allows (as ``resize``), and for a negative or non-finite ``threshold``.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="resize_nonblank")
+    # host content (a per-image search): computed on the CPU (a sync on a device); tokens go back
+    dev, s = s.device, s.cpu()
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) \
             or not math.isfinite(threshold) or threshold < 0:
         raise ValueError(f"resize_nonblank: threshold must be a finite number >= 0 (pixel "
@@ -555,4 +603,4 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     br = (cen[..., 1] * h / patch).long().clamp(0, gh - 1)
     bc = (cen[..., 0] * w / patch).long().clamp(0, gw - 1)
     sco = s[torch.arange(b)[:, None], br, bc]
-    return TokenSet(cen, torch.stack(levels), sco, fix[:, None], (h, w), patch)
+    return TokenSet(cen, torch.stack(levels), sco, fix[:, None], (h, w), patch).to(dev)

@@ -47,31 +47,33 @@ def lod_dag(pyramid: Pyramid, scores, budget: int, *, alpha: float = 1.0,
     b = s.shape[0]
     top = pyramid.num_levels - 1 if max_level is None else min(max_level, pyramid.num_levels - 1)
     levels = list(range(top + 1))
-    cand = candidate_grid(pyramid, levels, patch)
+    dev = s.device
+    cand = candidate_grid(pyramid, levels, patch, dev)
     m = cand.size
     mass = cand.gather_scores(nonneg(s), "sum").double()                       # [B, M]
     err = mass * torch.pow(2.0, alpha * cand.levels.double())[None]
     mean = cand.gather_scores(s, "mean")
     # parent index of every node (level l -> l + 1), -1 for roots
-    parent = torch.full((m,), -1, dtype=torch.long)
+    parent = torch.full((m,), -1, dtype=torch.long, device=dev)
     for i, lv in enumerate(levels[:-1]):                                       # over levels
         sl = cand.slice(i)
         ph, pw = cand.shapes[i + 1]
         parent[sl] = cand.offsets[i + 1] + (cand.rows[sl] // 2) * pw + cand.cols[sl] // 2
-    nchild = torch.zeros(m, dtype=torch.long)
     has_parent = parent >= 0
-    nchild.index_add_(0, parent[has_parent], torch.ones(int(has_parent.sum()), dtype=torch.long))
+    nchild = torch.zeros(m, dtype=torch.long, device=dev).index_add_(   # roots add 0 at 0
+        0, parent.clamp(min=0), has_parent.long())
     n_roots = cand.shapes[-1][0] * cand.shapes[-1][1]
     if n_roots > n:
         raise ValueError(f"lod_dag: budget {n} is below the {n_roots} root cells at level {top}")
     # refinement order over internal nodes: (error desc, level desc, index asc)
     internal = (nchild > 0)[None].expand(b, m)
-    perm = order_lex([internal.long(), err, cand.levels.double()[None].expand(b, m)])
+    perm = order_lex([internal.long(), err, cand.levels.double()[None].expand(b, m)], tier_max=1)
     gain = (nchild - 1)[perm] * internal.gather(1, perm)                       # [B, M]
     count = n_roots + torch.cumsum(gain, 1)
     k = (count <= n).sum(1)                                                    # refinements done
-    refined_sorted = (torch.arange(m)[None] < k[:, None]) & internal.gather(1, perm)
-    refined = torch.zeros(b, m, dtype=torch.bool).scatter(1, perm, refined_sorted)
+    ar = torch.arange(m, device=dev)[None]
+    refined_sorted = (ar < k[:, None]) & internal.gather(1, perm)
+    refined = torch.zeros(b, m, dtype=torch.bool, device=dev).scatter(1, perm, refined_sorted)
     used = torch.where(k > 0, count.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0],
                        torch.full_like(k, n_roots))
     r = n - used                                                               # leftover tokens
@@ -79,13 +81,13 @@ def lod_dag(pyramid: Pyramid, scores, budget: int, *, alpha: float = 1.0,
     partial = torch.where(r > 0, partial, torch.full_like(partial, -1))
     # leaves: not refined and (root or parent refined); plus children of the partial node
     par_ref = torch.where(has_parent[None], refined.gather(1, parent.clamp(min=0)[None].expand(b, m)),
-                          torch.ones(b, m, dtype=torch.bool))
+                          torch.ones(b, m, dtype=torch.bool, device=dev))
     leaf = ~refined & par_ref
     is_pchild = has_parent[None] & (parent[None] == partial[:, None])
     crank = group_rank(torch.where(is_pchild, mass, -1.0).float(),
                        is_pchild.long(), 2)
     take_child = is_pchild & (crank < (r + 1)[:, None])
-    leaf = torch.where((partial >= 0)[:, None] & (torch.arange(m)[None] == partial[:, None]),
+    leaf = torch.where((partial >= 0)[:, None] & (ar == partial[:, None]),
                        torch.zeros_like(leaf), leaf) | take_child
     idx = select(leaf.float(), n)
     return cells_to_tokens(cand, idx, mean, pyramid.image_size, fix, patch)

@@ -18,13 +18,14 @@ Bin geometry (:func:`logpolar_bins`), in base pixels relative to the fixation, w
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cell_centers, cells_to_tokens,
-                                        check_inputs, group_best, rank_of, resolve_fixation,
-                                        select)
+                                        check_inputs, device_values, group_best, rank_of,
+                                        resolve_fixation, select)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -52,12 +53,14 @@ def logpolar_bins(centers: torch.Tensor, fixation: torch.Tensor, image_size: tup
         ``(bin [B, M] long, eccentricity [B, M] float64 in pixels, number of bins)``.
     """
     h, w = image_size
-    scale = torch.tensor([w, h], dtype=torch.float64)
+    dev = centers.device
+    scale = device_values([w, h], dtype=torch.float64, device=dev)
     p = centers.double() * scale                                   # [M, 2] px
     f = fixation.double() * scale                                  # [B, 2] px
     d = p[None] - f[:, None]                                       # [B, M, 2]
     r = torch.sqrt(d[..., 0] ** 2 + d[..., 1] ** 2)
-    corners = torch.tensor([[0, 0], [w, 0], [0, h], [w, h]], dtype=torch.float64)
+    corners = torch.stack([device_values([0, w, 0, w], dtype=torch.float64, device=dev),
+                           device_values([0, 0, h, h], dtype=torch.float64, device=dev)], -1)
     dc = corners[None] - f[:, None]                                # [B, 4, 2]
     rmax = torch.sqrt(dc[..., 0] ** 2 + dc[..., 1] ** 2).amax(1, keepdim=True)   # [B, 1]
     r0 = fovea * patch
@@ -74,8 +77,8 @@ def _setup(pyramid, scores, budget, fixation, patch, name, n_rho, n_theta, fovea
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name=name)
     _check_bins(n_rho, n_theta, fovea)
     fix = resolve_fixation(fixation, s)
-    cand = candidate_grid(pyramid, [0], patch)
-    centers = cell_centers(cand.shapes[0], 0, pyramid.image_size, patch, torch.float64)
+    cand = candidate_grid(pyramid, [0], patch, s.device)
+    centers = cell_centers(cand.shapes[0], 0, pyramid.image_size, patch, torch.float64, s.device)
     bins, ecc, nb = logpolar_bins(centers, fix, pyramid.image_size, n_rho=n_rho,
                                   n_theta=n_theta, fovea=fovea, patch=patch)
     return s, n, fix, cand, bins, ecc, nb
@@ -96,7 +99,7 @@ def logpolar(pyramid: Pyramid, scores, budget: int, *, n_rho: int = 8, n_theta: 
                                             "logpolar", n_rho, n_theta, fovea)
     flat = s.flatten(1)
     winner = group_best(flat, bins, nb).long()
-    idx = select(flat, n, winner, -ecc.float())
+    idx = select(flat, n, winner, -ecc.float(), tier_max=1)
     return cells_to_tokens(cand, idx, flat, pyramid.image_size, fix, patch)
 
 
@@ -122,12 +125,12 @@ def hybrid(pyramid: Pyramid, scores, budget: int, *, ratio: float = 0.7, n_rho: 
     flat = s.flatten(1)
     k1 = int(round(ratio * n))
     top = rank_of(flat) < k1                                          # [B, M]
-    covered = torch.zeros(flat.shape[0], nb, dtype=torch.long).scatter_reduce(
+    covered = torch.zeros(flat.shape[0], nb, dtype=torch.long, device=flat.device).scatter_reduce(
         1, bins, top.long(), reduce="amax")
     winner = group_best(flat, bins, nb)
     uncovered_winner = winner & (covered.gather(1, bins) == 0)
     tier = top.long() * 2 + uncovered_winner.long()
-    idx = select(flat, n, tier, -ecc.float())
+    idx = select(flat, n, tier, -ecc.float(), tier_max=3)
     return cells_to_tokens(cand, idx, flat, pyramid.image_size, fix, patch)
 
 
@@ -144,9 +147,16 @@ def logpolar_init_centres(n_rho: int = 8, n_theta: int = 16, fovea: float = 0.03
     return torch.cat([torch.zeros(1, 2), pts])
 
 
+@functools.lru_cache(maxsize=8)
+def _init_centres_on(device: torch.device) -> torch.Tensor:
+    """:func:`logpolar_init_centres` computed on the CPU (so every device gets the same bits)
+    and copied to ``device`` once (cached; treat as read-only)."""
+    return logpolar_init_centres().to(device, non_blocking=True)
+
+
 def _offsets(centers: torch.Tensor, fixation: torch.Tensor, image_size) -> torch.Tensor:
     h, w = image_size
-    scale = centers.new_tensor([w, h]) / max(h, w)
+    scale = device_values([w, h], dtype=centers.dtype, device=centers.device) / max(h, w)
     return (centers[None] - fixation[:, None].to(centers)) * scale          # [B, M, 2]
 
 
@@ -231,15 +241,17 @@ def pseudo_logpolar(pyramid: Pyramid, scores, budget: int, *, centres: torch.Ten
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="pseudo_logpolar")
     fix = resolve_fixation(fixation, s)
-    c = logpolar_init_centres() if centres is None else torch.as_tensor(centres, dtype=torch.float32)
+    c = _init_centres_on(s.device) if centres is None else torch.as_tensor(
+        centres, dtype=torch.float32)
     if c.ndim != 2 or c.shape[1] != 2 or c.shape[0] < 1:
         raise ValueError(f"pseudo_logpolar: centres must be [K, 2], got {tuple(c.shape)}")
-    cand = candidate_grid(pyramid, [0], patch)
-    off = _offsets(cell_centers(cand.shapes[0], 0, pyramid.image_size, patch), fix,
-                   pyramid.image_size)
+    c = c.to(s.device, non_blocking=True)
+    cand = candidate_grid(pyramid, [0], patch, s.device)
+    off = _offsets(cell_centers(cand.shapes[0], 0, pyramid.image_size, patch, device=s.device),
+                   fix, pyramid.image_size)
     bins = _nearest_centre(cand.shapes[0], off, c)
     ecc = off.norm(dim=-1)
     flat = s.flatten(1)
     winner = group_best(flat, bins, c.shape[0]).long()
-    idx = select(flat, n, winner, -ecc)
+    idx = select(flat, n, winner, -ecc, tier_max=1)
     return cells_to_tokens(cand, idx, flat, pyramid.image_size, fix, patch)

@@ -17,13 +17,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs, order,
-                                        rank_of, resolve_fixation)
+from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
+                                        device_values, order, rank_of, resolve_fixation)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-_GRAY = torch.tensor([0.299, 0.587, 0.114])
+_GRAY = (0.299, 0.587, 0.114)                 # luma weights (made on the image's device)
+
+
+def _gray(device: torch.device) -> torch.Tensor:
+    return device_values(_GRAY, dtype=torch.float32, device=device)
 
 
 def patch_gradients(pyramid: Pyramid, patch: int = 16) -> tuple[torch.Tensor, int]:
@@ -34,7 +38,7 @@ def patch_gradients(pyramid: Pyramid, patch: int = 16) -> tuple[torch.Tensor, in
     """
     lv = 1 if pyramid.num_levels > 1 else 0
     img = pyramid.levels[lv]
-    gray = (torch.einsum("bchw,c->bhw", img, _GRAY.to(img.device)) if img.shape[1] == 3
+    gray = (torch.einsum("bchw,c->bhw", img, _gray(img.device)) if img.shape[1] == 3
             else img.mean(1))[:, None]
     cell = patch // 2**lv
     gh, gw = pyramid.grid_shape(patch, 0)
@@ -76,7 +80,7 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
     img = F.pad(img, pad, mode="replicate") if any(pad) else img.contiguous()
     b, ch = img.shape[:2]
     mean = F.avg_pool2d(img, cell).flatten(2).transpose(1, 2)                   # [B, M, C]
-    gray = torch.einsum("bchw,c->bhw", img, _GRAY.to(img.device)) if ch == 3 else img.mean(1)
+    gray = torch.einsum("bchw,c->bhw", img, _gray(img.device)) if ch == 3 else img.mean(1)
     thumb = gray.view(b, gh, cell, gw, cell).permute(0, 1, 3, 2, 4).reshape(b, gh * gw, cell * cell)
     thumb = thumb - thumb.mean(-1, keepdim=True)
     f = torch.cat([mean, thumb], -1)
@@ -102,7 +106,8 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="divprune")
     fix = resolve_fixation(fixation, s)
-    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float()).to(s.device)
+    f = _unit(patch_features(pyramid, patch) if features is None
+              else torch.as_tensor(features).float()).to(s.device, non_blocking=True)
     flat = s.flatten(1)
     b, m = flat.shape
     if f.shape[:2] != (b, m):
@@ -117,7 +122,7 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
             chosen = None
     if chosen is None:
         chosen = _divprune_torch(f, cur, n)
-    return cells_to_tokens(candidate_grid(pyramid, [0], patch), chosen, flat,
+    return cells_to_tokens(candidate_grid(pyramid, [0], patch, s.device), chosen, flat,
                            pyramid.image_size, fix, patch)
 
 
@@ -159,28 +164,33 @@ def visionzip(pyramid: Pyramid, scores, budget: int, *, dominant_ratio: float = 
     b, m = flat.shape
     kd = min(int(round(dominant_ratio * n)), n)
     kc = n - kd
+    dev = s.device
     dom = rank_of(flat) < kd                                           # [B, M]
+    # cells by (dominant, index) ascending: the rest first, then the kd dominant cells
+    by_dom = torch.sort(dom.long() * m + torch.arange(m, device=dev), dim=1).indices
+    dom_idx = by_dom[:, m - kd:]                                       # [B, kd] ascending
     if kc == 0:
-        idx = torch.nonzero(dom)[:, 1].view(b, n)
-        return cells_to_tokens(candidate_grid(pyramid, [0], patch), idx, flat,
+        return cells_to_tokens(candidate_grid(pyramid, [0], patch, dev), dom_idx, flat,
                                pyramid.image_size, fix, patch)
-    f = _unit(patch_features(pyramid, patch) if features is None else torch.as_tensor(features).float()).to(s.device)
-    rest = torch.sort(dom.long() * m + torch.arange(m), dim=1).indices[:, : m - kd]  # ascending
-    pos = torch.div(torch.arange(kc) * (m - kd), kc, rounding_mode="floor")
+    f = _unit(patch_features(pyramid, patch) if features is None
+              else torch.as_tensor(features).float()).to(dev, non_blocking=True)
+    rest = by_dom[:, : m - kd]                                         # ascending
+    pos = torch.div(torch.arange(kc, device=dev) * (m - kd), kc, rounding_mode="floor")
     tgt = rest[:, pos]                                                 # [B, kc]
-    ar = torch.arange(b)[:, None]
+    ar = torch.arange(b, device=dev)[:, None]
     sim = torch.bmm(f[ar, rest], f[ar, tgt].transpose(1, 2))           # [B, R, kc]
     assign = sim.argmax(-1)
     # a target patch is merged into itself: its position in tgt (inverse index, no [B, R, kc]
     # comparison)
-    which = torch.full((b, m), -1, dtype=torch.long)
-    which[ar, tgt] = torch.arange(kc).expand(b, kc)
+    which = torch.full((b, m), -1, dtype=torch.long, device=dev)
+    which[ar, tgt] = torch.arange(kc, device=dev).expand(b, kc)
     w_rest = which.gather(1, rest)
     assign = torch.where(w_rest >= 0, w_rest, assign)
-    tot = torch.zeros(b, kc).scatter_add_(1, assign, flat[ar, rest])
-    cnt = torch.zeros(b, kc).scatter_add_(1, assign, torch.ones_like(assign, dtype=torch.float))
+    tot = torch.zeros(b, kc, device=dev).scatter_add_(1, assign, flat[ar, rest])
+    cnt = torch.zeros(b, kc, device=dev).scatter_add_(
+        1, assign, torch.ones_like(assign, dtype=torch.float))
     prio = flat.clone()
     prio[ar, tgt] = tot / cnt
-    idx = torch.cat([torch.nonzero(dom)[:, 1].view(b, kd), tgt], 1)
-    return cells_to_tokens(candidate_grid(pyramid, [0], patch), idx, prio,
+    idx = torch.cat([dom_idx, tgt], 1)
+    return cells_to_tokens(candidate_grid(pyramid, [0], patch, dev), idx, prio,
                            pyramid.image_size, fix, patch)

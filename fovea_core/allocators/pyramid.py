@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cell_centers, cells_to_tokens,
-                                        check_inputs, group_rank, largest_remainder,
-                                        resolve_fixation, select)
+                                        check_inputs, device_values, group_rank,
+                                        largest_remainder, resolve_fixation, select)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -46,22 +47,28 @@ def pyramid_alloc(pyramid: Pyramid, scores, budget: int, *,
     """
     if mode not in ("per_level", "global"):
         raise ValueError(f"pyramid: mode must be 'per_level' or 'global', got {mode!r}")
-    wts = torch.as_tensor(level_budget, dtype=torch.float64)
+    # host parameters, checked on the host (a tensor is read back once)
+    wts = np.asarray(level_budget.tolist() if isinstance(level_budget, torch.Tensor)
+                     else level_budget, dtype=np.float64)
     if wts.ndim != 1 or len(wts) < 1 or (wts < 0).any() or wts.sum() <= 0:
         raise ValueError(f"pyramid: level_budget must be non-negative weights, got {level_budget}")
     levels = _levels(pyramid, len(wts) - 1)
     wts = wts[: len(levels)]
-    cand = candidate_grid(pyramid, levels, patch)
-    s, n = check_inputs(pyramid, scores, budget, patch=patch, max_budget=cand.size, name="pyramid")
+    shapes = [pyramid.grid_shape(patch, lv) for lv in levels]
+    s, n = check_inputs(pyramid, scores, budget, patch=patch,
+                        max_budget=sum(h * w for h, w in shapes), name="pyramid")
+    cand = candidate_grid(pyramid, levels, patch, s.device)
     fix = resolve_fixation(fixation, s)
     if mode == "global":
         prio = cand.gather_scores(s, "mean")
         return cells_to_tokens(cand, select(prio, n), prio, pyramid.image_size, fix, patch)
     prio = cand.gather_scores(s, "max")
-    caps = torch.tensor([h * w for h, w in cand.shapes])
+    caps = device_values([h * w for h, w in cand.shapes], dtype=torch.long, device=s.device)
+    wts = device_values(wts.tolist(), dtype=torch.float64, device=s.device)
     q = largest_remainder(wts[None].expand(s.shape[0], -1), n, capacity=caps[None])
     tier = (group_rank(prio, cand.levels, len(levels)) < q[:, cand.levels]).long()
-    return cells_to_tokens(cand, select(prio, n, tier), prio, pyramid.image_size, fix, patch)
+    return cells_to_tokens(cand, select(prio, n, tier, tier_max=1), prio, pyramid.image_size,
+                           fix, patch)
 
 
 register("pyramid_global", family="pyramid", version="v2", coverage=None,
@@ -98,11 +105,13 @@ def foveated_pyramid(pyramid: Pyramid, scores, budget: int, *, max_level: int = 
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="foveated_pyramid")
     fix = resolve_fixation(fixation, s)
     levels = _levels(pyramid, max_level)
-    cand = candidate_grid(pyramid, levels, patch)
+    dev = s.device
+    cand = candidate_grid(pyramid, levels, patch, dev)
     h, w = pyramid.image_size
-    centers = torch.cat([cell_centers(cand.shapes[i], lv, (h, w), patch)
+    centers = torch.cat([cell_centers(cand.shapes[i], lv, (h, w), patch, device=dev)
                          for i, lv in enumerate(levels)])
-    d = (centers.double()[None] - fix.double()[:, None]) * torch.tensor([w, h]) / patch
+    d = ((centers.double()[None] - fix.double()[:, None])
+         * device_values([w, h], dtype=torch.float64, device=dev) / patch)
     ecc = d.norm(dim=-1)                                              # [B, M] in base patches
     # preferred_level(e, e0) == l  <=>  e / (2^(l+1) - 1) < e0 <= e / (2^l - 1)  (open ends
     # at the finest and coarsest level): an interval of e0 per cell, so each bisection step
@@ -110,8 +119,8 @@ def foveated_pyramid(pyramid: Pyramid, scores, budget: int, *, max_level: int = 
     lv = cand.levels.double()[None]
     upper = torch.where(lv > 0, ecc / (2**lv - 1), torch.full_like(ecc, math.inf))
     lower = torch.where(lv < levels[-1], ecc / (2 ** (lv + 1) - 1), torch.full_like(ecc, -1.0))
-    lo = torch.full((s.shape[0], 1), 1e-3, dtype=torch.float64)
-    hi = torch.full((s.shape[0], 1), 4.0 * max(h, w) / patch, dtype=torch.float64)
+    lo = torch.full((s.shape[0], 1), 1e-3, dtype=torch.float64, device=dev)
+    hi = torch.full((s.shape[0], 1), 4.0 * max(h, w) / patch, dtype=torch.float64, device=dev)
     for _ in range(iters):                                            # bisection steps
         mid = torch.sqrt(lo * hi)
         ok = ((lower < mid) & (mid <= upper)).sum(1, keepdim=True) >= n
@@ -119,5 +128,5 @@ def foveated_pyramid(pyramid: Pyramid, scores, budget: int, *, max_level: int = 
         lo = torch.where(ok, lo, mid)
     tier = ((lower < hi) & (hi <= upper)).long()
     prio = cand.gather_scores(s, "max")
-    idx = select(prio, n, tier, -ecc.float())
+    idx = select(prio, n, tier, -ecc.float(), tier_max=1)
     return cells_to_tokens(cand, idx, prio, (h, w), fix, patch)

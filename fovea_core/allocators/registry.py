@@ -174,8 +174,8 @@ def allocate(name: str, pyramid, scores, budget=None, **kwargs):
 
     ``scores`` may be ``None`` for an allocator registered with ``uses_scores=False`` (its
     tokens do not depend on the map): a zero map ``[B, Gh, Gw]`` of the pyramid's patch
-    grid stands in for it, so the shared checks still run. The cascade takes ``None``
-    itself (its budget is not capped by the grid). Any other allocator raises
+    grid, on the pyramid's device, stands in for it, so the shared checks still run. The
+    cascade takes ``None`` itself (its budget is not capped by the grid). Any other allocator raises
     ``ValueError`` naming ``scores`` (:func:`~fovea_core.allocators.base.check_inputs`).
     """
     if name not in ALLOCATORS:
@@ -190,7 +190,8 @@ def allocate(name: str, pyramid, scores, budget=None, **kwargs):
         patch = kwargs.get("patch", 16)
         if isinstance(pyramid, Pyramid) and isinstance(patch, int) and not isinstance(
                 patch, bool) and patch >= 1:
-            scores = torch.zeros(pyramid.batch_size, *pyramid.grid_shape(patch, 0))
+            scores = torch.zeros(pyramid.batch_size, *pyramid.grid_shape(patch, 0),
+                                 device=pyramid.base.device)      # where the image is
     return ALLOCATORS[name](pyramid, scores, budget, **kwargs)
 
 

@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core.allocators.base import (box3_mean, candidate_grid, cell_centers, cells_to_tokens,
-                                        check_inputs, fixation_from_scores, group_best,
-                                        group_rank, largest_remainder, order, select)
+                                        check_inputs, device_values, fixation_from_scores,
+                                        group_best, group_rank, largest_remainder, order,
+                                        select)
 from fovea_core.allocators.logpolar import _check_bins, logpolar_bins
 from fovea_core.allocators.registry import ALLOCATORS, register
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import TokenSet, require
 
 
 def fixations_with_ior(scores: torch.Tensor, k: int, ior_radius: float = 0.2) -> torch.Tensor:
@@ -29,8 +30,8 @@ def fixations_with_ior(scores: torch.Tensor, k: int, ior_radius: float = 0.2) ->
         raise ValueError(f"ior_radius must be in [0, 2], got {ior_radius!r}")
     b, gh, gw = scores.shape
     sm = box3_mean(scores).flatten(1)
-    c = cell_centers((gh, gw), 0, (gh, gw), 1)                          # [M, 2] normalised
-    aspect = torch.tensor([gw, gh], dtype=torch.float32) / max(gh, gw)
+    c = cell_centers((gh, gw), 0, (gh, gw), 1, device=scores.device)    # [M, 2] normalised
+    aspect = device_values([gw, gh], dtype=torch.float32, device=scores.device) / max(gh, gw)
     fix = [fixation_from_scores(scores)]
     suppressed = torch.zeros_like(sm, dtype=torch.bool)
     for _ in range(k - 1):                                              # over fixations
@@ -67,13 +68,15 @@ def multi_fixation(pyramid: Pyramid, scores, budget: int, *, k: int = 2, mode: s
         fix = fixations_with_ior(s, k, ior_radius)
     else:
         fix = torch.as_tensor(fixation, dtype=torch.float32)
-        if fix.shape != (s.shape[0], k, 2) or not bool(torch.isfinite(fix).all()) \
-                or fix.min() < 0 or fix.max() > 1:
-            raise ValueError(f"multi_fixation: fixation must be [B, k, 2] = [{s.shape[0]}, {k}, 2] "
-                             f"in [0, 1], got {tuple(fix.shape)}")
+        msg = (f"multi_fixation: fixation must be [B, k, 2] = [{s.shape[0]}, {k}, 2] "
+               f"in [0, 1], got {tuple(fix.shape)}")
+        if fix.shape != (s.shape[0], k, 2):
+            raise ValueError(msg)
+        require(torch.isfinite(fix) & (fix >= 0) & (fix <= 1), msg)
+        fix = fix.to(s.device, non_blocking=True)
     total = n if mode == "split" else k * n
-    cand = candidate_grid(pyramid, [0], patch)
-    centers = cell_centers(cand.shapes[0], 0, pyramid.image_size, patch, torch.float64)
+    cand = candidate_grid(pyramid, [0], patch, s.device)
+    centers = cell_centers(cand.shapes[0], 0, pyramid.image_size, patch, torch.float64, s.device)
     per = [logpolar_bins(centers, fix[:, j], pyramid.image_size, n_rho=n_rho, n_theta=n_theta,
                          fovea=fovea, patch=patch) for j in range(k)]  # loop over fixations
     bins = torch.stack([p[0] for p in per], 1)                         # [B, k, M]
@@ -83,10 +86,11 @@ def multi_fixation(pyramid: Pyramid, scores, budget: int, *, k: int = 2, mode: s
     mybin = owner * nb + bins.gather(1, owner[:, None])[:, 0]
     flat = s.flatten(1)
     winner = group_best(flat, mybin, k * nb).long()
-    cnt = torch.zeros(s.shape[0], k, dtype=torch.long).scatter_add_(1, owner, torch.ones_like(owner))
-    q = largest_remainder(torch.ones(s.shape[0], k), total, capacity=cnt)
-    take = group_rank(flat, owner, k, tier=winner) < q.gather(1, owner)
-    idx = select(flat, total, take.long() * 2 + winner)
+    cnt = torch.zeros(s.shape[0], k, dtype=torch.long, device=s.device).scatter_add_(
+        1, owner, torch.ones_like(owner))
+    q = largest_remainder(torch.ones(s.shape[0], k, device=s.device), total, capacity=cnt)
+    take = group_rank(flat, owner, k, tier=winner, tier_max=1) < q.gather(1, owner)
+    idx = select(flat, total, take.long() * 2 + winner, tier_max=3)
     return cells_to_tokens(cand, idx, flat, pyramid.image_size, fix, patch)
 
 

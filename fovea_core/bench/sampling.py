@@ -480,22 +480,49 @@ def gpu_section(batch: int) -> dict:
 
 
 def allocator_devices(batch: int = 2, size: int = 512) -> dict:
-    """Which registered allocators run with CUDA inputs and return tokens on the device:
-    ``{name: "cuda" | "cpu" | "error: ..."}`` (a probe for the GPU path, not a timing)."""
+    """Where each registered fixed-budget allocator runs with CUDA inputs (a probe for the GPU
+    path, not a timing): ``{name: {"outputs": ..., "sync_free": ...}}``.
+
+    ``outputs``: the device of every tensor of the TokenSet returned for CUDA scores with the
+    default fixation: ``"cuda"`` when all are there, else ``"field=device, ..."``, or
+    ``"error: ..."``. ``sync_free``: the same call with an explicit fixation on the GPU,
+    after a warm-up, under ``torch.cuda.set_sync_debug_mode("error")``: ``True``, or the
+    error of its first host sync. ``full`` is called with its one budget (``None``).
+    """
     from fovea_core.allocators import ALLOCATORS, INFO, allocate
 
     x = torch.rand(batch, 3, size, size, device="cuda")
     pyr = build_pyramid(x)
     scores = torch.rand(batch, *pyr.grid_shape(PATCH), device="cuda")
+    fixations = {1: torch.rand(batch, 2, device="cuda"), 2: torch.rand(batch, 2, 2, device="cuda")}
     out = {}
     for name in ALLOCATORS:
         if INFO[name]["kind"] != "fixed":
             continue
+        budget = None if name == "full" else 64
+        rec: dict = {}
         try:
-            ts = allocate(name, pyr, scores, 64)
-            out[name] = ts.centers.device.type
+            ts = allocate(name, pyr, scores, budget)
+            devs = {f: getattr(ts, f).device.type
+                    for f in ("centers", "levels", "scores", "fixations")}
+            rec["outputs"] = ("cuda" if set(devs.values()) == {"cuda"}
+                              else ", ".join(f"{k}={v}" for k, v in devs.items()))
         except Exception as exc:  # noqa: BLE001  (recorded, not raised: a probe)
-            out[name] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+            rec["outputs"] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+        fix = fixations[2 if name == "multi_fixation" else 1]
+        try:
+            allocate(name, pyr, scores, budget, fixation=fix)          # warm-up: caches
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                allocate(name, pyr, scores, budget, fixation=fix)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+            rec["sync_free"] = True
+        except Exception as exc:  # noqa: BLE001
+            rec["sync_free"] = f"error: {type(exc).__name__}: {str(exc)[:120]}"
+        out[name] = rec
     return out
 
 
