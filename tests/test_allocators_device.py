@@ -27,11 +27,10 @@ Allocators that synchronise (and why) are listed in :data:`SYNCING`; every fixed
 allocator of the registry is in exactly one of the two lists (the cascade's, a higher layer
 built on these, is not covered here).
 
-One exemption: ``fixation_from_scores`` (the default fixation, in
-``fovea_core/importance/base.py``, outside this change) still checks its input on the host
-and builds its distance table on the CPU; the guard lets it run
-(:func:`_exempt_default_fixation`), the device runs pass explicit fixations, and
-:func:`test_default_fixation_is_not_yet_sync_free` (strict xfail) flags the day it is fixed.
+The default fixation (``fixation_from_scores``, ``fovea_core/importance/base.py``) runs
+under the guard too (:func:`test_default_fixation_is_sync_free`). One exemption:
+``divprune`` runs its torch loop (the device path) instead of the CPU's C++ loop, which
+reads on the host (:func:`_device_paths`).
 """
 
 from __future__ import annotations
@@ -156,7 +155,6 @@ _SYNC_OPS = {_aten._local_scalar_dense, _aten.nonzero, _aten.masked_select, _ate
              _aten.unique_dim_consecutive, _aten.bincount, _aten.equal, _aten.is_nonzero,
              _aten.item, _aten.argwhere, _aten.allclose}
 _COPY_OPS = {_aten._to_copy, _aten.copy_, _aten.copy, _aten.to}
-_suspended = [0]                      # > 0: the guard lets everything through
 
 
 def _devices(args) -> set[torch.device]:
@@ -174,45 +172,32 @@ class _SyncOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _suspended[0]:
-            pkt = func.overloadpacket
-            if pkt in _SYNC_OPS:
-                raise HostSync(f"{func} synchronises with the host on CUDA")
-            if pkt is _aten.repeat_interleave and func is not _aten.repeat_interleave.self_int \
-                    and kwargs.get("output_size") is None:
-                raise HostSync(f"{func} without output_size synchronises on CUDA")
-            if pkt in (_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_):
-                idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
-                if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
-                       for t in idx):
-                    raise HostSync(f"{func} with a boolean mask synchronises on CUDA (nonzero)")
-            if pkt in _COPY_OPS:
-                src = _devices(args[:2] if pkt in (_aten.copy_, _aten.copy) else args[:1])
-                dst = kwargs.get("device")
-                if dst is not None:
-                    src = src | {torch.device(dst)}
-                if len(src) > 1:
-                    raise HostSync(f"{func} copies between devices {sorted(map(str, src))} "
-                                   "(a host-to-device copy is a sync on CUDA)")
+        pkt = func.overloadpacket
+        if pkt in _SYNC_OPS:
+            raise HostSync(f"{func} synchronises with the host on CUDA")
+        if pkt is _aten.repeat_interleave and func is not _aten.repeat_interleave.self_int \
+                and kwargs.get("output_size") is None:
+            raise HostSync(f"{func} without output_size synchronises on CUDA")
+        if pkt in (_aten.index, _aten.index_put, _aten.index_put_, _aten._index_put_impl_):
+            idx = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+                   for t in idx):
+                raise HostSync(f"{func} with a boolean mask synchronises on CUDA (nonzero)")
+        if pkt in _COPY_OPS:
+            src = _devices(args[:2] if pkt in (_aten.copy_, _aten.copy) else args[:1])
+            dst = kwargs.get("device")
+            if dst is not None:
+                src = src | {torch.device(dst)}
+            if len(src) > 1:
+                raise HostSync(f"{func} copies between devices {sorted(map(str, src))} "
+                               "(a host-to-device copy is a sync on CUDA)")
         return func(*args, **kwargs)
 
 
-def _host_read(name: str, original):
+def _host_read(name: str):
     def raiser(self, *a, **k):
-        if _suspended[0]:
-            return original(self, *a, **k)
         raise HostSync(f"Tensor.{name}() reads a tensor on the host (a sync on CUDA)")
     return raiser
-
-
-@contextlib.contextmanager
-def suspended():
-    """Let everything through (for code outside the change, see the module docstring)."""
-    _suspended[0] += 1
-    try:
-        yield
-    finally:
-        _suspended[0] -= 1
 
 
 @contextlib.contextmanager
@@ -222,7 +207,7 @@ def no_host_sync():
     saved = {n: torch.Tensor.__dict__.get(n) for n in _HOST_METHODS}
     host = T.HOST_DEVICES
     for n in _HOST_METHODS:
-        setattr(torch.Tensor, n, _host_read(n, getattr(torch.Tensor, n)))
+        setattr(torch.Tensor, n, _host_read(n))
     T.HOST_DEVICES = set()
     try:
         with _SyncOps():
@@ -237,25 +222,16 @@ def no_host_sync():
 
 
 @contextlib.contextmanager
-def _exempt_default_fixation():
-    """Run ``fixation_from_scores`` outside the guard (see the module docstring) and
-    ``divprune`` on its torch loop (the device path; the CPU's C++ loop reads on the host)."""
+def _device_paths():
+    """``divprune`` on its torch loop (the device path; the CPU's C++ loop reads on the
+    host)."""
     from fovea_core import kernels
-    from fovea_core.allocators import base, wrappers
-
-    original = base.fixation_from_scores
-
-    def exempt(*a, **k):
-        with suspended():
-            return original(*a, **k)
 
     def no_cpp(*a, **k):
         raise RuntimeError("the device path: divprune's torch loop")
 
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(base, "fixation_from_scores", exempt)
-        mp.setattr(wrappers, "fixation_from_scores", exempt)
         mp.setattr(kernels, "divprune_greedy", no_cpp)
         yield
     finally:
@@ -263,8 +239,8 @@ def _exempt_default_fixation():
 
 
 def guarded(fn):
-    """``fn()`` under :func:`no_host_sync` (with the documented exemptions)."""
-    with _exempt_default_fixation(), no_host_sync():
+    """``fn()`` under :func:`no_host_sync` (with the documented exemption)."""
+    with _device_paths(), no_host_sync():
         return fn()
 
 
@@ -350,15 +326,17 @@ def test_runs_on_the_scores_device(name, pins):
     assert ran
 
 
-@pytest.mark.xfail(strict=True, raises=HostSync,
-                   reason="fixation_from_scores (fovea_core/importance/base.py) checks its "
-                          "input on the host and builds its table on the CPU; issue 22 item 2")
-def test_default_fixation_is_not_yet_sync_free():
+def test_default_fixation_is_sync_free():
     from fovea_core.allocators.base import fixation_from_scores
 
     _, s, _, _ = case(0)
+    want = fixation_from_scores(s)
+    s_meta = s.to("meta")
     with no_host_sync():
-        fixation_from_scores(s)
+        got = fixation_from_scores(s)
+        on_meta = fixation_from_scores(s_meta)           # nothing made on another device
+    assert torch.equal(got, want)
+    assert on_meta.device.type == "meta" and on_meta.shape == want.shape
 
 
 def test_the_guard_catches_host_reads_and_syncing_ops():
@@ -487,12 +465,15 @@ def test_gpu_allocators_sync_free_and_equal_to_cpu(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.xfail(strict=True, reason="the default fixation (fixation_from_scores in "
-                   "fovea_core/importance/base.py) builds its table on the CPU")
 def test_gpu_default_fixation_on_the_device():
     pyr, s, budget, _ = case(0)
     pyr_d = Pyramid(tuple(lv.cuda() for lv in pyr.levels))
-    allocate("topk", pyr_d, s.cuda(), budget)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ts = allocate("topk", pyr_d, s.cuda(), budget)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ts.fixations.is_cuda and ts.centers.is_cuda
 
 
 if __name__ == "__main__" and "--pin" in sys.argv:

@@ -183,8 +183,8 @@ def largest_remainder(weights, total: int) -> np.ndarray:
     (Hamilton / largest-remainder rounding; ties go to the lower index).
 
     Validates its arguments (all-zero weights are an error here) and calls
-    :func:`fovea_core.rounding.largest_remainder`, the one implementation the allocators use
-    too.
+    :func:`fovea_core.rounding.largest_remainder`, the rule whose torch twin the allocators
+    run on the scores' device (held to the same quotas by ``tests/test_allocators_device.py``).
 
     Args:
         weights: 1-D, finite, >= 0, not all zero.

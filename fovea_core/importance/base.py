@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core.pyramid import Pyramid, as_image_batch
+from fovea_core.tokens import require
 
 ImageLike = np.ndarray | torch.Tensor | Pyramid
 
@@ -94,7 +95,8 @@ def cell_centres(h: int, w: int, patch: int) -> tuple[torch.Tensor, torch.Tensor
 
 def _binomial_smooth(s: torch.Tensor) -> torch.Tensor:
     """3x3 binomial blur ``[1, 2, 1] / 4`` (separable, replicate borders) of ``[B, Gh, Gw]``."""
-    k = s.new_tensor([0.25, 0.5, 0.25])
+    k = torch.full((3,), 0.25, dtype=s.dtype, device=s.device)   # made on the device: no copy
+    k.narrow(0, 1, 1).fill_(0.5)
     y = F.pad(s[:, None], (1, 1, 1, 1), mode="replicate")
     y = F.conv2d(y, k.view(1, 1, 1, 3))
     y = F.conv2d(y, k.view(1, 1, 3, 1))
@@ -127,14 +129,13 @@ def fixation_from_scores(scores: torch.Tensor, *, smooth: bool = True,
                          f"{tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}")
     if scores.numel() == 0:
         raise ValueError(f"scores must be non-empty, got shape {tuple(scores.shape)}")
-    if not torch.isfinite(scores).all():
-        raise ValueError("scores contain NaN or inf")
+    require(torch.isfinite(scores), "scores contain NaN or inf")    # no host sync on a GPU
     b, gh, gw = scores.shape
     s = _binomial_smooth(scores.float()) if smooth else scores.float()
     peak = s.amax(dim=(-2, -1), keepdim=True)
     tol = 1e-6 * peak.abs().clamp_min(1e-12)
-    rows = torch.arange(gh, dtype=torch.float32).view(gh, 1)
-    cols = torch.arange(gw, dtype=torch.float32).view(1, gw)
+    rows = torch.arange(gh, dtype=torch.float32, device=scores.device).view(gh, 1)
+    cols = torch.arange(gw, dtype=torch.float32, device=scores.device).view(1, gw)
     dist = (rows - (gh - 1) / 2) ** 2 + (cols - (gw - 1) / 2) ** 2
     key = torch.where(s >= peak - tol, dist.expand_as(s), torch.full_like(s, float("inf")))
     flat = key.reshape(b, -1).argmin(dim=1)     # first minimum = row-major among equals
