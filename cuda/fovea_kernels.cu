@@ -98,6 +98,10 @@ __global__ void v1_candidates(int img_h, int img_w, int patch, int num_levels, i
 #else
 // =============================================================================== CPU
 #include <unordered_set>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 extern "C" {
 
@@ -299,6 +303,249 @@ int select_candidates_cpu(int batch, int k_slots, int budget, int img_h, int img
         }
         if (got < budget) return -1 - b;
     }
+    return 0;
+}
+
+// ------------------------------------------------------------------------ one-pass sampling
+// sample_image_onepass_cpu: image -> the tokens' patches in one call (issue 22). It streams
+// over the rows of the base image once: each row's horizontal blur is computed ONCE into a
+// 5-row ring, each output row of level 1 is the vertical combination of 5 ring rows, and
+// every new row of level m (m >= 1) feeds level m + 1 at once, while it is still in cache.
+// Only the levels the tokens read are built (num_levels). Then every token is gathered with
+// gather_patches_cpu's arithmetic.
+//
+// The pyramid equals cv2.pyrDown (float32) bit for bit, not pyr_down_element: OpenCV's row
+// and column blurs each come in a SIMD form (its 128-bit universal intrinsics, the baseline
+// build) and a scalar form that associate the same five terms differently, and which form an
+// element gets depends on its place in the row (cvpd_row_simd_end, cvpd_col_simd_end). These
+// helpers reproduce both forms and the split; tests/test_kernels_onepass.py checks them
+// against cv2.pyrDown on odd sizes and 1-4 channels.
+#define FOVEA_AI static inline __attribute__((always_inline))
+
+// row blur of taps t0..t4 (= source pixels 2x-2 .. 2x+2), scalar and SIMD association
+FOVEA_AI float cvpd_row_scalar(float t0, float t1, float t2, float t3, float t4) {
+    return ((t2 * 6.0f + (t1 + t3) * 4.0f) + t0) + t4;
+}
+FOVEA_AI float cvpd_row_simd(float t0, float t1, float t2, float t3, float t4) {
+    return t2 * 6.0f + ((t1 + t3) * 4.0f + (t0 + t4));
+}
+// column blur of row-blurred rows r0..r4 (= rows 2y-2 .. 2y+2), then the 1/256 scale
+FOVEA_AI float cvpd_col_scalar(float r0, float r1, float r2, float r3, float r4) {
+    return (((r2 * 6.0f + (r1 + r3) * 4.0f) + r0) + r4) * 0.00390625f;
+}
+FOVEA_AI float cvpd_col_simd(float r0, float r1, float r2, float r3, float r4) {
+    return (((r1 + r3) + r2) * 4.0f + ((r0 + r4) + (r2 + r2))) * 0.00390625f;
+}
+
+// Output pixels [1, end) of a row take the SIMD row form: OpenCV runs its vector loop from
+// pixel 1 over the pixels that need no right border (width0 of them in all), in steps of
+// `step` elements while `need` elements are left (4 float lanes; per channel count).
+static inline int cvpd_row_simd_end(int c, int width0) {
+    const int need = c == 2 ? 8 : 4, step = c == 2 ? 8 : (c == 3 ? 3 : 4);
+    const int left = c * width0 - c;
+    const int iters = left >= need ? (left - need) / step + 1 : 0;
+    return 1 + iters * step / c;
+}
+// Elements [0, end) of an output row (wd * c of them) take the SIMD column form.
+static inline int cvpd_col_simd_end(int n) { return n / 4 * 4; }
+
+// One pyramid step, level m (src, hs x ws) -> level m + 1 (dst, hd x wd), channels last,
+// rows contiguous. ring: 5 row-blurred source rows (slot (sy + 2) % 5 holds source row sy,
+// sy from -2 on, reflected); ev / od: even / odd source pixels of one row.
+struct PdStep {
+    const float* src;
+    float* dst;
+    float *ring, *ev, *od;
+    int hs, ws, hd, wd, width0, row_simd_end, next_sy, rows_done;
+    int rstride;  // floats between ring rows (wd * C rounded up to 16: 64-byte aligned)
+};
+
+// The SIMD-form row blur of a 3-channel row straight from the source row s (row_len floats),
+// AVX-512: output elements [0, i) for the largest multiple i of 16 <= end whose loads stay in
+// the row; returns i (0 without AVX-512). Output element e = 3x + ch reads source elements
+// 2e - e%3 + 3k, k = -2..2: per 16 outputs one two-register permute gathers the even source
+// pixels (taps 0, 2, 4: the same vector shifted by one pixel, valignd) and one the odd ones
+// (taps 1, 3). Elements of pixel 0 come out wrong (no left neighbour): the caller rewrites
+// them with the scalar form.
+static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int end) {
+    int i = 0;
+#if defined(__AVX512F__)
+    if (end < 16 || row_len < 16 + 35) return 0;
+    __m512i idx[3];                                    // by i % 3 (16 = 1 mod 3)
+    for (int r = 0; r < 3; ++r) {
+        int t[16];
+        for (int q = 0; q < 16; ++q) t[q] = 2 * q - (r + q) % 3 + r;
+        idx[r] = _mm512_loadu_si512(t);
+    }
+    auto pixels = [&](int i0, int odd) {               // even (odd = 0) or odd source pixels
+        const float* p = s + 2 * i0 - i0 % 3 + 3 * odd;
+        return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx[i0 % 3], _mm512_loadu_ps(p + 16));
+    };
+    const __m512 four = _mm512_set1_ps(4.0f), six = _mm512_set1_ps(6.0f);
+    __m512 ev_prev = _mm512_setzero_ps(), od_prev = _mm512_setzero_ps();
+    __m512 ev = pixels(0, 0);
+    for (; i + 16 <= end; i += 16) {
+        const int nxt = i + 16;
+        if (2 * nxt - nxt % 3 + 32 > row_len || 2 * i - i % 3 + 35 > row_len) break;
+        const __m512 ev_next = pixels(nxt, 0), od = pixels(i, 1);
+        const __m512 t0 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+            _mm512_castps_si512(ev), _mm512_castps_si512(ev_prev), 13));
+        const __m512 t1 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+            _mm512_castps_si512(od), _mm512_castps_si512(od_prev), 13));
+        const __m512 t4 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+            _mm512_castps_si512(ev_next), _mm512_castps_si512(ev), 3));
+        // t2 * 6 + ((t1 + t3) * 4 + (t0 + t4)): cvpd_row_simd, lane by lane
+        const __m512 h = _mm512_add_ps(_mm512_mul_ps(ev, six),
+                                       _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(t1, od), four),
+                                                     _mm512_add_ps(t0, t4)));
+        _mm512_storeu_ps(row + i, h);
+        ev_prev = ev; ev = ev_next; od_prev = od;
+    }
+#endif
+    return i;
+}
+
+// Row blur of source row sy into its ring slot.
+FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C) {
+    const float* __restrict__ s = S.src + (long long)reflect101(sy, S.hs) * S.ws * C;
+    float* __restrict__ row = S.ring + (long long)((sy + 2) % 5) * S.rstride;
+    const int ws = S.ws, he = S.row_simd_end;
+    auto scalar_px = [&](int x) {                    // reflect-101 taps, scalar form
+        int t[5];
+        for (int k = 0; k < 5; ++k) t[k] = reflect101(2 * x - 2 + k, ws) * C;
+        for (int ch = 0; ch < C; ++ch)
+            row[x * C + ch] = cvpd_row_scalar(s[t[0] + ch], s[t[1] + ch], s[t[2] + ch],
+                                              s[t[3] + ch], s[t[4] + ch]);
+    };
+    if (he > 1) {
+        // pixels [1, he) read source pixels [0, 2 he] (no border)
+        int e = C == 3 ? cvpd_row3_simd(s, ws * C, row, he * C) : 0;
+        if (C == 3) {
+            for (e = e > C ? e : C; e < he * C; ++e) {
+                const int c0 = 2 * e - e % 3;
+                row[e] = cvpd_row_simd(s[c0 - 6], s[c0 - 3], s[c0], s[c0 + 3], s[c0 + 6]);
+            }
+        } else {
+            // split the pixels into even and odd ones so that the five taps of output
+            // element e are contiguous in e
+            float* __restrict__ ev = S.ev;
+            float* __restrict__ od = S.od;
+            for (int k = 0; k < he; ++k)
+                for (int ch = 0; ch < C; ++ch) {
+                    ev[k * C + ch] = s[2 * k * C + ch];
+                    od[k * C + ch] = s[(2 * k + 1) * C + ch];
+                }
+            for (int ch = 0; ch < C; ++ch) ev[he * C + ch] = s[2 * he * C + ch];
+            for (e = C; e < he * C; ++e)
+                row[e] = cvpd_row_simd(ev[e - C], od[e - C], ev[e], od[e], ev[e + C]);
+        }
+    }
+    scalar_px(0);
+    for (int x = he > 1 ? he : 1; x < S.wd; ++x) scalar_px(x);
+}
+
+// Column blur of output row y from the ring (row blurs of source rows 2y-2 .. 2y+2).
+FOVEA_AI void cvpd_col(PdStep& S, int y, const int C) {
+    const int n = S.wd * C, ve = cvpd_col_simd_end(n);
+    const long long rs = S.rstride;
+    const float* __restrict__ r0 = S.ring + ((2 * y) % 5) * rs;
+    const float* __restrict__ r1 = S.ring + ((2 * y + 1) % 5) * rs;
+    const float* __restrict__ r2 = S.ring + ((2 * y + 2) % 5) * rs;
+    const float* __restrict__ r3 = S.ring + ((2 * y + 3) % 5) * rs;
+    const float* __restrict__ r4 = S.ring + ((2 * y + 4) % 5) * rs;
+    float* __restrict__ d = S.dst + (long long)y * n;
+    for (int e = 0; e < ve; ++e) d[e] = cvpd_col_simd(r0[e], r1[e], r2[e], r3[e], r4[e]);
+    for (int e = ve; e < n; ++e) d[e] = cvpd_col_scalar(r0[e], r1[e], r2[e], r3[e], r4[e]);
+}
+
+// Write output rows while the source rows they read (up to min(2y+2, hs-1)) are among the
+// `avail` rows of the source level already written; at most `max_rows` of them.
+FOVEA_AI void cvpd_advance(PdStep& S, int avail, int max_rows, const int C) {
+    for (int done = 0; done < max_rows && S.rows_done < S.hd; ++done) {
+        const int y = S.rows_done;
+        const int last = 2 * y + 2 < S.hs - 1 ? 2 * y + 2 : S.hs - 1;
+        if (last >= avail) return;
+        for (; S.next_sy <= 2 * y + 2; ++S.next_sy) cvpd_row(S, S.next_sy, C);
+        cvpd_col(S, y, C);
+        ++S.rows_done;
+    }
+}
+
+// Levels 1 .. nl-1 of one image (level 0: img, [h, w, C] contiguous) into lv[1 .. nl-1]:
+// level 1 row by row from the image, each deeper level as soon as its source rows exist.
+FOVEA_AI void cvpd_pyramid(const float* img, int h, int w, int nl, float* const* lv,
+                           float* scratch, const int C) {
+    PdStep st[FOVEA_MAX_LEVELS];
+    int hs = h, ws = w;
+    float* sp = scratch;
+    for (int m = 0; m + 1 < nl; ++m) {
+        PdStep& S = st[m];
+        S.src = m == 0 ? img : lv[m];
+        S.dst = lv[m + 1];
+        S.hs = hs; S.ws = ws; S.hd = (hs + 1) / 2; S.wd = (ws + 1) / 2;
+        const int w0 = (ws - 3) / 2 + 1;               // C division, as OpenCV's
+        S.width0 = w0 < S.wd ? w0 : S.wd;
+        S.row_simd_end = cvpd_row_simd_end(C, S.width0);
+        S.rstride = (S.wd * C + 15) / 16 * 16;
+        S.ring = sp; sp += 5LL * S.rstride;
+        S.ev = sp; sp += (long long)(S.wd + 1) * C + 15 & ~15LL;
+        S.od = sp; sp += (long long)(S.wd + 1) * C + 15 & ~15LL;
+        S.next_sy = -2; S.rows_done = 0;
+        hs = S.hd; ws = S.wd;
+    }
+    if (nl < 2) return;
+    while (st[0].rows_done < st[0].hd) {
+        cvpd_advance(st[0], h, 1, C);
+        for (int m = 1; m + 1 < nl; ++m) cvpd_advance(st[m], st[m - 1].rows_done, 1 << 30, C);
+    }
+}
+
+// Scratch floats cvpd_pyramid needs for an h x w x c image and nl levels.
+static inline long long cvpd_scratch_floats(int h, int w, int c, int nl) {
+    long long n = 0;
+    for (int m = 0; m + 1 < nl; ++m) {
+        w = (w + 1) / 2;
+        n += 5LL * ((w * c + 15) / 16 * 16) + 2 * (((long long)(w + 1) * c + 15) & ~15LL);
+    }
+    return n;
+}
+
+// image [B, H, W, C] float32 contiguous (C in 1..4) -> patches [B * N, C, p, p] of the tokens,
+// the pyramid levels 1 .. num_levels-1 written to `work` as fovea_core.kernels.pyramids'
+// _layout(first=1) packs them (level m: [B, H_m, W_m, C]). Returns 0, or -1 for a channel
+// count outside 1..4 or num_levels outside 1..FOVEA_MAX_LEVELS.
+int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c, int num_levels,
+                             float* work, int p, int num_tokens, const float* centers,
+                             const float* lods, const float* steps, float* out,
+                             int min_parallel) {
+    if (c < 1 || c > 4 || num_levels < 1 || num_levels > FOVEA_MAX_LEVELS) return -1;
+    LevelTable T;
+    int hm = h, wm = w;
+    long long off = 0;
+    for (int m = 0; m < num_levels; ++m) {
+        T.ptr[m] = m == 0 ? (long long)image : (long long)(work + off);
+        T.sb[m] = (long long)hm * wm * c;
+        T.h[m] = hm; T.w[m] = wm; T.sc[m] = 1; T.sy[m] = wm * c; T.sx[m] = c;
+        if (m > 0) off += (long long)batch * hm * wm * c;
+        hm = (hm + 1) / 2; wm = (wm + 1) / 2;
+    }
+    T.num_levels = num_levels; T.channels = c;
+    static thread_local std::vector<float> buf;         // grown, never shrunk: no page faults
+    const size_t need = (size_t)cvpd_scratch_floats(h, w, c, num_levels) + 16;
+    if (buf.size() < need) buf.resize(need);
+    float* scratch = buf.data() + ((16 - ((size_t)buf.data() / 4) % 16) % 16);  // 64-byte aligned
+    for (int b = 0; b < batch; ++b) {
+        float* lv[FOVEA_MAX_LEVELS];
+        for (int m = 1; m < num_levels; ++m) lv[m] = (float*)T.ptr[m] + (long long)b * T.sb[m];
+        const float* img = image + (long long)b * T.sb[0];
+        switch (c) {
+            case 1: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 1); break;
+            case 2: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 2); break;
+            case 3: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 3); break;
+            default: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 4); break;
+        }
+    }
+    gather_patches_cpu(&T, batch, num_tokens, h, w, p, centers, lods, steps, out, min_parallel);
     return 0;
 }
 

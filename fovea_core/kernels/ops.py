@@ -215,13 +215,20 @@ def pyr_down_into(src: torch.Tensor, dst: torch.Tensor, *, backend: str | None =
 
 
 def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
-                 backend: str | None = None, binding: str | None = None) -> torch.Tensor:
+                 backend: str | None = None, binding: str | None = None,
+                 onepass: bool = True) -> torch.Tensor:
     """End to end: image -> the tokens' patches ``[B, N, C, p, p]``, building only the
     pyramid levels the tokens read.
 
-    * CPU (a numpy image, or a CPU tensor): level 0 is the image itself, levels
-      ``1..levels_needed(tokens)-1`` are written by ``cv2.pyrDown`` into one channels-last
-      buffer (:func:`build_pyramid_cv2`), then one fused gather pass (g++ kernel).
+    * CPU (a numpy image, or a CPU tensor), ``onepass=True`` (the default, 1-4 channels):
+      one C++ call (``sample_image_onepass_cpu``) streams over the image rows once, blurring
+      each row once and building levels ``1..levels_needed(tokens)-1`` row by row (each
+      deeper level from the rows of the one above while they are in cache), with
+      ``cv2.pyrDown``'s float arithmetic (so its bits), then gathers every token with the
+      gather kernel's arithmetic. Equal, bit for bit, to ``onepass=False``.
+    * CPU, ``onepass=False``: level 0 is the image itself, levels ``1..`` are written by
+      ``cv2.pyrDown`` into one channels-last buffer (:func:`build_pyramid_cv2`), then one
+      fused gather pass (g++ kernel, :func:`gather_patches`).
     * CUDA (a CUDA float32 tensor ``[B, C, H, W]``): :func:`device_pyramid` then the gather
       kernel, both on the current stream, no host round trip (the level count comes from the
       image size, not from the tokens, which would need a read from the device).
@@ -232,9 +239,48 @@ def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
     arr = _hwc_float_batch(image)
     b, h, w, c = arr.shape
     nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
+    if onepass and backend in (None, "cpu") and 1 <= c <= 4:
+        return _sample_image_onepass(arr, tokens, nl)
     ws = _workspace(4 * _layout(b, c, h, w, nl, first=1)[2])   # the pyramid does not escape
     return gather_patches(build_pyramid_cv2(arr, nl, _buffer=ws), tokens,
                           backend=backend or "cpu")
+
+
+def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, nl: int) -> torch.Tensor:
+    """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels), ``nl``
+    pyramid levels -> ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call. The same
+    checks (and messages) as :func:`gather_patches` on the CPU."""
+    lib = _cpu_lib() if _choose("cpu", False) == "cpu" else None
+    b, h, w, c = arr.shape
+    p = tokens.patch
+    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 256:
+        raise ValueError(f"patch must be an int in [1, 256] for the CPU kernel, got {p!r}")
+    bt, n = tokens.levels.shape
+    if bt != b or tuple(tokens.image_size) != (h, w):
+        raise ValueError(f"pyramid (B={b}, size={(h, w)}) does not match tokens (B={bt}, "
+                         f"size={tokens.image_size})")
+    if h * w * c >= 2**31:
+        raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
+    lods = tokens.levels.detach().cpu().to(torch.float32).contiguous()
+    lmax = float(lods.max()) if lods.numel() else 0.0
+    if lmax > nl - 1:
+        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
+                         f"levels), got a level {lmax:g}")
+    cen = tokens.centers.detach().cpu().to(torch.float32).contiguous()
+    steps = torch.exp2(lods)                             # the reference's own exp2
+    arr = np.ascontiguousarray(arr)
+    total, hm, wm = 0, h, w                              # _layout(first=1)'s total, in floats
+    for _ in range(1, nl):
+        hm, wm = (hm + 1) // 2, (wm + 1) // 2
+        total += b * hm * wm * c
+    ws = _workspace(4 * total)
+    out = torch.empty(b, n, c, p, p, dtype=torch.float32)
+    rc = lib.sample_image_onepass_cpu(arr.ctypes.data, b, h, w, c, nl, ws.ctypes.data, p, n,
+                                      _ptr(cen), _ptr(lods), _ptr(steps), _ptr(out),
+                                      CPU_PARALLEL_TOKENS)
+    if rc != 0:
+        raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, levels = {nl}")
+    return out
 
 
 def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
