@@ -370,24 +370,18 @@ struct PdStep {
 static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int end) {
     int i = 0;
 #if defined(__AVX512F__)
-    if (end < 16 || row_len < 16 + 35) return 0;
-    __m512i idx[3];                                    // by i % 3 (16 = 1 mod 3)
+    // 48 outputs (16 pixels) a step: vector v = 0, 1, 2 of a step starts at element 48 J +
+    // 16 v, whose source window starts at 96 J + 31 v (element 2 e - e % 3)
+    __m512i idx[3];
     for (int r = 0; r < 3; ++r) {
         int t[16];
         for (int q = 0; q < 16; ++q) t[q] = 2 * q - (r + q) % 3 + r;
         idx[r] = _mm512_loadu_si512(t);
     }
-    auto pixels = [&](int i0, int odd) {               // even (odd = 0) or odd source pixels
-        const float* p = s + 2 * i0 - i0 % 3 + 3 * odd;
-        return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx[i0 % 3], _mm512_loadu_ps(p + 16));
+    auto pix = [&](const float* p, int v) {            // 16 elements from window p
+        return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx[v], _mm512_loadu_ps(p + 16));
     };
-    const __m512 four = _mm512_set1_ps(4.0f), six = _mm512_set1_ps(6.0f);
-    __m512 ev_prev = _mm512_setzero_ps(), od_prev = _mm512_setzero_ps();
-    __m512 ev = pixels(0, 0);
-    for (; i + 16 <= end; i += 16) {
-        const int nxt = i + 16;
-        if (2 * nxt - nxt % 3 + 32 > row_len || 2 * i - i % 3 + 35 > row_len) break;
-        const __m512 ev_next = pixels(nxt, 0), od = pixels(i, 1);
+    auto blur = [&](__m512 ev_prev, __m512 ev, __m512 ev_next, __m512 od_prev, __m512 od) {
         const __m512 t0 = _mm512_castsi512_ps(_mm512_alignr_epi32(
             _mm512_castps_si512(ev), _mm512_castps_si512(ev_prev), 13));
         const __m512 t1 = _mm512_castsi512_ps(_mm512_alignr_epi32(
@@ -395,12 +389,45 @@ static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int en
         const __m512 t4 = _mm512_castsi512_ps(_mm512_alignr_epi32(
             _mm512_castps_si512(ev_next), _mm512_castps_si512(ev), 3));
         // t2 * 6 + ((t1 + t3) * 4 + (t0 + t4)): cvpd_row_simd, lane by lane
-        const __m512 h = _mm512_add_ps(_mm512_mul_ps(ev, six),
-                                       _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(t1, od), four),
-                                                     _mm512_add_ps(t0, t4)));
-        _mm512_storeu_ps(row + i, h);
-        ev_prev = ev; ev = ev_next; od_prev = od;
+        return _mm512_add_ps(_mm512_mul_ps(ev, _mm512_set1_ps(6.0f)),
+                             _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(t1, od),
+                                                         _mm512_set1_ps(4.0f)),
+                                           _mm512_add_ps(t0, t4)));
+    };
+    __m512 ev_prev = _mm512_setzero_ps(), od_prev = _mm512_setzero_ps();
+    __m512 ev0 = row_len >= 32 ? pix(s, 0) : _mm512_setzero_ps();
+    // step J reads up to s[96 J + 96 + 31] (the next step's first even vector) and
+    // s[96 J + 62 + 3 + 31] (its last odd vector)
+    for (; i + 48 <= end && 2 * i + 96 + 32 <= row_len; i += 48) {
+        const float* p = s + 2 * i;
+        const __m512 ev1 = pix(p + 31, 1), ev2 = pix(p + 62, 2), ev3 = pix(p + 96, 0);
+        const __m512 od0 = pix(p + 3, 0), od1 = pix(p + 34, 1), od2 = pix(p + 65, 2);
+        _mm512_storeu_ps(row + i, blur(ev_prev, ev0, ev1, od_prev, od0));
+        _mm512_storeu_ps(row + i + 16, blur(ev0, ev1, ev2, od0, od1));
+        _mm512_storeu_ps(row + i + 32, blur(ev1, ev2, ev3, od1, od2));
+        ev_prev = ev2; ev0 = ev3; od_prev = od2;
     }
+    // the rest, 16 outputs at a time (the last 16 overlapping), from masked loads: source
+    // elements outside the row read as 0 and reach only lanes of pixel 0 (rewritten)
+    auto window = [&](int base) {                      // s[base .. base + 15], in the row
+        const int lo = base < 0 ? -base : 0, hi = row_len - base < 16 ? row_len - base : 16;
+        const __mmask16 m = (__mmask16)(lo >= hi ? 0 : ((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        return _mm512_maskz_loadu_ps(m, s + base);
+    };
+    auto pix16 = [&](int i0, int odd) {                // even / odd pixels of elements i0..+15
+        const int base = 2 * i0 - ((i0 % 3) + 3) % 3 + 3 * odd;
+        return _mm512_permutex2var_ps(window(base), idx[((i0 % 3) + 3) % 3], window(base + 16));
+    };
+    if (end >= 16 && i < end) {
+        for (int i0 = i; i0 < end; i0 += 16) {
+            const int j = i0 + 16 <= end ? i0 : end - 16;
+            _mm512_storeu_ps(row + j, blur(pix16(j - 16, 0), pix16(j, 0), pix16(j + 16, 0),
+                                           pix16(j - 16, 1), pix16(j, 1)));
+        }
+        i = end;
+    }
+#else
+    (void)s; (void)row_len; (void)row; (void)end;
 #endif
     return i;
 }
@@ -510,15 +537,107 @@ static inline long long cvpd_scratch_floats(int h, int w, int c, int nl) {
     return n;
 }
 
+// One token of image b from channels-last levels (sx = C, sc = 1): gather_patches_cpu's
+// arithmetic (the same taps, the same bilerp branches and operation order, * wq, + for the
+// second level), laid out for SIMD: where a token's x taps are one run of consecutive pixels
+// with one weight (every token on its level's grid, and most others), a sample row is
+// p * C consecutive floats, interpolated as one contiguous vector loop and then
+// transposed to the channel-major output; other tokens take the per-sample loop.
+FOVEA_AI void gather_token_hwc(const LevelTable& T, int b, const TokenConst& tc, int p,
+                               float* __restrict__ o, const int C) {
+    const int pp = p * p, pc = p * C;
+    Tap tx[FOVEA_MAX_PATCH], ty[FOVEA_MAX_PATCH];
+    float top[FOVEA_MAX_PATCH * 4], bot[FOVEA_MAX_PATCH * 4];
+    for (int q = 0; q < tc.nq; ++q) {
+        const int m = tc.lo + q;
+        const float inv_s = 1.0f / (float)(1 << m);
+        for (int k = 0; k < p; ++k) {
+            tx[k] = axis_tap(index_coord(sample_base_pos(tc.cx_px, k, p, tc.step), inv_s),
+                             T.w[m]);
+            ty[k] = axis_tap(index_coord(sample_base_pos(tc.cy_px, k, p, tc.step), inv_s),
+                             T.h[m]);
+        }
+        const float* img = level_image(T, m, b);
+        const int sy = T.sy[m];
+        const float wq = q == 0 ? 1.0f - tc.frac : tc.frac;
+        const float fx = tx[0].f;
+        bool run = true;                                 // x taps: one run, one weight
+        for (int k = 0; k < p && run; ++k)
+            run = tx[k].f == fx && tx[k].i0 == tx[0].i0 + k && (fx == 0.0f || tx[k].i1 == tx[k].i0 + 1);
+        for (int i = 0; i < p; ++i) {
+            const float* r0 = img + ty[i].i0 * sy;
+            const float* r1 = img + ty[i].i1 * sy;
+            const float fy = ty[i].f;
+            if (run) {
+                const float* a = r0 + tx[0].i0 * C;
+                const float* c = r1 + tx[0].i0 * C;
+                if (fx == 0.0f) {
+                    for (int u = 0; u < pc; ++u) top[u] = a[u];
+                    if (fy != 0.0f)
+                        for (int u = 0; u < pc; ++u) top[u] = lerp_exact(top[u], c[u], fy);
+                } else {
+                    for (int u = 0; u < pc; ++u) top[u] = lerp_exact(a[u], a[u + C], fx);
+                    if (fy != 0.0f) {
+                        for (int u = 0; u < pc; ++u) bot[u] = lerp_exact(c[u], c[u + C], fx);
+                        for (int u = 0; u < pc; ++u) top[u] = lerp_exact(top[u], bot[u], fy);
+                    }
+                }
+                float* oi = o + i * p;
+                if (q == 0) {
+                    for (int j = 0; j < p; ++j)
+                        for (int ch = 0; ch < C; ++ch) oi[ch * pp + j] = top[j * C + ch] * wq;
+                } else {
+                    for (int j = 0; j < p; ++j)
+                        for (int ch = 0; ch < C; ++ch)
+                            oi[ch * pp + j] = oi[ch * pp + j] + top[j * C + ch] * wq;
+                }
+            } else {
+                for (int j = 0; j < p; ++j)
+                    for (int ch = 0; ch < C; ++ch) {
+                        float* dst = o + ch * pp + i * p + j;
+                        const float v = bilerp(img, 1, sy, C, ty[i], tx[j], ch) * wq;
+                        *dst = q == 0 ? v : *dst + v;
+                    }
+            }
+        }
+    }
+}
+
+// Tokens [t0, t1) of image b (flat token index t = b * N + n). Inlined into its one caller,
+// which builds T: g++ 12.2's IPA mod/ref analysis dropped the caller's stores to T.ptr / T.sb
+// when this was a separate static function called with a freshly built table (seen in a
+// stand-alone driver, gone with -fno-ipa-modref), so no call boundary is left for it.
+FOVEA_AI void gather_tokens_hwc(const LevelTable& T, int b, int t0, int t1, int img_h, int img_w,
+                              int p, const float* centers, const float* lods, const float* steps,
+                              float* out, int min_parallel) {
+    const int c = T.channels;
+#pragma omp parallel for schedule(static) if (t1 - t0 >= min_parallel)
+    for (int t = t0; t < t1; ++t) {
+        const TokenConst tc = token_const(centers[2 * t], centers[2 * t + 1], lods[t], steps[t],
+                                          img_h, img_w, T.num_levels);
+        float* o = out + (long long)t * c * p * p;
+        switch (c) {
+            case 1: gather_token_hwc(T, b, tc, p, o, 1); break;
+            case 2: gather_token_hwc(T, b, tc, p, o, 2); break;
+            case 3: gather_token_hwc(T, b, tc, p, o, 3); break;
+            default: gather_token_hwc(T, b, tc, p, o, 4); break;
+        }
+    }
+}
+
 // image [B, H, W, C] float32 contiguous (C in 1..4) -> patches [B * N, C, p, p] of the tokens,
 // the pyramid levels 1 .. num_levels-1 written to `work` as fovea_core.kernels.pyramids'
-// _layout(first=1) packs them (level m: [B, H_m, W_m, C]). Returns 0, or -1 for a channel
-// count outside 1..4 or num_levels outside 1..FOVEA_MAX_LEVELS.
+// _layout(first=1) packs them (level m: [B, H_m, W_m, C]). Image by image, the levels are
+// built and at once the image's tokens gathered from them, while they are in cache (tokens
+// on OpenMP threads from min_parallel tokens an image). Returns 0, or -1 for a channel
+// count outside 1..4, num_levels outside 1..FOVEA_MAX_LEVELS or p outside 1..FOVEA_MAX_PATCH.
 int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c, int num_levels,
                              float* work, int p, int num_tokens, const float* centers,
                              const float* lods, const float* steps, float* out,
                              int min_parallel) {
-    if (c < 1 || c > 4 || num_levels < 1 || num_levels > FOVEA_MAX_LEVELS) return -1;
+    if (c < 1 || c > 4 || num_levels < 1 || num_levels > FOVEA_MAX_LEVELS || p < 1
+        || p > FOVEA_MAX_PATCH)
+        return -1;
     LevelTable T;
     int hm = h, wm = w;
     long long off = 0;
@@ -544,8 +663,9 @@ int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c,
             case 3: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 3); break;
             default: cvpd_pyramid(img, h, w, num_levels, lv, scratch, 4); break;
         }
+        gather_tokens_hwc(T, b, b * num_tokens, (b + 1) * num_tokens, h, w, p, centers, lods,
+                          steps, out, min_parallel);
     }
-    gather_patches_cpu(&T, batch, num_tokens, h, w, p, centers, lods, steps, out, min_parallel);
     return 0;
 }
 
