@@ -564,6 +564,17 @@ FOVEA_AI void gather_token_hwc(const LevelTable& T, int b, const TokenConst& tc,
         bool run = true;                                 // x taps: one run, one weight
         for (int k = 0; k < p && run; ++k)
             run = tx[k].f == fx && tx[k].i0 == tx[0].i0 + k && (fx == 0.0f || tx[k].i1 == tx[k].i0 + 1);
+        if (run) {                                       // ask for every row the token reads
+            const int x0 = tx[0].i0 * C;                 // at once (memory-level parallelism)
+            for (int i = 0; i < p; ++i) {
+                const float* r0 = img + ty[i].i0 * sy + x0;
+                const float* r1 = img + ty[i].i1 * sy + x0;
+                for (int u = 0; u <= pc; u += 16) {
+                    __builtin_prefetch(r0 + u);
+                    if (ty[i].f != 0.0f) __builtin_prefetch(r1 + u);
+                }
+            }
+        }
         for (int i = 0; i < p; ++i) {
             const float* r0 = img + ty[i].i0 * sy;
             const float* r1 = img + ty[i].i1 * sy;
