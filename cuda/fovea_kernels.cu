@@ -361,13 +361,14 @@ struct PdStep {
 };
 
 // The SIMD-form row blur of a 3-channel row straight from the source row s (row_len floats),
-// AVX-512: output elements [0, i) for the largest multiple i of 16 <= end whose loads stay in
-// the row; returns i (0 without AVX-512). Output element e = 3x + ch reads source elements
+// AVX-512: output elements [0, end), prefetching row pf (if any) on the way; returns how far
+// it got (end; 0 without AVX-512 or for end < 16: the caller finishes in scalar code). Output element e = 3x + ch reads source elements
 // 2e - e%3 + 3k, k = -2..2: per 16 outputs one two-register permute gathers the even source
 // pixels (taps 0, 2, 4: the same vector shifted by one pixel, valignd) and one the odd ones
 // (taps 1, 3). Elements of pixel 0 come out wrong (no left neighbour): the caller rewrites
 // them with the scalar form.
-static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int end) {
+static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int end,
+                                 const float* pf) {
     int i = 0;
 #if defined(__AVX512F__)
     // 48 outputs (16 pixels) a step: vector v = 0, 1, 2 of a step starts at element 48 J +
@@ -400,6 +401,8 @@ static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int en
     // s[96 J + 62 + 3 + 31] (its last odd vector)
     for (; i + 48 <= end && 2 * i + 96 + 32 <= row_len; i += 48) {
         const float* p = s + 2 * i;
+        if (pf)                                        // the row 8 below, towards L2
+            for (int k = 0; k < 96; k += 16) __builtin_prefetch(pf + 2 * i + k, 0, 2);
         const __m512 ev1 = pix(p + 31, 1), ev2 = pix(p + 62, 2), ev3 = pix(p + 96, 0);
         const __m512 od0 = pix(p + 3, 0), od1 = pix(p + 34, 1), od2 = pix(p + 65, 2);
         _mm512_storeu_ps(row + i, blur(ev_prev, ev0, ev1, od_prev, od0));
@@ -427,7 +430,7 @@ static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int en
         i = end;
     }
 #else
-    (void)s; (void)row_len; (void)row; (void)end;
+    (void)s; (void)row_len; (void)row; (void)end; (void)pf;
 #endif
     return i;
 }
@@ -446,7 +449,10 @@ FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C) {
     };
     if (he > 1) {
         // pixels [1, he) read source pixels [0, 2 he] (no border)
-        int e = C == 3 ? cvpd_row3_simd(s, ws * C, row, he * C) : 0;
+        // prefetch: the source rows stream in from memory (or L3) well ahead of their blur
+        const float* pf = sy + 8 < S.hs && sy >= 0 ? S.src + (long long)(sy + 8) * ws * C
+                                                   : nullptr;
+        int e = C == 3 ? cvpd_row3_simd(s, ws * C, row, he * C, pf) : 0;
         if (C == 3) {
             for (e = e > C ? e : C; e < he * C; ++e) {
                 const int c0 = 2 * e - e % 3;
