@@ -142,3 +142,29 @@ def test_sample_image_onepass_errors():
     rc = _cpu_lib().sample_image_onepass_cpu(img.ctypes.data, 1, 20, 20, 5, 2, None, 16, 0,
                                              None, None, None, None, 1)
     assert rc == -1                                            # C outside 1..4: refused
+
+
+@pytest.mark.parametrize("hw", [(17, 33), (150, 110), (1024, 768)])
+def test_tokens_read_only_built_levels(hw):
+    """Every row a token reads is built before it is read (serial and OpenMP gathers): with a
+    workspace of NaN, a row read too early would come out NaN (or differ)."""
+    h, w = hw
+    img = np.random.default_rng(5).random((2, h, w, 3), dtype=np.float32)
+    ts = _tokens(torch.Generator().manual_seed(11), 2, h, w, n=60)
+    nl = K.levels_needed(ts, min(h, w).bit_length())
+    ref = K.sample_image(img, ts, onepass=False)
+    b, n = ts.levels.shape
+    total, hm, wm = 0, h, w
+    for _ in range(1, nl):
+        hm, wm = (hm + 1) // 2, (wm + 1) // 2
+        total += b * hm * wm * 3
+    lods = ts.levels.float().contiguous()
+    cen = ts.centers.float().contiguous()
+    steps = torch.exp2(lods)
+    for min_parallel in (1 << 30, 1):                          # serial, then OpenMP
+        work = np.full(total, np.nan, dtype=np.float32)
+        out = torch.full((b, n, 3, 16, 16), float("nan"))
+        assert _cpu_lib().sample_image_onepass_cpu(
+            img.ctypes.data, b, h, w, 3, nl, work.ctypes.data, 16, n, cen.data_ptr(),
+            lods.data_ptr(), steps.data_ptr(), out.data_ptr(), min_parallel) == 0
+        assert torch.equal(out, ref)
