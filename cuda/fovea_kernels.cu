@@ -549,8 +549,33 @@ static inline long long cvpd_scratch_floats(int h, int w, int c, int nl) {
 // with one weight (every token on its level's grid, and most others), a sample row is
 // p * C consecutive floats, interpolated as one contiguous vector loop and then
 // transposed to the channel-major output; other tokens take the per-sample loop.
+#if defined(__AVX512F__)
+// Planes of 16 interleaved RGB pixels (3 vectors): plane ch, lane k = element 3k + ch, from
+// the first two vectors (lo) for k below the mask, from the third (hi) above it.
+struct Rgb16Split {
+    __m512i lo[3], hi[3];
+    __mmask16 hi_mask[3];
+    Rgb16Split() {
+        for (int ch = 0; ch < 3; ++ch) {
+            int ia[16], ib[16];
+            const int kk = (32 - ch + 2) / 3;               // lanes with 3k + ch < 32
+            for (int k = 0; k < 16; ++k) {
+                ia[k] = k < kk ? 3 * k + ch : 0;
+                ib[k] = k < kk ? 0 : 3 * k + ch - 32;
+            }
+            lo[ch] = _mm512_loadu_si512(ia);
+            hi[ch] = _mm512_loadu_si512(ib);
+            hi_mask[ch] = (__mmask16)(0xFFFFu << kk);
+        }
+    }
+};
+#endif
+
 FOVEA_AI void gather_token_hwc(const LevelTable& T, int b, const TokenConst& tc, int p,
                                float* __restrict__ o, const int C) {
+#if defined(__AVX512F__)
+    static const Rgb16Split tr;
+#endif
     const int pp = p * p, pc = p * C;
     Tap tx[FOVEA_MAX_PATCH], ty[FOVEA_MAX_PATCH];
     float top[FOVEA_MAX_PATCH * 4], bot[FOVEA_MAX_PATCH * 4];
@@ -600,6 +625,25 @@ FOVEA_AI void gather_token_hwc(const LevelTable& T, int b, const TokenConst& tc,
                     }
                 }
                 float* oi = o + i * p;
+#if defined(__AVX512F__)
+                if (C == 3 && p % 16 == 0) {             // 16 pixels = 48 floats -> 3 planes
+                    const __m512 vw = _mm512_set1_ps(wq);
+                    for (int j = 0; j < p; j += 16) {
+                        const __m512 v0 = _mm512_loadu_ps(top + 3 * j);
+                        const __m512 v1 = _mm512_loadu_ps(top + 3 * j + 16);
+                        const __m512 v2 = _mm512_loadu_ps(top + 3 * j + 32);
+                        for (int ch = 0; ch < 3; ++ch) {
+                            __m512 pl = _mm512_permutex2var_ps(v0, tr.lo[ch], v1);
+                            pl = _mm512_mask_permutexvar_ps(pl, tr.hi_mask[ch], tr.hi[ch], v2);
+                            float* dst = oi + ch * pp + j;
+                            const __m512 v = _mm512_mul_ps(pl, vw);
+                            _mm512_storeu_ps(dst, q == 0 ? v
+                                                         : _mm512_add_ps(_mm512_loadu_ps(dst), v));
+                        }
+                    }
+                    continue;
+                }
+#endif
                 if (q == 0) {
                     for (int j = 0; j < p; ++j)
                         for (int ch = 0; ch < C; ++ch) oi[ch * pp + j] = top[j * C + ch] * wq;
