@@ -360,74 +360,68 @@ struct PdStep {
     int rstride;  // floats between ring rows (wd * C rounded up to 16: 64-byte aligned)
 };
 
-// The SIMD-form row blur of a 3-channel row straight from the source row s (row_len floats),
-// AVX-512: output elements [0, end), prefetching row pf (if any) on the way; returns how far
-// it got (end; 0 without AVX-512 or for end < 16: the caller finishes in scalar code). Output element e = 3x + ch reads source elements
-// 2e - e%3 + 3k, k = -2..2: per 16 outputs one two-register permute gathers the even source
-// pixels (taps 0, 2, 4: the same vector shifted by one pixel, valignd) and one the odd ones
-// (taps 1, 3). Elements of pixel 0 come out wrong (no left neighbour): the caller rewrites
-// them with the scalar form.
-static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int end,
+// The SIMD-form row blur of 3-channel rows straight from the source row (AVX-512). Output
+// element e = 3x + ch reads source elements 2e - e%3 + 3k, k = -2..2: per 16 outputs one
+// two-register permute gathers the even source pixels (taps 0, 2, 4: the same vector shifted
+// by one pixel, valignd) and one the odd ones (taps 1, 3). Elements of pixel 0 come out
+// wrong (no left neighbour): the caller rewrites them with the scalar form.
+#if defined(__AVX512F__)
+static inline __m512i cvpd_idx3(int r) {              // window offsets of 16 outputs from
+    int t[16];                                          // element i0 with i0 % 3 = r
+    for (int q = 0; q < 16; ++q) t[q] = 2 * q - (r + q) % 3 + r;
+    return _mm512_loadu_si512(t);
+}
+static inline __m512 cvpd_pix3(const float* p, __m512i idx) {   // 16 elements from window p
+    return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx, _mm512_loadu_ps(p + 16));
+}
+static inline __m512 cvpd_blur3(__m512 ev_prev, __m512 ev, __m512 ev_next, __m512 od_prev,
+                                __m512 od) {
+    const __m512 t0 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+        _mm512_castps_si512(ev), _mm512_castps_si512(ev_prev), 13));
+    const __m512 t1 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+        _mm512_castps_si512(od), _mm512_castps_si512(od_prev), 13));
+    const __m512 t4 = _mm512_castsi512_ps(_mm512_alignr_epi32(
+        _mm512_castps_si512(ev_next), _mm512_castps_si512(ev), 3));
+    // t2 * 6 + ((t1 + t3) * 4 + (t0 + t4)): cvpd_row_simd, lane by lane
+    return _mm512_add_ps(_mm512_mul_ps(ev, _mm512_set1_ps(6.0f)),
+                         _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(t1, od), _mm512_set1_ps(4.0f)),
+                                       _mm512_add_ps(t0, t4)));
+}
+// (((r1 + r3) + r2) * 4 + ((r0 + r4) + (r2 + r2))) / 256: cvpd_col_simd, lane by lane
+static inline __m512 cvpd_col16(__m512 r0, __m512 r1, __m512 r2, __m512 r3, __m512 r4) {
+    return _mm512_mul_ps(
+        _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(r1, r3), r2),
+                                    _mm512_set1_ps(4.0f)),
+                      _mm512_add_ps(_mm512_add_ps(r0, r4), _mm512_add_ps(r2, r2))),
+        _mm512_set1_ps(0.00390625f));
+}
+#endif
+
+// Elements [0, i) of the row blur, 48 (16 pixels) a step, for the largest multiple i of 48
+// <= end whose loads stay in the row (row_len floats); returns i (0 without AVX-512).
+// Vector v = 0, 1, 2 of a step starts at element 48 J + 16 v, its window at 96 J + 31 v.
+// On the way it prefetches row pf (if any; the source row 8 below): the image streams in
+// from memory ahead of the blur instead of stalling it.
+static inline int cvpd_row3_main(const float* s, int row_len, float* row, int end,
                                  const float* pf) {
     int i = 0;
 #if defined(__AVX512F__)
-    // 48 outputs (16 pixels) a step: vector v = 0, 1, 2 of a step starts at element 48 J +
-    // 16 v, whose source window starts at 96 J + 31 v (element 2 e - e % 3)
-    __m512i idx[3];
-    for (int r = 0; r < 3; ++r) {
-        int t[16];
-        for (int q = 0; q < 16; ++q) t[q] = 2 * q - (r + q) % 3 + r;
-        idx[r] = _mm512_loadu_si512(t);
-    }
-    auto pix = [&](const float* p, int v) {            // 16 elements from window p
-        return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx[v], _mm512_loadu_ps(p + 16));
-    };
-    auto blur = [&](__m512 ev_prev, __m512 ev, __m512 ev_next, __m512 od_prev, __m512 od) {
-        const __m512 t0 = _mm512_castsi512_ps(_mm512_alignr_epi32(
-            _mm512_castps_si512(ev), _mm512_castps_si512(ev_prev), 13));
-        const __m512 t1 = _mm512_castsi512_ps(_mm512_alignr_epi32(
-            _mm512_castps_si512(od), _mm512_castps_si512(od_prev), 13));
-        const __m512 t4 = _mm512_castsi512_ps(_mm512_alignr_epi32(
-            _mm512_castps_si512(ev_next), _mm512_castps_si512(ev), 3));
-        // t2 * 6 + ((t1 + t3) * 4 + (t0 + t4)): cvpd_row_simd, lane by lane
-        return _mm512_add_ps(_mm512_mul_ps(ev, _mm512_set1_ps(6.0f)),
-                             _mm512_add_ps(_mm512_mul_ps(_mm512_add_ps(t1, od),
-                                                         _mm512_set1_ps(4.0f)),
-                                           _mm512_add_ps(t0, t4)));
-    };
+    const __m512i x0 = cvpd_idx3(0), x1 = cvpd_idx3(1), x2 = cvpd_idx3(2);
     __m512 ev_prev = _mm512_setzero_ps(), od_prev = _mm512_setzero_ps();
-    __m512 ev0 = row_len >= 32 ? pix(s, 0) : _mm512_setzero_ps();
-    // step J reads up to s[96 J + 96 + 31] (the next step's first even vector) and
-    // s[96 J + 62 + 3 + 31] (its last odd vector)
+    __m512 ev0 = row_len >= 32 ? cvpd_pix3(s, x0) : _mm512_setzero_ps();
+    // step J reads up to s[96 J + 96 + 31] (the next step's first even vector)
     for (; i + 48 <= end && 2 * i + 96 + 32 <= row_len; i += 48) {
         const float* p = s + 2 * i;
         if (pf)                                        // the row 8 below, towards L2
             for (int k = 0; k < 96; k += 16) __builtin_prefetch(pf + 2 * i + k, 0, 2);
-        const __m512 ev1 = pix(p + 31, 1), ev2 = pix(p + 62, 2), ev3 = pix(p + 96, 0);
-        const __m512 od0 = pix(p + 3, 0), od1 = pix(p + 34, 1), od2 = pix(p + 65, 2);
-        _mm512_storeu_ps(row + i, blur(ev_prev, ev0, ev1, od_prev, od0));
-        _mm512_storeu_ps(row + i + 16, blur(ev0, ev1, ev2, od0, od1));
-        _mm512_storeu_ps(row + i + 32, blur(ev1, ev2, ev3, od1, od2));
+        const __m512 ev1 = cvpd_pix3(p + 31, x1), ev2 = cvpd_pix3(p + 62, x2);
+        const __m512 ev3 = cvpd_pix3(p + 96, x0);
+        const __m512 od0 = cvpd_pix3(p + 3, x0), od1 = cvpd_pix3(p + 34, x1);
+        const __m512 od2 = cvpd_pix3(p + 65, x2);
+        _mm512_storeu_ps(row + i, cvpd_blur3(ev_prev, ev0, ev1, od_prev, od0));
+        _mm512_storeu_ps(row + i + 16, cvpd_blur3(ev0, ev1, ev2, od0, od1));
+        _mm512_storeu_ps(row + i + 32, cvpd_blur3(ev1, ev2, ev3, od1, od2));
         ev_prev = ev2; ev0 = ev3; od_prev = od2;
-    }
-    // the rest, 16 outputs at a time (the last 16 overlapping), from masked loads: source
-    // elements outside the row read as 0 and reach only lanes of pixel 0 (rewritten)
-    auto window = [&](int base) {                      // s[base .. base + 15], in the row
-        const int lo = base < 0 ? -base : 0, hi = row_len - base < 16 ? row_len - base : 16;
-        const __mmask16 m = (__mmask16)(lo >= hi ? 0 : ((1u << hi) - 1u) & ~((1u << lo) - 1u));
-        return _mm512_maskz_loadu_ps(m, s + base);
-    };
-    auto pix16 = [&](int i0, int odd) {                // even / odd pixels of elements i0..+15
-        const int base = 2 * i0 - ((i0 % 3) + 3) % 3 + 3 * odd;
-        return _mm512_permutex2var_ps(window(base), idx[((i0 % 3) + 3) % 3], window(base + 16));
-    };
-    if (end >= 16 && i < end) {
-        for (int i0 = i; i0 < end; i0 += 16) {
-            const int j = i0 + 16 <= end ? i0 : end - 16;
-            _mm512_storeu_ps(row + j, blur(pix16(j - 16, 0), pix16(j, 0), pix16(j + 16, 0),
-                                           pix16(j - 16, 1), pix16(j, 1)));
-        }
-        i = end;
     }
 #else
     (void)s; (void)row_len; (void)row; (void)end; (void)pf;
@@ -435,8 +429,90 @@ static inline int cvpd_row3_simd(const float* s, int row_len, float* row, int en
     return i;
 }
 
-// Row blur of source row sy into its ring slot.
-FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C) {
+// cvpd_row3_main for two source rows sa, sb at once (into ring rows ra, rb), and with the
+// ring rows q0, q1, q2 of source rows 2y-2 .. 2y (sa, sb: 2y+1, 2y+2) the SIMD-form column
+// blur of the same elements into output row d: one pass over the columns instead of three.
+// Prefetches rows pf and pf + row_len. Returns i as cvpd_row3_main.
+static inline int cvpd_rows2_col3_main(const float* sa, const float* sb, int row_len, float* ra,
+                                       float* rb, const float* q0, const float* q1,
+                                       const float* q2, float* d, int end, const float* pf) {
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512i x0 = cvpd_idx3(0), x1 = cvpd_idx3(1), x2 = cvpd_idx3(2);
+    __m512 ea_prev = _mm512_setzero_ps(), oa_prev = _mm512_setzero_ps();
+    __m512 eb_prev = _mm512_setzero_ps(), ob_prev = _mm512_setzero_ps();
+    __m512 ea0 = row_len >= 32 ? cvpd_pix3(sa, x0) : _mm512_setzero_ps();
+    __m512 eb0 = row_len >= 32 ? cvpd_pix3(sb, x0) : _mm512_setzero_ps();
+    for (; i + 48 <= end && 2 * i + 96 + 32 <= row_len; i += 48) {
+        const float* pa = sa + 2 * i;
+        const float* pb = sb + 2 * i;
+        if (pf)                                        // rows 8 and 9 below, towards L2
+            for (int k = 0; k < 96; k += 16) {
+                __builtin_prefetch(pf + 2 * i + k, 0, 2);
+                __builtin_prefetch(pf + row_len + 2 * i + k, 0, 2);
+            }
+        const __m512 ea1 = cvpd_pix3(pa + 31, x1), ea2 = cvpd_pix3(pa + 62, x2);
+        const __m512 ea3 = cvpd_pix3(pa + 96, x0);
+        const __m512 oa0 = cvpd_pix3(pa + 3, x0), oa1 = cvpd_pix3(pa + 34, x1);
+        const __m512 oa2 = cvpd_pix3(pa + 65, x2);
+        const __m512 eb1 = cvpd_pix3(pb + 31, x1), eb2 = cvpd_pix3(pb + 62, x2);
+        const __m512 eb3 = cvpd_pix3(pb + 96, x0);
+        const __m512 ob0 = cvpd_pix3(pb + 3, x0), ob1 = cvpd_pix3(pb + 34, x1);
+        const __m512 ob2 = cvpd_pix3(pb + 65, x2);
+        const __m512 ha[3] = {cvpd_blur3(ea_prev, ea0, ea1, oa_prev, oa0),
+                              cvpd_blur3(ea0, ea1, ea2, oa0, oa1),
+                              cvpd_blur3(ea1, ea2, ea3, oa1, oa2)};
+        const __m512 hb[3] = {cvpd_blur3(eb_prev, eb0, eb1, ob_prev, ob0),
+                              cvpd_blur3(eb0, eb1, eb2, ob0, ob1),
+                              cvpd_blur3(eb1, eb2, eb3, ob1, ob2)};
+        for (int v = 0; v < 3; ++v) {
+            const int e = i + 16 * v;
+            _mm512_storeu_ps(ra + e, ha[v]);
+            _mm512_storeu_ps(rb + e, hb[v]);
+            _mm512_storeu_ps(d + e, cvpd_col16(_mm512_loadu_ps(q0 + e), _mm512_loadu_ps(q1 + e),
+                                               _mm512_loadu_ps(q2 + e), ha[v], hb[v]));
+        }
+        ea_prev = ea2; ea0 = ea3; oa_prev = oa2;
+        eb_prev = eb2; eb0 = eb3; ob_prev = ob2;
+    }
+#else
+    (void)sa; (void)sb; (void)row_len; (void)ra; (void)rb; (void)q0; (void)q1; (void)q2;
+    (void)d; (void)end; (void)pf;
+#endif
+    return i;
+}
+
+// Elements [i, end) of the row blur, 16 at a time (the last 16 overlapping), from masked
+// loads: source elements outside the row read as 0 and reach only lanes of pixel 0
+// (rewritten by the caller). Returns end (i without AVX-512 or when end < 16).
+static inline int cvpd_row3_tail(const float* s, int row_len, float* row, int i, int end) {
+#if defined(__AVX512F__)
+    if (end < 16 || i >= end) return i;
+    const __m512i idx[3] = {cvpd_idx3(0), cvpd_idx3(1), cvpd_idx3(2)};
+    auto window = [&](int base) {                      // s[base .. base + 15], in the row
+        const int lo = base < 0 ? -base : 0, hi = row_len - base < 16 ? row_len - base : 16;
+        const __mmask16 m = (__mmask16)(lo >= hi ? 0 : ((1u << hi) - 1u) & ~((1u << lo) - 1u));
+        return _mm512_maskz_loadu_ps(m, s + base);
+    };
+    auto pix16 = [&](int i0, int odd) {                // even / odd pixels of elements i0..+15
+        const int r = ((i0 % 3) + 3) % 3, base = 2 * i0 - r + 3 * odd;
+        return _mm512_permutex2var_ps(window(base), idx[r], window(base + 16));
+    };
+    for (int i0 = i; i0 < end; i0 += 16) {
+        const int j = i0 + 16 <= end ? i0 : end - 16;
+        _mm512_storeu_ps(row + j, cvpd_blur3(pix16(j - 16, 0), pix16(j, 0), pix16(j + 16, 0),
+                                             pix16(j - 16, 1), pix16(j, 1)));
+    }
+    return end;
+#else
+    (void)s; (void)row_len; (void)row; (void)end;
+    return i;
+#endif
+}
+
+// Row blur of source row sy into its ring slot; for C = 3, elements [C, from) already hold
+// it (cvpd_rows2_col3_main wrote them).
+FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C, int from = 0) {
     const float* __restrict__ s = S.src + (long long)reflect101(sy, S.hs) * S.ws * C;
     float* __restrict__ row = S.ring + (long long)((sy + 2) % 5) * S.rstride;
     const int ws = S.ws, he = S.row_simd_end;
@@ -449,11 +525,11 @@ FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C) {
     };
     if (he > 1) {
         // pixels [1, he) read source pixels [0, 2 he] (no border)
-        // prefetch: the source rows stream in from memory (or L3) well ahead of their blur
-        const float* pf = sy + 8 < S.hs && sy >= 0 ? S.src + (long long)(sy + 8) * ws * C
-                                                   : nullptr;
-        int e = C == 3 ? cvpd_row3_simd(s, ws * C, row, he * C, pf) : 0;
         if (C == 3) {
+            const float* pf = sy + 8 < S.hs && sy >= 0 ? S.src + (long long)(sy + 8) * ws * C
+                                                       : nullptr;
+            int e = from > 0 ? from : cvpd_row3_main(s, ws * C, row, he * C, pf);
+            e = cvpd_row3_tail(s, ws * C, row, e, he * C);
             for (e = e > C ? e : C; e < he * C; ++e) {
                 const int c0 = 2 * e - e % 3;
                 row[e] = cvpd_row_simd(s[c0 - 6], s[c0 - 3], s[c0], s[c0 + 3], s[c0 + 6]);
@@ -469,7 +545,7 @@ FOVEA_AI void cvpd_row(PdStep& S, int sy, const int C) {
                     od[k * C + ch] = s[(2 * k + 1) * C + ch];
                 }
             for (int ch = 0; ch < C; ++ch) ev[he * C + ch] = s[2 * he * C + ch];
-            for (e = C; e < he * C; ++e)
+            for (int e = C; e < he * C; ++e)
                 row[e] = cvpd_row_simd(ev[e - C], od[e - C], ev[e], od[e], ev[e + C]);
         }
     }
@@ -491,6 +567,42 @@ FOVEA_AI void cvpd_col(PdStep& S, int y, const int C) {
     for (int e = ve; e < n; ++e) d[e] = cvpd_col_scalar(r0[e], r1[e], r2[e], r3[e], r4[e]);
 }
 
+// Output row y when its last two source rows (2y+1, 2y+2) are still to be blurred and the
+// three before are in the ring (y >= 1), C = 3: both row blurs and the column blur in one
+// pass over the columns (cvpd_rows2_col3_main), then the border pixels and the tail the same
+// way as cvpd_row / cvpd_col. Returns false (nothing done) where that pass does not apply.
+FOVEA_AI bool cvpd_rows2_col3(PdStep& S, int y) {
+#if defined(__AVX512F__)
+    const int C = 3, n = S.wd * C, ve = cvpd_col_simd_end(n), he = S.row_simd_end;
+    if (y < 1 || he <= 1 || S.next_sy != 2 * y + 1) return false;
+    const long long rs = S.rstride;
+    const float* sa = S.src + (long long)reflect101(2 * y + 1, S.hs) * S.ws * C;
+    const float* sb = S.src + (long long)reflect101(2 * y + 2, S.hs) * S.ws * C;
+    float* ra = S.ring + ((2 * y + 3) % 5) * rs;
+    float* rb = S.ring + ((2 * y + 4) % 5) * rs;
+    const float* q0 = S.ring + ((2 * y) % 5) * rs;
+    const float* q1 = S.ring + ((2 * y + 1) % 5) * rs;
+    const float* q2 = S.ring + ((2 * y + 2) % 5) * rs;
+    float* d = S.dst + (long long)y * n;
+    const float* pf = 2 * y + 10 < S.hs ? S.src + (long long)(2 * y + 9) * S.ws * C : nullptr;
+    const int i = cvpd_rows2_col3_main(sa, sb, S.ws * C, ra, rb, q0, q1, q2, d, he * C, pf);
+    if (i < 48) return false;                           // nothing fused: the plain way
+    cvpd_row(S, 2 * y + 1, C, i);
+    cvpd_row(S, 2 * y + 2, C, i);
+    S.next_sy = 2 * y + 3;
+    auto col = [&](int e) {
+        d[e] = e < ve ? cvpd_col_simd(q0[e], q1[e], q2[e], ra[e], rb[e])
+                      : cvpd_col_scalar(q0[e], q1[e], q2[e], ra[e], rb[e]);
+    };
+    for (int e = 0; e < C; ++e) col(e);                 // pixel 0: rewritten row blurs
+    for (int e = i; e < n; ++e) col(e);
+    return true;
+#else
+    (void)S; (void)y;
+    return false;
+#endif
+}
+
 // Write output rows while the source rows they read (up to min(2y+2, hs-1)) are among the
 // `avail` rows of the source level already written; at most `max_rows` of them.
 FOVEA_AI void cvpd_advance(PdStep& S, int avail, int max_rows, const int C) {
@@ -498,8 +610,10 @@ FOVEA_AI void cvpd_advance(PdStep& S, int avail, int max_rows, const int C) {
         const int y = S.rows_done;
         const int last = 2 * y + 2 < S.hs - 1 ? 2 * y + 2 : S.hs - 1;
         if (last >= avail) return;
-        for (; S.next_sy <= 2 * y + 2; ++S.next_sy) cvpd_row(S, S.next_sy, C);
-        cvpd_col(S, y, C);
+        if (C != 3 || !cvpd_rows2_col3(S, y)) {
+            for (; S.next_sy <= 2 * y + 2; ++S.next_sy) cvpd_row(S, S.next_sy, C);
+            cvpd_col(S, y, C);
+        }
         ++S.rows_done;
     }
 }
