@@ -708,7 +708,8 @@ FOVEA_AI void gather_token_hwc(const LevelTable& T, int b, const TokenConst& tc,
         const float fx = tx[0].f;
         bool run = true;                                 // x taps: one run, one weight
         for (int k = 0; k < p && run; ++k)
-            run = tx[k].f == fx && tx[k].i0 == tx[0].i0 + k && (fx == 0.0f || tx[k].i1 == tx[k].i0 + 1);
+            run = tx[k].f == fx && tx[k].i0 == tx[0].i0 + k
+                  && (fx == 0.0f || tx[k].i1 == tx[k].i0 + 1);
         if (run) {                                       // ask for every row the token reads
             const int x0 = tx[0].i0 * C;                 // at once (memory-level parallelism)
             for (int i = 0; i < p; ++i) {
