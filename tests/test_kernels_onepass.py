@@ -168,3 +168,12 @@ def test_tokens_read_only_built_levels(hw):
             img.ctypes.data, b, h, w, 3, nl, work.ctypes.data, 16, n, cen.data_ptr(),
             lods.data_ptr(), steps.data_ptr(), out.data_ptr(), min_parallel) == 0
         assert torch.equal(out, ref)
+
+
+def test_sample_image_onepass_patch_errors_match_the_two_step_path():
+    img = np.zeros((1, 20, 20, 3), dtype=np.float32)
+    base = _tokens(torch.Generator().manual_seed(0), 1, 20, 20)
+    big = TokenSet(base.centers, base.levels, base.scores, base.fixations, (20, 20), 300)
+    for onepass in (True, False):
+        with pytest.raises(ValueError, match="patch must be <= 256 for the CPU kernel"):
+            K.sample_image(img, big, onepass=onepass)

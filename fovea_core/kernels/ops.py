@@ -250,11 +250,14 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, nl: int) -> torch.T
     """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels), ``nl``
     pyramid levels -> ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call. The same
     checks (and messages) as :func:`gather_patches` on the CPU."""
-    lib = _cpu_lib() if _choose("cpu", False) == "cpu" else None
+    _choose("cpu", False)                                # raises naming what is missing
+    lib = _cpu_lib()
     b, h, w, c = arr.shape
     p = tokens.patch
-    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 256:
-        raise ValueError(f"patch must be an int in [1, 256] for the CPU kernel, got {p!r}")
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"patch must be an int >= 1, got {p!r}")
+    if p > 256:
+        raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
     bt, n = tokens.levels.shape
     if bt != b or tuple(tokens.image_size) != (h, w):
         raise ValueError(f"pyramid (B={b}, size={(h, w)}) does not match tokens (B={bt}, "
