@@ -238,20 +238,32 @@ def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
         return gather_patches(pyr, tokens, backend=backend, binding=binding)
     arr = _hwc_float_batch(image)
     b, h, w, c = arr.shape
-    nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
     if onepass and backend in (None, "cpu") and 1 <= c <= 4:
-        return _sample_image_onepass(arr, tokens, nl)
+        return _sample_image_onepass(arr, tokens, min(h, w).bit_length())
+    nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
     ws = _workspace(4 * _layout(b, c, h, w, nl, first=1)[2])   # the pyramid does not escape
     return gather_patches(build_pyramid_cv2(arr, nl, _buffer=ws), tokens,
                           backend=backend or "cpu")
 
 
-def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, nl: int) -> torch.Tensor:
-    """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels), ``nl``
-    pyramid levels -> ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call. The same
-    checks (and messages) as :func:`gather_patches` on the CPU."""
-    _choose("cpu", False)                                # raises naming what is missing
-    lib = _cpu_lib()
+def _cpu_f32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous float32 CPU tensor (itself when it is one already)."""
+    if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.detach().cpu().to(torch.float32).contiguous()
+
+
+def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) -> torch.Tensor:
+    """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels) ->
+    ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call, building
+    ``levels_needed(tokens, max_levels)`` levels. The same checks (and messages) as
+    :func:`gather_patches` on the CPU. Lean on purpose: each Python or torch step costs tens
+    of microseconds when the caches are cold (as they are between images)."""
+    try:
+        lib = _cpu_lib()
+    except (RuntimeError, OSError):
+        _choose("cpu", False)                            # raises naming what is missing
+        raise
     b, h, w, c = arr.shape
     p = tokens.patch
     if isinstance(p, bool) or not isinstance(p, int) or p < 1:
@@ -264,22 +276,25 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, nl: int) -> torch.T
                          f"size={tokens.image_size})")
     if h * w * c >= 2**31:
         raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
-    lods = tokens.levels.detach().cpu().to(torch.float32).contiguous()
-    lmax = float(lods.max()) if lods.numel() else 0.0
+    lmax = float(tokens.levels.max())                    # levels_needed, one reduction
+    nl = min(int(math.ceil(lmax)) + 1, max_levels)
     if lmax > nl - 1:
         raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
                          f"levels), got a level {lmax:g}")
-    cen = tokens.centers.detach().cpu().to(torch.float32).contiguous()
+    lods = _cpu_f32(tokens.levels)
+    cen = _cpu_f32(tokens.centers)
     steps = torch.exp2(lods)                             # the reference's own exp2
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
     total, hm, wm = 0, h, w                              # _layout(first=1)'s total, in floats
     for _ in range(1, nl):
         hm, wm = (hm + 1) // 2, (wm + 1) // 2
         total += b * hm * wm * c
     ws = _workspace(4 * total)
     out = torch.empty(b, n, c, p, p, dtype=torch.float32)
-    rc = lib.sample_image_onepass_cpu(arr.ctypes.data, b, h, w, c, nl, ws.ctypes.data, p, n,
-                                      _ptr(cen), _ptr(lods), _ptr(steps), _ptr(out),
+    rc = lib.sample_image_onepass_cpu(arr.__array_interface__["data"][0], b, h, w, c, nl,
+                                      ws.__array_interface__["data"][0], p, n, cen.data_ptr(),
+                                      lods.data_ptr(), steps.data_ptr(), out.data_ptr(),
                                       CPU_PARALLEL_TOKENS)
     if rc != 0:
         raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, levels = {nl}")
