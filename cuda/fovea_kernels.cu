@@ -802,18 +802,43 @@ FOVEA_AI void gather_tokens_hwc(const LevelTable& T, int b, int t0, int t1, int 
 }
 
 // image [B, H, W, C] float32 contiguous (C in 1..4) -> patches [B * N, C, p, p] of the tokens,
-// the pyramid levels 1 .. num_levels-1 written to `work` as fovea_core.kernels.pyramids'
-// _layout(first=1) packs them (level m: [B, H_m, W_m, C]). Image by image, the levels are
-// built and at once the image's tokens gathered from them, while they are in cache (tokens
-// on OpenMP threads from min_parallel tokens an image). Returns 0, or -1 for a channel
-// count outside 1..4, num_levels outside 1..FOVEA_MAX_LEVELS or p outside 1..FOVEA_MAX_PATCH.
-int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c, int num_levels,
+// building levels_needed(tokens, max_levels) = min(ceil(max lods) + 1, max_levels) levels
+// (max_levels of them when there are no tokens), levels 1.. written to `work` as
+// fovea_core.kernels.pyramids' _layout(first=1) packs them (level m: [B, H_m, W_m, C];
+// `work` must hold max_levels of them). Image by image, the levels are built and at once the
+// image's tokens gathered from them, while they are in cache (tokens on OpenMP threads from
+// min_parallel tokens an image). steps: 2^lods as torch.exp2 gives them; NULL: computed here
+// where every level is an integer (2^k, exact in both), else -3 is returned at once (nothing
+// done) for the caller to pass torch.exp2's. Returns the number of levels built (>= 1), -1
+// for a channel count outside 1..4, max_levels outside 1..FOVEA_MAX_LEVELS or p outside
+// 1..FOVEA_MAX_PATCH, -2 for a token level beyond the levels (nothing done).
+int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c, int max_levels,
                              float* work, int p, int num_tokens, const float* centers,
                              const float* lods, const float* steps, float* out,
                              int min_parallel) {
-    if (c < 1 || c > 4 || num_levels < 1 || num_levels > FOVEA_MAX_LEVELS || p < 1
+    if (c < 1 || c > 4 || max_levels < 1 || max_levels > FOVEA_MAX_LEVELS || p < 1
         || p > FOVEA_MAX_PATCH)
         return -1;
+    const long long tokens = (long long)batch * num_tokens;
+    int num_levels = max_levels;
+    if (tokens > 0) {
+        float lmax = lods[0];
+        bool whole = true;
+        for (long long t = 0; t < tokens; ++t) {
+            lmax = lods[t] > lmax ? lods[t] : lmax;
+            whole = whole && lods[t] == floorf(lods[t]);
+        }
+        const float need = ceilf(lmax) + 1.0f;
+        num_levels = need < (float)max_levels ? (int)need : max_levels;
+        if (lmax > (float)(num_levels - 1)) return -2;
+        if (!steps && !whole) return -3;
+    }
+    static thread_local std::vector<float> own_steps;
+    if (!steps && tokens > 0) {                          // integer levels: 2^k exactly
+        if ((long long)own_steps.size() < tokens) own_steps.resize((size_t)tokens);
+        for (long long t = 0; t < tokens; ++t) own_steps[t] = ldexpf(1.0f, (int)lods[t]);
+        steps = own_steps.data();
+    }
     LevelTable T;
     int hm = h, wm = w;
     long long off = 0;
@@ -842,7 +867,7 @@ int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c,
         gather_tokens_hwc(T, b, b * num_tokens, (b + 1) * num_tokens, h, w, p, centers, lods,
                           steps, out, min_parallel);
     }
-    return 0;
+    return num_levels;
 }
 
 }  // extern "C"

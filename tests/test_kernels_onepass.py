@@ -52,7 +52,7 @@ def _onepass_pyramid(img: np.ndarray, num_levels: int) -> list[np.ndarray]:
     rc = _cpu_lib().sample_image_onepass_cpu(img.ctypes.data, b, h, w, c, num_levels,
                                              work.ctypes.data, 16, 0, None, None, None,
                                              out.data_ptr(), 1 << 30)
-    assert rc == 0
+    assert rc == num_levels                                    # no tokens: all levels asked
     levels, off = [], 0
     for s in shapes:
         k = int(np.prod(s))
@@ -166,7 +166,7 @@ def test_tokens_read_only_built_levels(hw):
         out = torch.full((b, n, 3, 16, 16), float("nan"))
         assert _cpu_lib().sample_image_onepass_cpu(
             img.ctypes.data, b, h, w, 3, nl, work.ctypes.data, 16, n, cen.data_ptr(),
-            lods.data_ptr(), steps.data_ptr(), out.data_ptr(), min_parallel) == 0
+            lods.data_ptr(), steps.data_ptr(), out.data_ptr(), min_parallel) == nl
         assert torch.equal(out, ref)
 
 
@@ -177,3 +177,14 @@ def test_sample_image_onepass_patch_errors_match_the_two_step_path():
     for onepass in (True, False):
         with pytest.raises(ValueError, match="patch must be <= 256 for the CPU kernel"):
             K.sample_image(img, big, onepass=onepass)
+
+
+@pytest.mark.parametrize("hw", [(17, 33), (300, 257)])
+def test_sample_image_onepass_integer_levels(hw):
+    """Integer levels take the steps 2**level computed in C (no torch.exp2 call): the same
+    bits as torch.exp2's, so the same patches."""
+    h, w = hw
+    img = np.random.default_rng(9).random((2, h, w, 3), dtype=np.float32)
+    ts = _tokens(torch.Generator().manual_seed(4), 2, h, w, n=40)
+    ts = TokenSet(ts.centers, ts.levels.round(), ts.scores, ts.fixations, (h, w), 16)
+    assert torch.equal(K.sample_image(img, ts), K.sample_image(img, ts, onepass=False))

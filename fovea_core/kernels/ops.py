@@ -238,7 +238,7 @@ def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
         return gather_patches(pyr, tokens, backend=backend, binding=binding)
     arr = _hwc_float_batch(image)
     b, h, w, c = arr.shape
-    if onepass and backend in (None, "cpu") and 1 <= c <= 4:
+    if onepass and backend in (None, "cpu") and 1 <= c <= 4 and tokens.levels.numel():
         return _sample_image_onepass(arr, tokens, min(h, w).bit_length())
     nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
     ws = _workspace(4 * _layout(b, c, h, w, nl, first=1)[2])   # the pyramid does not escape
@@ -255,10 +255,11 @@ def _cpu_f32(t: torch.Tensor) -> torch.Tensor:
 
 def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) -> torch.Tensor:
     """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels) ->
-    ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call, building
-    ``levels_needed(tokens, max_levels)`` levels. The same checks (and messages) as
-    :func:`gather_patches` on the CPU. Lean on purpose: each Python or torch step costs tens
-    of microseconds when the caches are cold (as they are between images)."""
+    ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call (two when a level is
+    fractional), which builds ``levels_needed(tokens, max_levels)`` levels. The same checks
+    (and messages) as :func:`gather_patches` on the CPU. Lean on purpose: each Python or
+    torch step costs tens of microseconds when the caches are cold (as they are between
+    images), so the level count and the integer steps ``2**level`` are found in C."""
     try:
         lib = _cpu_lib()
     except (RuntimeError, OSError):
@@ -276,28 +277,32 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) ->
                          f"size={tokens.image_size})")
     if h * w * c >= 2**31:
         raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
-    lmax = float(tokens.levels.max())                    # levels_needed, one reduction
-    nl = min(int(math.ceil(lmax)) + 1, max_levels)
-    if lmax > nl - 1:
-        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
-                         f"levels), got a level {lmax:g}")
     lods = _cpu_f32(tokens.levels)
     cen = _cpu_f32(tokens.centers)
-    steps = torch.exp2(lods)                             # the reference's own exp2
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
-    total, hm, wm = 0, h, w                              # _layout(first=1)'s total, in floats
-    for _ in range(1, nl):
+    total, hm, wm = 0, h, w                   # _layout(first=1)'s total for max_levels, floats
+    for _ in range(1, max_levels):
         hm, wm = (hm + 1) // 2, (wm + 1) // 2
         total += b * hm * wm * c
     ws = _workspace(4 * total)
     out = torch.empty(b, n, c, p, p, dtype=torch.float32)
-    rc = lib.sample_image_onepass_cpu(arr.__array_interface__["data"][0], b, h, w, c, nl,
-                                      ws.__array_interface__["data"][0], p, n, cen.data_ptr(),
-                                      lods.data_ptr(), steps.data_ptr(), out.data_ptr(),
-                                      CPU_PARALLEL_TOKENS)
-    if rc != 0:
-        raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, levels = {nl}")
+    args = [arr.__array_interface__["data"][0], b, h, w, c, max_levels,
+            ws.__array_interface__["data"][0], p, n, cen.data_ptr(), lods.data_ptr(), None,
+            out.data_ptr(), CPU_PARALLEL_TOKENS]
+    rc = lib.sample_image_onepass_cpu(*args)  # the level count and 2^level (integer levels)
+    if rc == -3:                              # in C; fractional levels: torch.exp2's steps
+        steps = torch.exp2(lods)              # (the reference's own exp2)
+        args[11] = steps.data_ptr()
+        rc = lib.sample_image_onepass_cpu(*args)
+    if rc == -2:
+        lmax = float(tokens.levels.max())
+        nl = min(int(math.ceil(lmax)) + 1, max_levels)
+        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
+                         f"levels), got a level {lmax:g}")
+    if rc < 1:
+        raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, "
+                           f"levels <= {max_levels}")
     return out
 
 
