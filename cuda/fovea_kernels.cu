@@ -635,8 +635,8 @@ FOVEA_AI void cvpd_pyramid(const float* img, int h, int w, int nl, float* const*
         S.row_simd_end = cvpd_row_simd_end(C, S.width0);
         S.rstride = (S.wd * C + 15) / 16 * 16;
         S.ring = sp; sp += 5LL * S.rstride;
-        S.ev = sp; sp += (long long)(S.wd + 1) * C + 15 & ~15LL;
-        S.od = sp; sp += (long long)(S.wd + 1) * C + 15 & ~15LL;
+        S.ev = sp; sp += ((long long)(S.wd + 1) * C + 15) & ~15LL;
+        S.od = sp; sp += ((long long)(S.wd + 1) * C + 15) & ~15LL;
         S.next_sy = -2; S.rows_done = 0;
         hs = S.hd; ws = S.wd;
     }
@@ -647,8 +647,8 @@ FOVEA_AI void cvpd_pyramid(const float* img, int h, int w, int nl, float* const*
     }
 }
 
-// Scratch floats cvpd_pyramid needs for an h x w x c image and nl levels.
-static inline long long cvpd_scratch_floats(int h, int w, int c, int nl) {
+// Scratch floats cvpd_pyramid needs for an image w pixels wide, c channels, nl levels.
+static inline long long cvpd_scratch_floats(int w, int c, int nl) {
     long long n = 0;
     for (int m = 0; m + 1 < nl; ++m) {
         w = (w + 1) / 2;
@@ -851,7 +851,7 @@ int sample_image_onepass_cpu(const float* image, int batch, int h, int w, int c,
     }
     T.num_levels = num_levels; T.channels = c;
     static thread_local std::vector<float> buf;         // grown, never shrunk: no page faults
-    const size_t need = (size_t)cvpd_scratch_floats(h, w, c, num_levels) + 16;
+    const size_t need = (size_t)cvpd_scratch_floats(w, c, num_levels) + 16;
     if (buf.size() < need) buf.resize(need);
     float* scratch = buf.data() + ((16 - ((size_t)buf.data() / 4) % 16) % 16);  // 64-byte aligned
     for (int b = 0; b < batch; ++b) {
