@@ -366,10 +366,18 @@ struct PdStep {
 // by one pixel, valignd) and one the odd ones (taps 1, 3). Elements of pixel 0 come out
 // wrong (no left neighbour): the caller rewrites them with the scalar form.
 #if defined(__AVX512F__)
-static inline __m512i cvpd_idx3(int r) {              // window offsets of 16 outputs from
+static inline __m512i cvpd_idx3_make(int r) {         // window offsets of 16 outputs from
     int t[16];                                          // element i0 with i0 % 3 = r
     for (int q = 0; q < 16; ++q) t[q] = 2 * q - (r + q) % 3 + r;
     return _mm512_loadu_si512(t);
+}
+struct CvpdIdx3 {
+    __m512i x[3];
+    CvpdIdx3() { for (int r = 0; r < 3; ++r) x[r] = cvpd_idx3_make(r); }
+};
+static inline __m512i cvpd_idx3(int r) {              // built once, not per row
+    static const CvpdIdx3 tab;
+    return tab.x[r];
 }
 static inline __m512 cvpd_pix3(const float* p, __m512i idx) {   // 16 elements from window p
     return _mm512_permutex2var_ps(_mm512_loadu_ps(p), idx, _mm512_loadu_ps(p + 16));
