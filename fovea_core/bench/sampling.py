@@ -4,9 +4,14 @@
 all paths interleaved round by round, :func:`~fovea_core.bench.common.time_rounds`):
 
 * ``copy_floor``: a float32 copy of the image (touching every pixel once): the floor;
-* ``e2e_kernel``: :func:`fovea_core.kernels.sample_image`: ``cv2.pyrDown`` builds only the
-  levels the tokens read, packed in place (level 0 is the image itself), then one fused
-  gather pass (the g++ build of the CUDA source); its two halves are timed too;
+* ``e2e_kernel``: :func:`fovea_core.kernels.sample_image`: one pass of the g++ build
+  (``sample_image_onepass_cpu``) that blurs each image row once, builds only the levels the
+  tokens read row by row (deeper levels from the rows just written) with ``cv2.pyrDown``'s
+  arithmetic, and gathers the tokens from them;
+* ``e2e_two_step``: the same result (bit for bit, ``onepass_equals_two_step``) the two-step
+  way (``sample_image(..., onepass=False)``): ``cv2.pyrDown`` builds the levels packed in
+  place (level 0 is the image itself), then one fused gather pass; its two halves,
+  ``pyramid_cv2_needed_levels`` and ``gather_kernel``, are timed too;
 * ``grid_sample_one_call``: one ``F.grid_sample`` call gathering all 273 patches from
   level 0: what the torch path is measured against;
 * ``sample_torch``: :func:`fovea_core.sample.sample` with ``filter="mip"`` (what the kernels
@@ -232,6 +237,8 @@ def cpu_section(rounds: int) -> dict:
     parity = {
         "kernel_vs_reference_max_abs": float((K.sample_image(img, tokens)
                                               - sample_reference(pyr_cv2, tokens)).abs().max()),
+        "onepass_equals_two_step": bool(torch.equal(K.sample_image(img, tokens),
+                                                    K.sample_image(img, tokens, onepass=False))),
         "kernel_e2e_vs_torch_pyramid_max_abs": float((K.sample_image(img, tokens) - exact)
                                                      .abs().max()),
         "torch_vs_reference_max_abs": float((sample(pyr, tokens, filter="mip") - exact)
@@ -247,6 +254,7 @@ def cpu_section(rounds: int) -> dict:
     fns = {
         "copy_floor": lambda: img.copy(),
         "e2e_kernel": lambda: K.sample_image(img, tokens),
+        "e2e_two_step": lambda: K.sample_image(img, tokens, onepass=False),
         "pyramid_cv2_needed_levels": lambda: K.build_pyramid_cv2(img, nl, _buffer=ws),
         "gather_kernel": lambda: K.gather_patches(pyr_cv2, tokens, backend="cpu"),
         "grid_sample_one_call": lambda: F.grid_sample(base_hwc, grid, mode="bilinear",
@@ -271,6 +279,11 @@ def cpu_section(rounds: int) -> dict:
                      rounds=max(5, rounds // 4))
     ratios = {
         "e2e_kernel/copy_floor": ratio(t, "e2e_kernel", "copy_floor"),
+        "e2e_two_step/copy_floor": ratio(t, "e2e_two_step", "copy_floor"),
+        "e2e_two_step/e2e_kernel": ratio(t, "e2e_two_step", "e2e_kernel"),
+        "pyramid_cv2_needed_levels/copy_floor": ratio(t, "pyramid_cv2_needed_levels",
+                                                      "copy_floor"),
+        "gather_kernel/copy_floor": ratio(t, "gather_kernel", "copy_floor"),
         "sample_torch/grid_sample_one_call": ratio(t, "sample_torch", "grid_sample_one_call"),
         "sample_area/grid_sample_one_call": ratio(t, "sample_area", "grid_sample_one_call"),
         "remap_torch/remap_cv2": ratio(t, "remap_torch", "remap_cv2"),
@@ -307,6 +320,9 @@ def cpu_section(rounds: int) -> dict:
                       "(0.45, 0.4)", "tokens_per_level": counts, "levels_built": nl,
                       "levels_available": nl_all, "pyramid_engine": "cv2.pyrDown (OpenCV "
                       f"{cv2.__version__}, {cv2.getNumThreads()} threads)",
+                      "e2e_kernel_path": "one pass: sample_image_onepass_cpu (g++ build, "
+                      "cv2.pyrDown's float arithmetic, one thread); e2e_two_step: cv2.pyrDown "
+                      "levels + gather_patches (sample_image(..., onepass=False))",
                       "torch_threads": torch.get_num_threads(), "remap_output": [256, 256],
                       "timing": "interleaved rounds (time_rounds); ratios: minimum and "
                                 "median of per-round ratios (bootstrap 95% CI of the median "

@@ -51,6 +51,9 @@ def _cpu_lib() -> ctypes.CDLL:
     lib.render_cpu.restype = None
     lib.select_candidates_cpu.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
     lib.select_candidates_cpu.restype = _I
+    lib.sample_image_onepass_cpu.argtypes = [_P, _I, _I, _I, _I, _I, _P, _I, _I, _P, _P, _P, _P,
+                                             _I]
+    lib.sample_image_onepass_cpu.restype = _I
     return lib
 
 

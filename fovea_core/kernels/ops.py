@@ -357,13 +357,20 @@ def pyr_down_into(src: torch.Tensor, dst: torch.Tensor, *, backend: str | None =
 
 
 def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
-                 backend: str | None = None, binding: str | None = None) -> torch.Tensor:
+                 backend: str | None = None, binding: str | None = None,
+                 onepass: bool = True) -> torch.Tensor:
     """End to end: image -> the tokens' patches ``[B, N, C, p, p]``, building only the
     pyramid levels the tokens read.
 
-    * CPU (a numpy image, or a CPU tensor): level 0 is the image itself, levels
-      ``1..levels_needed(tokens)-1`` are written by ``cv2.pyrDown`` into one channels-last
-      buffer (:func:`build_pyramid_cv2`), then one fused gather pass (g++ kernel).
+    * CPU (a numpy image, or a CPU tensor), ``onepass=True`` (the default, 1-4 channels):
+      one C++ call (``sample_image_onepass_cpu``) streams over the image rows once, blurring
+      each row once and building levels ``1..levels_needed(tokens)-1`` row by row (each
+      deeper level from the rows of the one above while they are in cache), with
+      ``cv2.pyrDown``'s float arithmetic (so its bits), then gathers every token with the
+      gather kernel's arithmetic. Equal, bit for bit, to ``onepass=False``.
+    * CPU, ``onepass=False``: level 0 is the image itself, levels ``1..`` are written by
+      ``cv2.pyrDown`` into one channels-last buffer (:func:`build_pyramid_cv2`), then one
+      fused gather pass (g++ kernel, :func:`gather_patches`).
     * CUDA (a CUDA float32 tensor ``[B, C, H, W]``): :func:`device_pyramid` then the gather
       kernel, both on the current stream, no host round trip (the level count comes from the
       image size, not from the tokens, which would need a read from the device).
@@ -373,10 +380,72 @@ def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
         return gather_patches(pyr, tokens, backend=backend, binding=binding)
     arr = _hwc_float_batch(image)
     b, h, w, c = arr.shape
+    if onepass and backend in (None, "cpu") and 1 <= c <= 4 and tokens.levels.numel():
+        return _sample_image_onepass(arr, tokens, min(h, w).bit_length())
     nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
     ws = _workspace(4 * _layout(b, c, h, w, nl, first=1)[2])   # the pyramid does not escape
     return gather_patches(build_pyramid_cv2(arr, nl, _buffer=ws), tokens,
                           backend=backend or "cpu")
+
+
+def _cpu_f32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous float32 CPU tensor (itself when it is one already)."""
+    if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.detach().cpu().to(torch.float32).contiguous()
+
+
+def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) -> torch.Tensor:
+    """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels) ->
+    ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call (two when a level is
+    fractional), which builds ``levels_needed(tokens, max_levels)`` levels. The same checks
+    (and messages) as :func:`gather_patches` on the CPU. Lean on purpose: each Python or
+    torch step costs tens of microseconds when the caches are cold (as they are between
+    images), so the level count and the integer steps ``2**level`` are found in C."""
+    try:
+        lib = _cpu_lib()
+    except (RuntimeError, OSError):
+        _choose("cpu", False)                            # raises naming what is missing
+        raise
+    b, h, w, c = arr.shape
+    p = tokens.patch
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"patch must be an int >= 1, got {p!r}")
+    if p > 256:
+        raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
+    bt, n = tokens.levels.shape
+    if bt != b or tuple(tokens.image_size) != (h, w):
+        raise ValueError(f"pyramid (B={b}, size={(h, w)}) does not match tokens (B={bt}, "
+                         f"size={tokens.image_size})")
+    if h * w * c >= 2**31:
+        raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
+    lods = _cpu_f32(tokens.levels)
+    cen = _cpu_f32(tokens.centers)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    total, hm, wm = 0, h, w                   # _layout(first=1)'s total for max_levels, floats
+    for _ in range(1, max_levels):
+        hm, wm = (hm + 1) // 2, (wm + 1) // 2
+        total += b * hm * wm * c
+    ws = _workspace(4 * total)
+    out = torch.empty(b, n, c, p, p, dtype=torch.float32)
+    args = [arr.__array_interface__["data"][0], b, h, w, c, max_levels,
+            ws.__array_interface__["data"][0], p, n, cen.data_ptr(), lods.data_ptr(), None,
+            out.data_ptr(), CPU_PARALLEL_TOKENS]
+    rc = lib.sample_image_onepass_cpu(*args)  # the level count and 2^level (integer levels)
+    if rc == -3:                              # in C; fractional levels: torch.exp2's steps
+        steps = torch.exp2(lods)              # (the reference's own exp2)
+        args[11] = steps.data_ptr()
+        rc = lib.sample_image_onepass_cpu(*args)
+    if rc == -2:
+        lmax = float(tokens.levels.max())
+        nl = min(int(math.ceil(lmax)) + 1, max_levels)
+        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
+                         f"levels), got a level {lmax:g}")
+    if rc < 1:
+        raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, "
+                           f"levels <= {max_levels}")
+    return out
 
 
 def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
