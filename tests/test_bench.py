@@ -252,6 +252,7 @@ def test_per_round_ratios_on_a_fake_timer():
     assert r["min_of_round_ratios"] == pytest.approx(2.0)
     assert r["median_of_round_ratios"] == pytest.approx(3.5)
     assert r["ratio_of_medians"] == pytest.approx(5.0 / 1.5)
+    assert r["ratio_of_minima"] == pytest.approx(2.0 / 1.0)       # each path's fastest round
     assert r["rounds"] == 4 and r["ci95"][0] <= 3.5 <= r["ci95"][1]
     with pytest.raises(ValueError, match="equal length"):
         common.round_ratios([1.0, 2.0], [1.0])

@@ -239,9 +239,12 @@ def round_ratios(num_ms: Sequence[float], den_ms: Sequence[float]) -> dict:
     """Per-round ratios ``num_ms[i] / den_ms[i]`` of two paths timed in the same rounds.
 
     Returns ``{"min_of_round_ratios", "median_of_round_ratios", "ci95", "rounds"}``: the
-    minimum (the quietest round: closest to what the paths cost without neighbours) and
-    the median of the per-round ratios, and a percentile bootstrap 95 % CI of that median
-    over rounds (2,000 resamples).
+    minimum and the median of the per-round ratios, and a percentile bootstrap 95 % CI of that
+    median over rounds (2,000 resamples). The minimum is the round in which the denominator
+    was slowed most against the numerator, not the quietest round: on a shared machine one
+    disturbed round of a short denominator can put it below what the paths can do (below 1
+    for a path that includes the denominator's work). For each path at its least disturbed,
+    compare their minimum times (:func:`ratio`'s ``ratio_of_minima``).
     """
     if len(num_ms) != len(den_ms) or not len(num_ms):
         raise ValueError(f"num_ms and den_ms must be non-empty and of equal length (one time "
@@ -254,9 +257,12 @@ def round_ratios(num_ms: Sequence[float], den_ms: Sequence[float]) -> dict:
 
 def ratio(timings: dict, num: str, den: str) -> dict:
     """``num / den`` from :func:`time_rounds`: :func:`round_ratios` of the two paths' rounds
-    (minimum and median of the per-round ratios, CI of the median) and the ratio of medians."""
+    (minimum and median of the per-round ratios, CI of the median), the ratio of medians and
+    the ratio of minima (each path's fastest round: what each costs with the fewest
+    neighbours, measured in the same run)."""
     return {**round_ratios(timings[num]["rounds_ms"], timings[den]["rounds_ms"]),
-            "ratio_of_medians": timings[num]["median_ms"] / timings[den]["median_ms"]}
+            "ratio_of_medians": timings[num]["median_ms"] / timings[den]["median_ms"],
+            "ratio_of_minima": timings[num]["min_ms"] / timings[den]["min_ms"]}
 
 
 def bootstrap_ci(values: Sequence[float], stat: Callable[[Sequence[float]], float] = statistics.median,
