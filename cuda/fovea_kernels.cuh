@@ -160,25 +160,23 @@ HD F4 load4(const float* p) {
     return r;
 }
 
+// One row of a bilinear read, four adjacent channels: the x taps blended (the first alone when
+// the fraction is zero, as in bilerp).
+HD F4 row_lerp4(const float* row, int sx, Tap tx) {
+    F4 r = load4(row + tx.i0 * sx);
+    if (tx.f != 0.0f) {
+        const F4 b = load4(row + tx.i1 * sx);
+        FOVEA_UNROLL
+        for (int k = 0; k < 4; ++k) r.v[k] = lerp_exact(r.v[k], b.v[k], tx.f);
+    }
+    return r;
+}
+
 // bilerp of four adjacent channels (px points at channel 4g of the level image).
 HD F4 bilerp4(const float* px, int sy, int sx, Tap ty, Tap tx) {
-    const float* r0 = px + ty.i0 * sy;
-    const F4 a = load4(r0 + tx.i0 * sx);
-    F4 top = a;
-    if (tx.f != 0.0f) {
-        const F4 b = load4(r0 + tx.i1 * sx);
-        FOVEA_UNROLL
-        for (int k = 0; k < 4; ++k) top.v[k] = lerp_exact(a.v[k], b.v[k], tx.f);
-    }
+    const F4 top = row_lerp4(px + ty.i0 * sy, sx, tx);
     if (ty.f == 0.0f) return top;
-    const float* r1 = px + ty.i1 * sy;
-    const F4 c = load4(r1 + tx.i0 * sx);
-    F4 bot = c;
-    if (tx.f != 0.0f) {
-        const F4 d = load4(r1 + tx.i1 * sx);
-        FOVEA_UNROLL
-        for (int k = 0; k < 4; ++k) bot.v[k] = lerp_exact(c.v[k], d.v[k], tx.f);
-    }
+    const F4 bot = row_lerp4(px + ty.i1 * sy, sx, tx);
     F4 r;
     FOVEA_UNROLL
     for (int k = 0; k < 4; ++k) r.v[k] = lerp_exact(top.v[k], bot.v[k], ty.f);

@@ -118,19 +118,14 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
             raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
         levels = [lv.cpu() for lv in levels]
         table = level_table(levels)
-        cen = tokens.centers.detach().cpu().contiguous()
-        lods = tokens.levels.detach().cpu().contiguous()
-        steps = torch.exp2(lods)                         # the reference's own exp2
+        cen, lods, steps = _token_arrays(tokens, torch.device("cpu"), nl)
         res = out if out is not None else torch.empty(b, n, c, p, p, dtype=torch.float32)
         _check_out(res, (b, n, c, p, p), torch.device("cpu"))
         _cpu_lib().gather_patches_cpu(ctypes.byref(table), b, n, h, w, p, _ptr(cen), _ptr(lods),
                                       _ptr(steps), _ptr(res), CPU_PARALLEL_TOKENS)
         return res
     levels, table = _table_of(pyramid)
-    cen = tokens.centers.detach().to(dev, torch.float32).contiguous()
-    lv = tokens.levels.detach().to(dev, torch.float32).contiguous()
-    lods = lv.clamp(max=nl - 1)
-    steps = torch.exp2(lv)
+    cen, lods, steps = _token_arrays(tokens, dev, nl)
     res = out if out is not None else torch.empty(b, n, c, p, p, dtype=torch.float32, device=dev)
     _check_out(res, (b, n, c, p, p), dev)
     if b * n:
@@ -256,18 +251,13 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                              f"levels), got a level {lmax:g}")
         levels = [lv.cpu() for lv in levels]
         table = level_table(levels)
-        cen = tokens.centers.detach().cpu().float().contiguous()
-        lods = tokens.levels.detach().cpu().float().contiguous()
-        steps = torch.exp2(lods)                         # the reference's own exp2
+        cen, lods, steps = _token_arrays(tokens, torch.device("cpu"), nl)
         _cpu_lib().gather_tokens_cpu(ctypes.byref(table), b, n, h, w, p, merge, c, temporal,
                                      bf16, _ptr(cen), _ptr(lods), _ptr(steps), _ptr(res),
                                      CPU_PARALLEL_TOKENS)
         return res
     levels, table = _table_of(pyramid)
-    cen = tokens.centers.detach().to(dev, torch.float32).contiguous()
-    lv = tokens.levels.detach().to(dev, torch.float32).contiguous()
-    lods = lv.clamp(max=nl - 1)
-    steps = torch.exp2(lv)
+    cen, lods, steps = _token_arrays(tokens, dev, nl)
     if b * n:
         quads = merge * merge * -(-q * q // 4)                      # threads a token wants
         tpb = max(1, GATHER_TOKENS_BLOCK // min(quads, GATHER_TOKENS_BLOCK))
@@ -279,6 +269,17 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                       ctypes.c_int(bf16), _u64(cen), _u64(lods), _u64(steps), _u64(res)],
                      binding)
     return res
+
+
+def _token_arrays(tokens: TokenSet, device: torch.device, num_levels: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the gather kernels read of ``tokens``, float32 and contiguous on ``device``: the
+    centres ``[B, N, 2]``, the levels clipped to the pyramid's top ``[B, N]`` (a level beyond
+    it is read at the top, not raised: that would need a read from the device) and the sample
+    spacings ``2**level`` ``[B, N]`` from ``torch.exp2``, as the reference computes them."""
+    cen = tokens.centers.detach().to(device, torch.float32).contiguous()
+    lv = tokens.levels.detach().to(device, torch.float32).contiguous()
+    return cen, lv.clamp(max=num_levels - 1), torch.exp2(lv)
 
 
 def _check_out(out: torch.Tensor, shape: tuple, device: torch.device) -> None:
