@@ -276,10 +276,12 @@ def pipeline(name: str, device: str, dtype: torch.dtype, *, budget: int = PIPELI
     def prefill():
         state["h"] = lm(inputs_embeds=x, position_ids=pos).last_hidden_state
 
-    def chain():
-        pyramid(), allocate_(), gather(), prefill()
-
     stages = {"pyramid": pyramid, "allocate": allocate_, "gather": gather, "prefill": prefill}
+
+    def chain():
+        for stage in stages.values():
+            stage()
+
     chain()
     t = {k: time_it(f, repeats=repeats, warmup=2, sync=sync) for k, f in stages.items()}
     t["chain"] = time_it(chain, repeats=repeats, warmup=1, sync=sync)
