@@ -1,6 +1,7 @@
 """A minimal GPU workload for a profiler (``ncu``): the gather kernel at batch 64, N = 273,
-on NCHW and channels-last pyramids, then the fused ``gather_tokens`` (fp32, bf16) (``python -m fovea_core.bench gather_probe``). Writes no
-record; without a CUDA GPU it exits 1 at once."""
+on NCHW and channels-last pyramids, then the fused ``gather_tokens`` (fp32, bf16)
+(``python -m fovea_core.bench gather_probe``). Writes no record; without a CUDA GPU it exits
+1 at once."""
 
 from __future__ import annotations
 

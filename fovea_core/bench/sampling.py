@@ -486,7 +486,8 @@ def gpu_section(batch: int) -> dict:
     res.update(timings=t, copy_512MiB=copy, bandwidth={
         "bytes_min": need, "bytes_min_bf16_out": need_of["gather_kernel_fused_bf16"],
         "bytes_note": "patches written once + every sample read once "
-        "(2 * B * N * C * p * p * 4; bf16 output: 1.5 * B * N * C * p * p * 4)", "device_copy_GBps": copy_bw / 1e9,
+        "(2 * B * N * C * p * p * 4; bf16 output: 1.5 * B * N * C * p * p * 4)",
+        "device_copy_GBps": copy_bw / 1e9,
         "datasheet_GBps": sheet / 1e9 if sheet else None, "paths": bw},
         ratios={k: t[k]["median_ms"] / t["gather_kernel_driver"]["median_ms"]
                 for k in t if k != "gather_kernel_driver" and "median_ms" in t[k]},

@@ -24,8 +24,9 @@ from fovea_core.kernels.build import _compiler
 from fovea_core.kernels.cpu import CPU_PARALLEL_TOKENS, _cpu_lib, _ptr
 from fovea_core.kernels.cuda import _cuda_missing, _grid, _launch_cuda, _pycuda_missing, _u64
 from fovea_core.kernels.layout import MAX_LEVELS, _levels_of, _table_of, level_table
-from fovea_core.kernels.pyramids import (PackedPyramid, _hwc_float_batch, _layout, _workspace,
-                                         build_pyramid_cv2, levels_needed)
+from fovea_core.kernels.pyramids import (PackedPyramid, _hwc_float_batch, _layout,
+                                         _layout_lists, _workspace, build_pyramid_cv2,
+                                         levels_needed)
 from fovea_core.pyramid import Pyramid, default_num_levels, register_pyr_down
 from fovea_core.tokens import TokenSet
 
@@ -102,18 +103,13 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
         raise ValueError(f"patch must be an int >= 1, got {p!r}")
     b, n = tokens.levels.shape
     c = levels[0].shape[1]
-    if levels[0].shape[0] != b or tuple(levels[0].shape[-2:]) != tuple(tokens.image_size):
-        raise ValueError(f"pyramid (B={levels[0].shape[0]}, size={tuple(levels[0].shape[-2:])}) "
-                         f"does not match tokens (B={b}, size={tokens.image_size})")
+    _check_match(levels[0].shape[0], tuple(levels[0].shape[-2:]), tokens)
     dev = levels[0].device
     be = _choose(backend, dev.type == "cuda")
     nl = len(levels)
     h, w = tokens.image_size
     if be == "cpu":
-        lmax = float(tokens.levels.max())
-        if lmax > nl - 1:
-            raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
-                             f"levels), got a level {lmax:g}")
+        _check_levels(tokens, nl)
         if p > 256:
             raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
         levels = [lv.cpu() for lv in levels]
@@ -211,9 +207,7 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
     levels = _levels_of(pyramid)
     b, n = tokens.levels.shape
     c4 = levels[0].shape[1]
-    if levels[0].shape[0] != b or tuple(levels[0].shape[-2:]) != tuple(tokens.image_size):
-        raise ValueError(f"pyramid (B={levels[0].shape[0]}, size={tuple(levels[0].shape[-2:])}) "
-                         f"does not match tokens (B={b}, size={tokens.image_size})")
+    _check_match(levels[0].shape[0], tuple(levels[0].shape[-2:]), tokens)
     for m, lv in enumerate(levels):
         if c4 % 4 or lv.stride(1) != 1 or lv.stride(3) != c4 or lv.data_ptr() % 16:
             raise ValueError(f"pyramid level {m}: gather_tokens reads channels-last levels "
@@ -245,10 +239,8 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                          f"{res.device}")
     bf16 = int(dtype == torch.bfloat16)
     if be == "cpu":
-        lmax = float(tokens.levels.max()) if b * n else 0.0
-        if lmax > nl - 1:
-            raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
-                             f"levels), got a level {lmax:g}")
+        if b * n:
+            _check_levels(tokens, nl)
         levels = [lv.cpu() for lv in levels]
         table = level_table(levels)
         cen, lods, steps = _token_arrays(tokens, torch.device("cpu"), nl)
@@ -269,6 +261,22 @@ def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                       ctypes.c_int(bf16), _u64(cen), _u64(lods), _u64(steps), _u64(res)],
                      binding)
     return res
+
+
+def _check_match(batch: int, size: tuple[int, int], tokens: TokenSet) -> None:
+    """Raise ``ValueError`` unless a pyramid of ``batch`` images of ``size`` fits ``tokens``."""
+    if batch != tokens.levels.shape[0] or tuple(size) != tuple(tokens.image_size):
+        raise ValueError(f"pyramid (B={batch}, size={tuple(size)}) does not match tokens "
+                         f"(B={tokens.levels.shape[0]}, size={tokens.image_size})")
+
+
+def _check_levels(tokens: TokenSet, num_levels: int) -> None:
+    """Raise ``ValueError`` when a token's level lies beyond a pyramid of ``num_levels`` (one
+    host read: the CPU paths only)."""
+    lmax = float(tokens.levels.max())
+    if lmax > num_levels - 1:
+        raise ValueError(f"tokens.levels must lie in [0, {num_levels - 1}] (the pyramid has "
+                         f"{num_levels} levels), got a level {lmax:g}")
 
 
 def _token_arrays(tokens: TokenSet, device: torch.device, num_levels: int
@@ -414,21 +422,15 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) ->
         raise ValueError(f"patch must be an int >= 1, got {p!r}")
     if p > 256:
         raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
-    bt, n = tokens.levels.shape
-    if bt != b or tuple(tokens.image_size) != (h, w):
-        raise ValueError(f"pyramid (B={b}, size={(h, w)}) does not match tokens (B={bt}, "
-                         f"size={tokens.image_size})")
+    n = tokens.levels.shape[1]
+    _check_match(b, (h, w), tokens)
     if h * w * c >= 2**31:
         raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
     lods = _cpu_f32(tokens.levels)
     cen = _cpu_f32(tokens.centers)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
-    total, hm, wm = 0, h, w                   # _layout(first=1)'s total for max_levels, floats
-    for _ in range(1, max_levels):
-        hm, wm = (hm + 1) // 2, (wm + 1) // 2
-        total += b * hm * wm * c
-    ws = _workspace(4 * total)
+    ws = _workspace(4 * _layout_lists(b, c, h, w, max_levels, first=1)[2])
     out = torch.empty(b, n, c, p, p, dtype=torch.float32)
     args = [arr.__array_interface__["data"][0], b, h, w, c, max_levels,
             ws.__array_interface__["data"][0], p, n, cen.data_ptr(), lods.data_ptr(), None,
@@ -439,10 +441,7 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) ->
         args[11] = steps.data_ptr()
         rc = lib.sample_image_onepass_cpu(*args)
     if rc == -2:
-        lmax = float(tokens.levels.max())
-        nl = min(int(math.ceil(lmax)) + 1, max_levels)
-        raise ValueError(f"tokens.levels must lie in [0, {nl - 1}] (the pyramid has {nl} "
-                         f"levels), got a level {lmax:g}")
+        _check_levels(tokens, levels_needed(tokens, max_levels))
     if rc < 1:
         raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, "
                            f"levels <= {max_levels}")
