@@ -81,6 +81,17 @@ def read_ncu(path: str | Path | None = None) -> list[dict]:
     return out
 
 
+def gather_paths(gpu: Mapping | None) -> dict[str, dict]:
+    """The GPU gather kernels' bandwidth entries at batch 64 of a GPU sampling record
+    (``sampling_gpu.json``): ``{path: {"GBps", "fraction_of_copy", "fraction_of_datasheet"}}``
+    for every ``gather_kernel*`` path with a datasheet fraction; ``{}`` without such a run."""
+    runs = (gpu or {}).get("gpu")
+    b64 = runs.get("B64") if isinstance(runs, Mapping) else None
+    paths = (b64 or {}).get("bandwidth", {}).get("paths", {})
+    return {k: v for k, v in paths.items()
+            if k.startswith("gather_kernel") and v.get("fraction_of_datasheet") is not None}
+
+
 def _verdict(value: float, threshold: float | None, direction: str) -> str:
     if threshold is None:
         return ""
@@ -121,10 +132,7 @@ def speed_targets(cpu: Mapping | None, gpu: Mapping | None, vlm_gpu: Mapping | N
     label = lambda rec: staleness(rec)["label"]                       # noqa: E731
     rows: dict[str, tuple[float, str]] = {}
 
-    b64 = ((gpu or {}).get("gpu") or {}).get("B64") if isinstance((gpu or {}).get("gpu"),
-                                                                    Mapping) else None
-    paths = {k: v for k, v in ((b64 or {}).get("bandwidth", {}).get("paths", {})).items()
-             if k.startswith("gather_kernel") and v.get("fraction_of_datasheet") is not None}
+    paths = gather_paths(gpu)
     if paths:
         best = max(paths, key=lambda k: paths[k]["fraction_of_datasheet"])
         kernel = "gather_tokens" if "fused" in best else "gather_patches"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from fovea_core.eval.benchreport import gather_paths
 from fovea_core.eval.stats import too_few
 
 __all__ = ["Claim", "benchmark_claims", "judge", "ledger_frame", "NOT_MEASURED", "STAND_IN",
@@ -160,9 +161,8 @@ def benchmark_claims(bench_dir) -> list[Claim]:
                           "ms/image", "06_allocator_gallery",
                           judge(target, timed[worst]["median_ms_per_image"], mode="below")))
     g = _bench(bench_dir, "sampling_gpu")
-    if g and "B64" in g.get("gpu", {}):
-        paths = g["gpu"]["B64"]["bandwidth"]["paths"]
-        kern = {k: v for k, v in paths.items() if k.startswith("gather_kernel")}
+    kern = gather_paths(g)
+    if kern:
         best = max(kern, key=lambda k: kern[k]["fraction_of_datasheet"])
         frac = kern[best]["fraction_of_datasheet"]
         rows.append(Claim(f"GPU gather at B = 64: fraction of the memory bandwidth ({best}, "
