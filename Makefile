@@ -41,12 +41,12 @@ unexport PYTHONDONTWRITEBYTECODE
 # uv (pinned, in its own venv) installs the locked wheels: 27 s from a cold cache on the 2-core
 # machine where pip took 3 min 45 s; it does not byte-compile all 2 GB of packages up front
 # (--compile-bytecode: 76 s), the first import of a module does (above).
-$(STAMP): $(LOCK) pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml book/pyproject.toml
 	$(GET_UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(UV) pip install --quiet --python $(PY) --index-strategy unsafe-best-match \
 	  $(TORCH_SOURCE) -r $(LOCK)
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . -e book
 	$(PY) -m ipykernel install --sys-prefix --name fovea --display-name "Python (fovea)" >/dev/null
 	touch $@
 
@@ -69,7 +69,7 @@ data-link:
 	  ln -s ../../shared/datasets data/external && echo "linked data/external -> ../shared/datasets"; fi
 
 book: tesseract $(STAMP) data-link
-	$(PY) -m fovea_core.book all --profile $(PROFILE) $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),)
+	$(PY) -m fovea_book.build all --profile $(PROFILE) $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),)
 
 # Chromium first (the last step needs it): installed where .ci/chromium.sh can (root with
 # apt-get), else make test stops here, before the set-up, with the one-line instruction.
@@ -83,11 +83,11 @@ tesseract:
 
 test: chromium tesseract $(STAMP) data-link
 	$(PY) -m pytest -q
-	$(PY) -m fovea_core.book all --profile smoke
-	$(PY) -m fovea_core.book check-html
+	$(PY) -m fovea_book.build all --profile smoke
+	$(PY) -m fovea_book.build check-html
 
 lab: $(STAMP) data-link
-	$(PY) -m fovea_core.book lab
+	$(PY) -m fovea_book.build lab
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis
@@ -97,7 +97,7 @@ clean-cache:
 	rm -rf data/cache
 	@echo "removed data/cache (sweep results, OCR readings, loaded datasets; the next book run recomputes them)"
 
-# The row caches of other versions of the fovea_core source (their keys can never match
+# The row caches of other versions of the book's source (their keys can never match
 # again); the current code's cache is kept. Not while a book or sweep is running.
 clean-stale: $(STAMP)
-	$(PY) -m fovea_core clean-stale $(if $(DRY),--dry-run,)
+	$(PY) -m fovea_book.build clean-stale $(if $(DRY),--dry-run,)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Chromium for make test's browser check (python -m fovea_core.book check-html), in one place:
+# Chromium for make test's browser check (python -m fovea_book.build check-html), in one place:
 # called first by `make test` (its `chromium` prerequisite) and by .ci/run.
-# Found ($CHROMIUM, or one of the names fovea_core/book/browser.py looks for): nothing to do.
+# Found ($CHROMIUM, or one of the names book/fovea_book/build/browser.py looks for): nothing to do.
 # Missing, as root with apt-get: installs the Debian package `chromium`.
 # Missing otherwise: one line saying how, exit 1, before any set-up or test has run.
 set -euo pipefail

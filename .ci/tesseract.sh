@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tesseract, the book's second, independent OCR reader (fovea_core.eval.reader, engine
+# tesseract, the book's second, independent OCR reader (fovea_book.eval.reader, engine
 # "tesseract"): the receipts' and forms' verdicts are checked under both readers. Optional:
 # found, nothing to do; missing, as root with apt-get, installs the Debian package
 # `tesseract-ocr` (English model included); otherwise says so and carries on (exit 0): the

@@ -6,7 +6,7 @@
 #     FOVEA_GIT_COMMIT=<sha> OUT=/tmp/out bash cuda/gpu_session.sh [--dry-run]
 # --dry-run (on a machine without a GPU) only checks that every step's command exists.
 # The benchmarks write _build/benchmarks/*.json (copied to $OUT); back home, record them with
-#     .venv/bin/python -m fovea_core.bench promote <files_at>/sampling_gpu.json ...
+#     .venv/bin/python -m fovea_book.bench promote <files_at>/sampling_gpu.json ...
 # which refuses a record that measured less than the committed one (or was taken loaded).
 # Steps run so that the CPU-heavy pycuda build overlaps the GPU-heavy VLM prefill.
 set -uo pipefail
@@ -43,7 +43,7 @@ log "pycuda build (background)"
 PYCUDA_PID=$!
 
 log "VLM prefill (bf16, Qwen2-VL-2B LM, random weights; batches 1, 8, 32; the pipeline)"
-$PY -m fovea_core.bench vlm_latency --no-cpu --gpu-models qwen2-vl-2b \
+$PY -m fovea_book.bench vlm_latency --no-cpu --gpu-models qwen2-vl-2b \
     --gpu-tokens 273 576 1024 4096 --gpu-batches 1 8 32 --cuda-graph --pipeline \
     --name vlm_latency_gpu >"$OUT/vlm.log" 2>&1
 tail -3 "$OUT/vlm.log"
@@ -68,7 +68,7 @@ $PY -c "import json; from fovea_core import kernels as K; print(json.dumps({a: K
     >"$OUT/resources.json" 2>>"$OUT/session.log"
 
 log "sampling benchmark (B = 1, 64)"
-$PY -m fovea_core.bench sampling --gpu-only --gpu-batches 1 64 >"$OUT/sampling.log" 2>&1
+$PY -m fovea_book.bench sampling --gpu-only --gpu-batches 1 64 >"$OUT/sampling.log" 2>&1
 tail -12 "$OUT/sampling.log"
 cp _build/benchmarks/sampling_gpu.json "$OUT/" 2>/dev/null
 log "ncu: DRAM traffic of the gather kernel (B = 64)"
@@ -76,7 +76,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 if [ -n "$NCU" ]; then
   timeout 240 "$NCU" --target-processes all -k regex:'gather_(patches|tokens)' --launch-skip 1 --launch-count 16 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
-      $PY -m fovea_core.bench gather_probe >"$OUT/ncu_gather.txt" 2>&1
+      $PY -m fovea_book.bench gather_probe >"$OUT/ncu_gather.txt" 2>&1
   grep -E "gather_|gpu__time|dram__|warps_active|registers" "$OUT/ncu_gather.txt" | head -30
 else
   log "ncu not found"

@@ -13,29 +13,20 @@ One call for a page (and a question), every stage wired as the book does::
     f.tokens, f.patches, f.view, f.cost
 """
 
-from fovea_core.paths import data_dir, dataset_path, project_root
-from fovea_core.profiles import PROFILES, choose
 from fovea_core.pyramid import Pyramid, as_image_batch, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["PROFILES", "Foveation", "Pyramid", "TokenSet", "as_image_batch", "build_pyramid",
-           "choose", "data_dir", "dataset_path", "foveate", "project_root"]
-
-#: names exported lazily (importing them loads the allocators, the scorers and the sampler)
-_LAZY = {"foveate": ("fovea_core.foveate", "foveate"),
-         "Foveation": ("fovea_core.foveate", "Foveation")}
+__all__ = ["Foveation", "Pyramid", "TokenSet", "as_image_batch", "build_pyramid", "foveate"]
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``fovea_core.foveate`` and ``fovea_core.Foveation``, imported on first use so that
-    ``import fovea_core`` stays light (:mod:`fovea_core.foveate`)."""
-    if name in _LAZY:
-        import importlib
+    """``fovea_core.foveate`` (a function) and ``fovea_core.Foveation``, imported on first use
+    so that ``import fovea_core`` stays light (:mod:`fovea_core.foveation`)."""
+    if name in ("foveate", "Foveation"):
+        from fovea_core import foveation
 
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        if name != "foveate":       # the submodule of that name is itself callable as foveate
-            globals()[name] = value
+        value = getattr(foveation, name)
+        globals()[name] = value
         return value
     raise AttributeError(f"module 'fovea_core' has no attribute {name!r}")
-__version__ = "0.1.0"

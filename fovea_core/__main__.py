@@ -1,20 +1,16 @@
-"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M] --out DIR``
-and ``python -m fovea_core clean-stale [--cache-dir DIR] [--dry-run]``.
+"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M] --out DIR``.
 
-Per page (:func:`fovea_core.foveate.save_foveation`): ``<name>.foveated.png`` (what the
+Per page (:func:`fovea_core.foveation.save_foveation`): ``<name>.foveated.png`` (what the
 model sees), ``<name>.tokens.png`` (the tokens by level and by stage over the page, and the
 view) and ``<name>.foveation.json`` (the tokens and the costs). A folder runs over all its
 files (not its sub-folders) on a process pool with a progress bar; files that are not
-readable images are skipped and counted; the last line is a summary. Exit status: 0 when
-every image was foveated, 1 when a page failed, 2 for bad arguments (unknown method, missing
-path, a folder without images).
-
-``clean-stale`` (``make clean-stale``) deletes the sweep's row caches written by other
-versions of the ``fovea_core`` source (:func:`fovea_core.eval.evaluator.stale_caches`:
-``rows-<fingerprint>.sqlite`` but the current code's, and the unversioned files of older
-code), printing each file and the bytes freed; ``--dry-run`` only lists them. Run it when
-no book or sweep is running: a kernel started before a code change still writes the cache
-of its own (now stale) fingerprint.
+readable images are skipped and counted; the last line is a summary. Output names are
+unique (:func:`output_stems`): two files that share a stem, or a stem and another file's
+derived name, never write over each other. Exit status: 0 when every image was foveated, 1
+when a page failed (one too large to decode among them), 2 for bad arguments, each said in
+one line before any page is foveated: an unknown method, a budget below 1, an option the
+method does not take (or a bad value of ``patch``, ``seed``, ``scorer``), a missing path, a
+folder without images, an ``--out`` that cannot be created or written.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ DEFAULT_BUDGET = 273
 
 
 def _methods_epilog() -> str:
-    from fovea_core.foveate import DEFAULT_METHOD, method_names, method_summary
+    from fovea_core.foveation import DEFAULT_METHOD, method_names, method_summary
 
     names = method_names()
     width = max(len(n) for n in names)
@@ -80,21 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", "-j", type=int, default=None,
                    help="processes for a folder (default: the CPU count)")
     p.set_defaults(subparser=p, run=foveate_command)
-    c = sub.add_parser(
-        "clean-stale", help="delete the sweep's row caches of other code versions; print what "
-                            "went and the bytes freed",
-        description=textwrap.fill(
-            "Delete the cell caches (rows-<fingerprint>.sqlite and their -wal/-shm files, and "
-            "the unversioned caches of older code) whose fovea_core source fingerprint is not "
-            "the current one: no row in them can be read again. The current code's cache is "
-            "kept; nothing outside the cache folder is touched. Run it when no book or sweep "
-            "is running.", 88))
-    c.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="the sweep's cache folder (default: data/cache/sweep, and the old "
-                        "cascade cells in data/cache/cascade)")
-    c.add_argument("--dry-run", "-n", action="store_true",
-                   help="list what would be deleted, delete nothing")
-    c.set_defaults(subparser=c, run=clean_stale_command)
     return parser
 
 
@@ -112,16 +93,81 @@ def _is_image(path: Path) -> str:
     try:
         with Image.open(path):
             return ""
+    except Image.DecompressionBombError:    # an image, too large to decode: a failed page
+        return ""
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def _stems(paths: list[Path]) -> list[str]:
-    """Output stems: the file's stem, or ``stem_ext`` where two files share a stem."""
+def output_stems(paths: list[Path]) -> list[str]:
+    """One output stem per input, all different (also to a case-insensitive file system).
+
+    A file whose stem no other file shares (ignoring case) keeps it; the others get
+    ``stem_ext`` (``a.png``, ``a.jpg`` -> ``a_png``, ``a_jpg``). A derived name may still
+    be taken, by another file's own stem (``a_png.png``) or another derived name, so every
+    name is checked against all the names taken so far, the plain stems first, and gets
+    ``-2``, ``-3``, ... until it is free: no page's files ever replace another's.
+    """
     count: dict[str, int] = {}
     for p in paths:
-        count[p.stem] = count.get(p.stem, 0) + 1
-    return [p.stem if count[p.stem] == 1 else f"{p.stem}_{p.suffix.lstrip('.')}" for p in paths]
+        count[p.stem.casefold()] = count.get(p.stem.casefold(), 0) + 1
+    plain = [count[p.stem.casefold()] == 1 for p in paths]
+    taken = {p.stem.casefold() for p, own in zip(paths, plain) if own}
+    out = [p.stem if own else "" for p, own in zip(paths, plain)]
+    for i, p in enumerate(paths):
+        if plain[i]:
+            continue
+        base = f"{p.stem}_{p.suffix.lstrip('.')}" if p.suffix else p.stem
+        name, k = base, 2
+        while name.casefold() in taken:
+            name, k = f"{base}-{k}", k + 1
+        taken.add(name.casefold())
+        out[i] = name
+    return out
+
+
+def _refuse(parser: argparse.ArgumentParser, *lines: str) -> None:
+    """Bad arguments: each problem in one line on stderr, then exit status 2 (no usage
+    block, no traceback)."""
+    for line in lines:
+        print(f"{parser.prog}: error: {line}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _out_problem(out: Path) -> str:
+    """Why ``--out`` cannot be created or written, from what exists now (nothing is
+    created): ``""`` when it looks fine. :func:`_make_out` tries it for real."""
+    if out.exists():
+        if not out.is_dir():
+            return f"--out {out} exists and is not a folder"
+        if not os.access(out, os.W_OK | os.X_OK):
+            return f"--out {out} is not writable (permission denied or a read-only file system)"
+        return ""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out} cannot be created: {parent} is not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return (f"--out {out} cannot be created: {parent} is not writable (permission denied "
+                "or a read-only file system)")
+    return ""
+
+
+def _make_out(out: Path) -> str:
+    """Create ``--out`` and write (then remove) a probe file in it; ``""`` or why not."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"--out {out} cannot be created ({err.strerror or type(err).__name__})"
+    try:
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".foveate-probe-"):
+            pass
+    except OSError as err:
+        return f"--out {out} is not writable ({err.strerror or type(err).__name__})"
+    return ""
 
 
 def _progress(total: int):
@@ -143,33 +189,39 @@ def _progress(total: int):
 
 
 def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fovea_core.foveate import (DEFAULT_METHOD, method_names, run_page, uses_question,
-                                    worker_init)
+    from fovea_core.allocators.base import check_budget
+    from fovea_core.foveation import DEFAULT_METHOD, check_options, run_page, worker_init
 
     t0 = time.perf_counter()
     method = args.method or DEFAULT_METHOD
-    if method not in method_names():
-        parser.error(f"unknown method {method!r}; registered: {', '.join(method_names())}")
+    options = dict(args.option)
+    errors = []                  # every problem found before any work, one line each
+    try:
+        notes = check_options(method, args.question, **options)
+    except (ValueError, TypeError) as err:
+        notes, errors = [], [str(err)]
     budget = args.budget if args.budget is not None else (None if method == "full"
                                                           else DEFAULT_BUDGET)
-    if budget is not None and budget < 1:
-        parser.error(f"--budget must be a positive int (tokens per page), got {budget}")
+    if budget is not None:
+        try:
+            check_budget(budget, None, arg="--budget",
+                         where=" (tokens per page; Gh*Gw, the page's patch count, is checked "
+                               "per page)")
+        except ValueError as err:
+            errors.append(str(err))
     if args.workers is not None and args.workers < 1:
-        parser.error(f"--workers must be >= 1, got {args.workers}")
-    options = dict(args.option)
-    if args.question is not None and not args.question.strip():
-        parser.error("--question must not be empty")
+        errors.append(f"--workers must be >= 1, got {args.workers}")
     src = Path(args.path)
-    if not src.exists():
-        parser.error(f"no such file or folder: {src}")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        parser.error(f"--out {out} exists and is not a folder")
-    if src.is_dir() and out.resolve() == src.resolve():
-        parser.error("--out must not be the input folder (the outputs would become inputs)")
-    if args.question is not None and not uses_question(method, **options):
-        print(f"note: method {method!r} does not read the question; it is ignored",
-              file=sys.stderr)
+    if not src.exists():
+        errors.append(f"no such file or folder: {src}")
+    elif src.is_dir() and out.resolve() == src.resolve():
+        errors.append("--out must not be the input folder (the outputs would become inputs)")
+    errors += [e for e in [_out_problem(out)] if e]
+    if errors:
+        _refuse(parser, *errors)
+    for note in notes:                       # said once for the whole folder
+        print(f"note: {note}", file=sys.stderr)
 
     files = _list_inputs(src)
     images, skipped = [], []
@@ -185,17 +237,22 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         else:
             print(f"error: {src} is not a readable image", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
+    problem = _make_out(out)                 # created only now: there are pages to write
+    if problem:
+        _refuse(parser, problem)
     jobs = [dict(path=str(p), stem=s, out_dir=str(out), question=args.question, budget=budget,
-                 method=method, options=options) for p, s in zip(images, _stems(images))]
+                 method=method, options=options)
+            for p, s in zip(images, output_stems(images))]
     workers = min(args.workers or os.cpu_count() or 1, len(jobs))
     update, write, close = _progress(len(jobs))
     results = []
 
     def report(r: dict) -> None:
         results.append(r)
-        write(f"{r['status']} {Path(r['path']).name} ({r['seconds']:.1f} s)"
-              + (f": {r['message']}" if r["message"] else ""))
+        name = Path(r["path"])
+        renamed = r.get("stem") not in (None, name.stem)
+        write(f"{r['status']} {name.name}" + (f" -> {r['stem']}.*" if renamed else "")
+              + f" ({r['seconds']:.1f} s)" + (f": {r['message']}" if r["message"] else ""))
         update(1)
 
     try:
@@ -213,7 +270,8 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                     try:
                         report(fut.result())
                     except Exception as err:  # noqa: BLE001 - a worker died (e.g. memory)
-                        report(dict(path=futs[fut]["path"], status="failed", seconds=0.0,
+                        report(dict(path=futs[fut]["path"], stem=futs[fut]["stem"],
+                                    status="failed", seconds=0.0,
                                     message=f"worker: {type(err).__name__}: {err}"))
     finally:
         close()
@@ -223,29 +281,6 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     print(f"foveate: {done} done, {skip} skipped, {failed} failed of {len(files)} files "
           f"in {time.perf_counter() - t0:.1f} s ({method}, N = {budget or 'all'}) -> {out}")
     return 1 if failed or not done else 0
-
-
-def clean_stale_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Delete (or with ``--dry-run`` list) the stale cell caches; one line per file with its
-    size, then a summary line with the file count and the bytes. Exit 0 (also when nothing is
-    stale), 2 when ``--cache-dir`` is not a folder."""
-    from fovea_core.eval.evaluator import (cell_cache_path, default_cache_dir,
-                                           evict_stale_caches, stale_caches)
-
-    folder = default_cache_dir() if args.cache_dir is None else Path(args.cache_dir)
-    if args.cache_dir is not None and not folder.is_dir():
-        parser.error(f"--cache-dir {folder} is not a folder")
-    sizes = {p: p.stat().st_size for p in stale_caches(args.cache_dir)}
-    gone = list(sizes) if args.dry_run else evict_stale_caches(args.cache_dir)
-    verb = "would remove" if args.dry_run else "removed"
-    for p in gone:
-        print(f"{verb} {p} ({sizes.get(p, 0):,} bytes)")
-    total = sum(sizes.get(p, 0) for p in gone)
-    keep = cell_cache_path(folder)
-    print(f"clean-stale: {verb} {len(gone)} file{'s' if len(gone) != 1 else ''}, {total:,} bytes"
-          f" ({total / 2**20:.1f} MiB) in {folder}; kept {keep.name} (the current code's"
-          f"{'' if keep.exists() else ', not written yet'})")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

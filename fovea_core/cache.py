@@ -1,8 +1,8 @@
 """A small on-disk key -> text store in SQLite, shared by every layer that caches results.
 
-:class:`SqliteCache` holds the OCR reader's texts (:mod:`fovea_core.eval.reader`), the
+:class:`SqliteCache` holds the OCR reader's texts (:mod:`fovea_book.eval.reader`), the
 coarse-view OCR of the query scorers (:mod:`fovea_core.importance.query`), and the
-evaluator's score maps and finished rows (:mod:`fovea_core.eval.evaluator`): one file per
+evaluator's score maps and finished rows (:mod:`fovea_book.eval.evaluator`): one file per
 use, one table ``ocr (key TEXT PRIMARY KEY, text TEXT)`` (the name is historical: files
 written before this module existed stay valid). Values are text; callers serialise (JSON,
 base64) and choose their keys.

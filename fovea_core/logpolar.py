@@ -53,7 +53,7 @@ bilinear weights, so both backends agree to float32 rounding; for uint8 images O
 fixed-point weights, which is why the library works on float images).
 ``backend="auto"`` picks the fastest correct path: ``cv2.remap`` on each contiguous
 ``[H, W]`` plane for float32 CPU tensors that need no gradient (5-50x faster than the torch
-sampler on the 2-core CPU, see ``python -m fovea_core.bench logpolar``; it also beats the
+sampler on the 2-core CPU, see ``python -m fovea_book.bench logpolar``; it also beats the
 torch path for batches of centres), and torch otherwise (GPU tensors, float64, autograd).
 """
 

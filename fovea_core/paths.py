@@ -1,44 +1,58 @@
-"""Where the project's own data and the external evaluation datasets live."""
+"""Where the method's own files are: its package data and its cache folder.
+
+* :func:`resource` -- a file shipped inside the package (the committed localiser weights and
+  fixation readout in ``fovea_core/weights/``, the kernel source in
+  ``fovea_core/kernels/``), found with :mod:`importlib.resources`, so an installed wheel
+  reads the same files as the checkout;
+* :func:`cache_dir` -- where caches go: ``$FOVEA_CACHE``, else the platform's user cache
+  folder (``$XDG_CACHE_HOME/fovea_core``, default ``~/.cache/fovea_core``; on macOS
+  ``~/Library/Caches/fovea_core``; on Windows ``%LOCALAPPDATA%\\fovea_core\\Cache``), never
+  the package or the checkout; ``FOVEA_NO_DISK_CACHE=1`` turns the disk caches off.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
+from importlib import resources
 from pathlib import Path
 
 
-class DatasetNotFound(FileNotFoundError):
-    """An external dataset is not where ``FOVEA_DATA`` says; the message says how to fix it."""
+def resource(*parts: str) -> Path:
+    """Path of a file shipped in the package, e.g. ``resource("weights", "x.pt")``.
 
-
-def project_root() -> Path:
-    """The repository root (the folder holding ``pyproject.toml``)."""
-    return Path(__file__).resolve().parent.parent
-
-
-def data_dir() -> Path:
-    """Root of the external datasets: ``$FOVEA_DATA``, else ``<project>/data/external``.
-
-    ``make`` links ``data/external`` to ``../shared/datasets`` when that folder exists.
+    Raises:
+        FileNotFoundError: the file is not in this installation (the message names it).
     """
-    env = os.environ.get("FOVEA_DATA")
-    return Path(env).expanduser() if env else project_root() / "data" / "external"
-
-
-def dataset_path(name: str, root: str | Path | None = None) -> Path:
-    """Folder of dataset ``name`` (e.g. ``"sroie-dev"``); raise :class:`DatasetNotFound`.
-
-    Args:
-        name: sub-folder of the data root.
-        root: the data root; default :func:`data_dir`.
-    """
-    base = Path(root).expanduser() if root else data_dir()
-    path = base / name
-    if not path.is_dir():
-        raise DatasetNotFound(
-            f"dataset {name!r} not found at {path}. Set FOVEA_DATA (or the notebook's "
-            f"data_dir parameter) to the folder that holds {name}/, e.g. ../shared/datasets.")
+    path = Path(str(resources.files("fovea_core").joinpath(*parts)))
+    if not path.exists():
+        raise FileNotFoundError(f"{'/'.join(parts)} is not in this fovea_core installation "
+                                f"(looked at {path}); reinstall the package")
     return path
+
+
+def cache_dir(*parts: str) -> Path:
+    """The user cache folder of ``fovea_core`` (created on first use), or a sub-folder.
+
+    ``$FOVEA_CACHE`` when set, else the platform's user cache directory (see the module
+    docstring). Nothing is written beside the package.
+    """
+    env = os.environ.get("FOVEA_CACHE")
+    if env:
+        base = Path(env).expanduser()
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches" / "fovea_core"
+    elif os.name == "nt":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home())) / "fovea_core" / "Cache"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fovea_core"
+    return base.joinpath(*parts)
+
+
+def disk_cache_enabled() -> bool:
+    """False when ``FOVEA_NO_DISK_CACHE`` is set to anything but ``""``/``0``."""
+    return os.environ.get("FOVEA_NO_DISK_CACHE", "") in ("", "0")
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:

@@ -394,7 +394,7 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
 #: device type -> a faster :func:`pyr_down` step for :func:`build_pyramid`:
 #: ``step(src [B, C, H, W], dst [B, C, ceil(H/2), ceil(W/2)]) -> bool`` writes the next level
 #: into ``dst`` in place and returns ``True``, or returns ``False`` (not taken: the torch step
-#: runs). This module never imports the kernel layer (layers point down, ``DESIGN.md``);
+#: runs). This module never imports the kernel layer (layers point down, ``tests/test_layers.py``);
 #: :mod:`fovea_core.kernels` registers its ``pyr_down`` CUDA kernel here when imported.
 _PYR_DOWN_STEPS: dict[str, Callable[[torch.Tensor, torch.Tensor], bool]] = {}
 

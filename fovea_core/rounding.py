@@ -1,7 +1,7 @@
 """Apportionment: integer counts proportional to weights that sum exactly to a total.
 
 The definition of Hamilton's largest-remainder method, used by the biology code
-(:func:`fovea_core.biology.cortex.band_budget`, numpy), so that "how a token budget is
+(:func:`fovea_book.biology.cortex.band_budget`, numpy), so that "how a token budget is
 split" is defined in one place. The allocators run its torch twin
 (:func:`fovea_core.allocators.base.largest_remainder`: the same float64 steps in the same
 order, on the scores' device without host syncs); ``tests/test_allocators_device.py``

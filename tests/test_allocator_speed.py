@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fovea_core.allocators import allocate
+from fovea_core.methods import allocate
 from fovea_core.allocators.logpolar import _nearest_centre
 from fovea_core.pyramid import build_pyramid
 

@@ -47,7 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fovea_core import tokens as T
-from fovea_core.allocators import ALLOCATORS, INFO, allocate
+from fovea_core.methods import ALLOCATORS, INFO, allocate
 from fovea_core.pyramid import Pyramid, build_pyramid
 
 PATCH = 16

@@ -1,8 +1,8 @@
-"""Bad input gets a clear error, never a silent wrong result (issue 11, item 8).
+"""Bad input gets a clear error, never a silent wrong result.
 
 One table, one row per bad input to the public API: the call, the exception type it must
 raise and the argument its message must name (as a whole word). Every row was checked to
-fail before its fix (see the issue-11 report for the reproduced ones), and each row fails
+fail before its fix (the bad-input review reproduced them), and each row fails
 again if the check it exercises is removed, because the call then either succeeds or dies
 with an unrelated error or message. Where a later check would name the same argument (the
 allocators' NaN/inf scores also reach ``fixation_from_scores``), the row also carries a
@@ -26,20 +26,21 @@ import pytest
 import torch
 
 from fovea_core import build_pyramid
-from fovea_core.allocators import ALLOCATORS, INFO, allocate
-from fovea_core.allocators.base import resolve_fixation
-from fovea_core.biology import cortex as C
-from fovea_core.cascade.allocator import cascade, cascade_parts
+from fovea_core.methods import ALLOCATORS, INFO, allocate
+from fovea_core.allocators.base import check_budget, check_seed, image_rand, resolve_fixation
+from fovea_book.biology import cortex as C
+from fovea_core.cascade.allocator import budget_range, cascade, cascade_parts
 from fovea_core.cascade.core import gist
 from fovea_core.cascade.localisers import uniform
-from fovea_core.biology import psychophysics as P
-from fovea_core.biology import retina as R
-from fovea_core.density import token_density
-from fovea_core.eval import metrics as M
-from fovea_core.eval.documents import synthetic_documents
-from fovea_core.eval.reader import Reader, crop_box
-from fovea_core.eval.sroie import load_sroie, match_field
-from fovea_core.eval.sweep import run_sweep
+from fovea_book.biology import psychophysics as P
+from fovea_book.biology import retina as R
+from fovea_book.eval.density import token_density
+from fovea_book.eval import metrics as M
+from fovea_book.eval.documents import synthetic_documents
+from fovea_book.eval.reader import Reader, crop_box
+from fovea_book.eval.sroie import load_sroie, match_field
+from fovea_book.eval.sweep import run_sweep
+from fovea_core.foveation import foveate, load_image
 from fovea_core.importance import center_bias, fixation_from_scores, score, spectral_residual
 from fovea_core.importance.query import query_scores
 from fovea_core.importance.text import read_text
@@ -81,6 +82,40 @@ def sroie_dir(stems=("000",), *, key: str = RECEIPT_KEY, box: str | None = RECEI
         if img:
             cv2.imwrite(str(root / "img" / f"{stem}.jpg"), np.full((60, 100, 3), 255, np.uint8))
     return root
+
+
+def _closed_pil(load: bool = False):
+    """A closed PIL image: used after its ``with Image.open(...)`` block (never read), or
+    (``load``) read and then closed with ``img.close()``."""
+    from PIL import Image
+
+    path = Path(tempfile.mkdtemp(prefix="closed_")) / "page.png"
+    atexit.register(shutil.rmtree, path.parent, True)
+    Image.fromarray(NP_RGB).save(path)
+    with Image.open(path) as img:
+        if load:
+            img.load()
+    if load:
+        img.close()
+    return img
+
+
+def _pil_f(value: float):
+    """A 32-bit float PIL image (mode ``"F"``) of ramp 0..``value``."""
+    from PIL import Image
+
+    arr = np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32) * np.float32(value)
+    if value != value:                                   # NaN: one NaN pixel in a ramp
+        arr = np.linspace(0, 1, 32 * 32, dtype=np.float32).reshape(32, 32)
+        arr[3, 3] = np.nan
+    return Image.fromarray(arr)                        # float32 [H, W]: mode "F"
+
+
+def _pil_i(low: int):
+    """A 32-bit integer PIL image (mode ``"I"``) whose smallest value is ``low``."""
+    from PIL import Image
+
+    return Image.fromarray(np.full((32, 32), low, dtype=np.int32))   # int32: mode "I"
 
 
 def tokens(**over) -> TokenSet:
@@ -172,11 +207,43 @@ CASES = [
     ("cascade gist_budget 0", lambda: cascade(CPYR, None, 40, localiser=uniform, gist_budget=0), ValueError, "gist_budget", "gist_budget must be None or an int"),
     ("cascade NaN context_weight", lambda: cascade(CPYR, None, 40, localiser=uniform, context_weight=float("nan")), ValueError, "context_weight", "context_weight must be a number in \\[0, 1\\]"),
     ("cascade fixation outside", lambda: allocate("cascade_gist_query", CPYR, None, 40, fixation=(2, 2)), ValueError, "fixation", "fixation must be finite"),
-    ("cascade float budget", lambda: cascade(CPYR, None, 40.0, localiser=uniform), ValueError, "budget", "budget must be an int"),
+    ("cascade float budget", lambda: cascade(CPYR, None, 40.0, localiser=uniform), ValueError, "budget", r"budget must be in \[5, 64\] .*, got 40\.0 \(float; an int is needed"),
     ("cascade localiser all NaN", lambda: cascade(CPYR, None, 40, localiser=lambda g, q: torch.full((1, 8, 8), float("nan"))), ValueError, "localiser", "no usable mass"),
-    ("cascade localiser all zero", lambda: cascade(CPYR, None, 40, localiser=lambda g, q: torch.zeros(1, 8, 8)), ValueError, "localiser", "no usable mass"),
+    ("cascade budget below its gist", lambda: cascade(CPYR, None, 4, localiser=uniform), ValueError, "budget", r"^cascade: budget must be in \[5, 64\] for a 128x128 page \(8x8 patches of 16 px; the cascade needs its gist plus at least one fovea token\), got 4$"),
+    ("cascade budget above the page", lambda: cascade(CPYR, None, 65, localiser=uniform), ValueError, "budget", r"budget must be in \[5, 64\]"),
+    ("cascade page of one patch", lambda: cascade(build_pyramid(torch.rand(1, 3, 16, 16)), None, 1, localiser=uniform), ValueError, "budget", r"^cascade: no budget fits for a 16x16 page \(1x1 patches .*the page cannot hold them"),
+    ("cascade gist_budget too big for the page", lambda: cascade(CPYR, None, 64, localiser=uniform, gist_budget=64), ValueError, "budget", r"no budget fits .*gist_budget=64.*smaller gist_budget"),
     ("cascade gist of another page", lambda: cascade_parts(CPYR, 40, localiser=uniform, gist_budget=16, gist_obj=gist(build_pyramid(torch.zeros(1, 3, 128, 128)), 16)), ValueError, "gist_obj", "gist of another page"),
     ("cascade_parts surround 1", lambda: cascade_parts(CPYR, 40, localiser=uniform, surround=1.0), ValueError, "surround", "surround must be in"),
+    # --- the one budget and seed checks (fovea_core.allocators.base)
+    ("check_budget numpy float", lambda: check_budget(np.float64(4), 16), ValueError, "budget", r"^budget must be in \[1, 16\], got np\.float64\(4\.0\) \(float64; an int is needed, numpy integers accepted\)$"),
+    ("check_budget unknown top", lambda: check_budget(0, None, arg="--budget"), ValueError, "--budget", r"^--budget must be in \[1, Gh\*Gw\], got 0$"),
+    ("allocate budget message", lambda: allocate("topk", PYR, SC, 17), ValueError, "budget", r"^topk: budget must be in \[1, 16\] for a 4x4 patch grid, got 17$"),
+    ("seed float", lambda: check_seed(1.5), ValueError, "seed", r"seed must be an int \(any integer"),
+    ("seed bool", lambda: check_seed(True), ValueError, "seed", r"got True \(bool\)"),
+    ("seed string", lambda: check_seed("abc"), ValueError, "seed", r"got 'abc' \(str\)"),
+    ("random seed float", lambda: allocate("random", PYR, SC, 4, seed=1.5), ValueError, "seed", r"^random: seed must be an int"),
+    ("image_rand seed string", lambda: image_rand(SC, "3"), ValueError, "seed", r"seed must be an int"),
+    # --- foveate() and load_image() (fovea_core.foveation)
+    ("foveate seed float", lambda: foveate(IMG, budget=4, method="random", seed=1.5), ValueError, "seed", r"got 1\.5 \(float\)"),
+    ("foveate seed bool", lambda: foveate(IMG, budget=4, method="random", seed=True), ValueError, "seed", r"got True \(bool\)"),
+    ("foveate seed string", lambda: foveate(IMG, budget=4, method="random", seed="abc"), ValueError, "seed", r"got 'abc' \(str\)"),
+    ("foveate seed float, method without seed", lambda: foveate(IMG, budget=4, method="resize", seed=0.5), ValueError, "seed", r"seed must be an int"),
+    ("foveate scorer list", lambda: foveate(IMG, budget=4, method="topk", scorer=["saliency"]), TypeError, "scorer", r"^scorer must be a str, one of \[.*'saliency'.*\], or None; got \['saliency'\] \(list\)$"),
+    ("foveate scorer unknown", lambda: foveate(IMG, budget=4, method="topk", scorer="salience"), ValueError, "scorer", r"unknown scorer 'salience'"),
+    ("foveate query option", lambda: foveate(IMG, budget=4, method="topk", query="total"), ValueError, "query", r"pass the question as foveate's `question`"),
+    ("foveate page below a patch", lambda: foveate(torch.rand(1, 3, 1, 1), budget=1, method="resize"), ValueError, "image", r"^image: a 1x1 page is smaller than one patch \(16 px\)"),
+    ("foveate page below a patch, budget 2", lambda: foveate(torch.rand(1, 3, 1, 1), budget=2, method="resize"), ValueError, "image", r"^image: a 1x1 page is smaller"),
+    ("foveate cascade, page of one patch", lambda: foveate(torch.rand(1, 3, 16, 16), budget=1, method="cascade_prior"), ValueError, "budget", r"^no budget fits for a 16x16 page \(1x1 patches of 16 px; the cascade needs its gist plus at least one fovea token\): the page cannot hold them"),
+    ("foveate cascade budget below its gist", lambda: foveate(IMG, budget=4, method="cascade_prior"), ValueError, "budget", r"budget must be in \[5, 16\] for a 64x64 page"),
+    ("foveate full budget", lambda: foveate(IMG, budget=4, method="full"), ValueError, "budget", r"^budget must be in \[16, 16\] for method 'full'"),
+    ("image meta tensor", lambda: load_image(torch.empty(3, 32, 32, device="meta")), ValueError, "image", r"^image: a tensor on the meta device"),
+    ("image sparse tensor", lambda: load_image(torch.rand(3, 32, 32).to_sparse()), ValueError, "image", r"^image: a sparse tensor \(layout torch\.sparse_coo\)"),
+    ("image closed PIL", lambda: load_image(_closed_pil()), ValueError, "image", r"^image: the PIL image cannot be read \(AssertionError\); it is probably closed"),
+    ("image closed PIL, loaded first", lambda: load_image(_closed_pil(load=True)), ValueError, "image", r"^image: the PIL image cannot be read \(ValueError: Operation on closed image\); it is probably closed"),
+    ("image float PIL out of range", lambda: load_image(_pil_f(300.0)), ValueError, "image", r"mode 'F' must hold floats in \[0, 1\] \(or 0\.\.255\); got values in \[0, 300\]"),
+    ("image float PIL NaN", lambda: load_image(_pil_f(float("nan"))), ValueError, "image", r"mode 'F' contains NaN or inf"),
+    ("image 32-bit int PIL negative", lambda: load_image(_pil_i(-5)), ValueError, "image", r"mode 'I' must hold integers in 0\.\.255 \(8-bit\) or 0\.\.65535"),
     # --- TokenSet (lead: float levels)
     ("TokenSet NaN level", lambda: tokens(levels=nan_at(TS.levels.float())), ValueError, "levels"),
     ("TokenSet inf level", lambda: tokens(levels=nan_at(TS.levels.float(), float("inf"))), ValueError, "levels"),
@@ -369,6 +436,44 @@ def test_cascade_accepts_a_numpy_integer_budget():
     b = cascade(CPYR, None, 40, localiser=uniform)
     assert a.centers.shape[1] == b.centers.shape[1] == 40
     assert torch.equal(a.centers, b.centers) and torch.equal(a.levels, b.levels)
+
+
+@pytest.mark.parametrize("flat", [torch.zeros(1, 8, 8), torch.full((1, 8, 8), -1.0)],
+                         ids=["all zero", "all negative"])
+def test_cascade_reads_a_map_with_no_mass_as_flat(flat):
+    # "nothing stands out" (a blank page under the query scorer) used to be refused by
+    # cascade_gist_query alone; it is the uniform localiser's flat map now, as documented
+    got = cascade(CPYR, None, 40, localiser=lambda g, q: flat.clone())
+    want = cascade(CPYR, None, 40, localiser=uniform)
+    assert torch.equal(got.centers, want.centers) and torch.equal(got.levels, want.levels)
+
+
+def test_every_cascade_accepts_an_all_black_page():
+    black = build_pyramid(torch.zeros(1, 3, 128, 128))
+    for name in ("cascade_gist_query", "cascade_prior", "cascade"):
+        assert allocate(name, black, None, 40).budget == 40, name
+
+
+def test_the_cascades_stated_budget_range_is_true():
+    # the range a message states must run at both ends and refuse just outside them
+    for side in (48, 64, 128):
+        pyr = build_pyramid(torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(5)))
+        low, high = budget_range((side, side))
+        assert high == (side // 16) ** 2 and low == 5
+        for n in (low, high):
+            assert cascade(pyr, None, n, localiser=uniform).budget == n
+        for n in (low - 1, high + 1):
+            with pytest.raises(ValueError, match=rf"budget must be in \[{low}, {high}\]"):
+                cascade(pyr, None, n, localiser=uniform)
+    assert budget_range((16, 16))[0] > budget_range((16, 16))[1]         # one patch: none fits
+
+
+def test_a_tensor_that_requires_grad_is_detached_not_refused():
+    page = IMG[0].clone().requires_grad_(True)
+    x = load_image(page)
+    assert not x.requires_grad and torch.equal(x, IMG)
+    assert page.requires_grad                           # the caller's tensor is left as it is
+    assert torch.equal(foveate(page, budget=4, method="resize").view, foveate(IMG, budget=4, method="resize").view)
 
 
 # ----------------------------------------------------------------------------- SROIE skips

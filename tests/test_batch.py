@@ -1,8 +1,9 @@
-"""`python -m fovea_core.book batch`: a parameter grid with papermill, glued scalars collected."""
+"""`python -m fovea_book.build batch`: a parameter grid with papermill, glued scalars collected."""
 
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book import batch
-from fovea_core.book.batch import (check_grid, glue_scalar, grid, notebook_parameters,
+from fovea_book.build import batch
+from fovea_book.build.batch import (check_grid, glue_scalar, grid, notebook_parameters,
                                    parse_parameter, parse_value, run_name, run_path, slug)
-from fovea_core.book.cli import main
-from fovea_core.book.runner import UsageError
+from fovea_book.build.cli import main
+from fovea_book.build.runner import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BATCH = FIXTURES / "batch.ipynb"
@@ -50,12 +51,21 @@ def test_glue_outputs_are_read_as_scalars():
     assert glue_scalar({"output_type": "stream", "text": "hi"}) is None
 
 
+def _project(root: Path) -> Path:
+    """``root`` made a project root for the batch: a ``fovea_core/`` folder with one source
+    file (what the runs' cache key follows)."""
+    (root / "fovea_core").mkdir(parents=True, exist_ok=True)
+    (root / "fovea_core" / "__init__.py").write_text('"""a stand-in of the sources"""\n')
+    return root
+
+
 def test_batch_runs_the_grid_collects_the_table_and_resumes(tmp_path):
+    _project(tmp_path)
     nb = tmp_path / "notebooks" / "batch.ipynb"
     nb.parent.mkdir()
     shutil.copy(FIXTURES / "batch.ipynb", nb)
     env = {**os.environ, "FOVEA_DATA": str(tmp_path / "datasets")}
-    cmd = [sys.executable, "-m", "fovea_core.book", "batch", "--root", str(tmp_path), str(nb),
+    cmd = [sys.executable, "-m", "fovea_book.build", "batch", "--root", str(tmp_path), str(nb),
            "--profile", "smoke", "--jobs", "2", "-p", "a", "1", "2", "-p", "label", "q"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
                            cwd=tmp_path)
@@ -90,7 +100,7 @@ def test_batch_runs_the_grid_collects_the_table_and_resumes(tmp_path):
     assert "a=x,label=q.ipynb: cell 2" in second.stdout and "ValueError" in second.stdout
 
 
-# --- checked before anything runs (issue 21, item 8) ---------------------------------------
+# --- checked before anything runs ----------------------------------------------------------
 
 def _write_notebook(path: Path, *sources: tuple[str, list[str]]) -> Path:
     cells = [{"cell_type": "code", "metadata": {"tags": tags}, "source": src, "outputs": [],
@@ -171,12 +181,77 @@ def test_the_command_refuses_before_running_anything(tmp_path, monkeypatch, caps
     """The typo once ran the defaults for minutes, exited 0 and labelled them zzz=5; a name
     with '..' wrote outside _build/runs. Now: exit 2, the reason, nothing run or written."""
     monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
-    nb = tmp_path / "project" / "batch.ipynb"
-    nb.parent.mkdir()
+    nb = _project(tmp_path / "project") / "batch.ipynb"
     shutil.copy(BATCH, nb)
     code = main(["batch", "--root", str(nb.parent), str(nb), "--profile", "smoke", *args])
     assert code == 2
     assert message in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["batch.ipynb", "project"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["__init__.py", "batch.ipynb",
+                                                           "fovea_core", "project"]
     assert main(["batch", "--root", str(nb.parent), str(nb.parent / "typo.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "-5"], "argument --timeout: must be a whole number of seconds >= 1 (per cell), "
+                          "got -5"),
+    (["--timeout", "0"], "argument --timeout: must be a whole number of seconds >= 1 (per cell), "
+                         "got 0"),
+    (["--timeout", "1.5"], "argument --timeout: must be a whole number of seconds >= 1, got '1.5'"),
+], ids=["negative", "zero", "fraction"])
+def test_a_timeout_below_one_second_is_refused(tmp_path, monkeypatch, capsys, args, message):
+    """``--timeout -5`` meant no timeout at all to the kernel client: refused, exit 2."""
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
+    nb = _project(tmp_path / "project") / "batch.ipynb"
+    shutil.copy(BATCH, nb)
+    with pytest.raises(SystemExit) as e:
+        main(["batch", "--root", str(nb.parent), str(nb), "-p", "a", "1", *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (nb.parent / "_build").exists()
+    with pytest.raises(UsageError, match=r"--timeout must be a whole number of seconds >= 1"):
+        batch.run_batch(nb.parent, nb, [["a", "1"]], timeout=-5)     # the API refuses it too
+
+
+@pytest.mark.parametrize("root, message", [
+    ("missing", "--root {root}: no such folder (the project root, holding _toc.yml and "
+                "fovea_core/)"),
+    ("elsewhere", "--root {root} holds no fovea_core/ folder, so the runs' cache key would not "
+                  "follow the code; pass the project root"),
+])
+def test_a_root_the_cache_key_cannot_follow_is_refused(tmp_path, monkeypatch, capsys, root,
+                                                      message):
+    """A root without the sources (missing, or another folder) made every run's key blind to
+    code changes: a changed method read as already done. Refused: exit 2, one line."""
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
+    nb = _project(tmp_path / "project") / "batch.ipynb"
+    shutil.copy(BATCH, nb)
+    bad = tmp_path / root
+    if root == "elsewhere":
+        bad.mkdir()
+    code = main(["batch", "--root", str(bad), str(nb), "-p", "a", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert message.format(root=bad.resolve()) in err
+    assert not (bad / "_build").exists() and not (nb.parent / "_build").exists()
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"cells": [', r"not a notebook: not valid JSON \(Expecting value at line 1, column 12\)"),
+    ('[{"cells": []}]', r"not a notebook: its JSON is a list, not an object with a 'cells' list"),
+    ('{"cells": {"0": 1}}', r"not a notebook: 'cells' is a dict, not a list"),
+    ('{"cells": [1]}', r"not a notebook: cell 0 is of type int, not an object"),
+    (b"\xff\xfe{}", r"not a notebook: not UTF-8 text"),
+], ids=["corrupt", "a list", "cells not a list", "cell not an object", "not UTF-8"])
+def test_a_notebook_that_is_not_one_is_named_with_the_reason(tmp_path, monkeypatch, capsys,
+                                                            text, reason):
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
+    root = _project(tmp_path / "project")
+    nb = root / "broken.ipynb"
+    nb.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(nb))}: {reason}"):
+        notebook_parameters(nb)
+    code = main(["batch", "--root", str(root), str(nb), "-p", "a", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(rf"{re.escape(str(nb))}: {reason}", err), err

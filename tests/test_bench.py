@@ -9,12 +9,12 @@ import re
 import numpy as np
 import pytest
 
-from fovea_core.bench import common
+from fovea_book.bench import common
 from fovea_core.vlm.qwen import qwen_config
 
 
 def test_speedup_interval_is_a_bootstrap_ci_over_repeats():
-    from fovea_core.bench import vlm_latency
+    from fovea_book.bench import vlm_latency
 
     cfg = qwen_config("qwen2-vl-tiny").text_config
     rng = np.random.default_rng(0)
@@ -77,8 +77,8 @@ def test_staleness_follows_the_measured_sources(tmp_path, monkeypatch):
 # monkeypatched, and the autouse guard fails a test that changed a real committed record.
 from pathlib import Path  # noqa: E402
 
-from fovea_core.bench.__main__ import main as bench_main  # noqa: E402
-from fovea_core.paths import project_root  # noqa: E402
+from fovea_book.bench.__main__ import main as bench_main  # noqa: E402
+from fovea_book.paths import project_root  # noqa: E402
 
 REAL = project_root() / "data" / "benchmarks"
 #: the smallest allocator benchmark: 2 images of 128 px, 2 allocators, 1 repeat, 1 round
@@ -157,7 +157,7 @@ def test_record_is_written_when_it_measured_as_much(dirs):
 
 
 def test_gpu_only_without_a_gpu_exits_non_zero_and_writes_nothing(dirs, monkeypatch):
-    from fovea_core.bench import sampling
+    from fovea_book.bench import sampling
 
     data, build = dirs
     committed = _snapshot(data)
@@ -215,7 +215,7 @@ def test_shortfalls_fewer_rounds_options_and_workload():
 
 
 def test_bad_arguments_are_argparse_errors_naming_the_flag(capsys):
-    from fovea_core.bench import allocators, sampling, vlm_latency
+    from fovea_book.bench import allocators, sampling, vlm_latency
 
     cases = [(sampling.main, ["--rounds", "0"], "--rounds"),
              (sampling.main, ["--gpu-batches", "0"], "--gpu-batches"),

@@ -1,4 +1,4 @@
-"""Reading benchmark records for chapter 05 (fovea_core.eval.benchreport) and its figure."""
+"""Reading benchmark records for chapter 05 (fovea_book.eval.benchreport) and its figure."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from fovea_core.eval.benchreport import (ratio_ci_text, ratio_value, read_record,  # noqa: E402
+from fovea_book.eval.benchreport import (ratio_ci_text, ratio_value, read_record,  # noqa: E402
                                          target_word)
-from fovea_core.plotting import timing_bars  # noqa: E402
+from fovea_book.plotting import timing_bars  # noqa: E402
 
 RATIOS = {"a/b": {"median_of_round_ratios": 1.25, "ci95": [1.111, 1.406]}}
 
@@ -90,7 +90,7 @@ def _speed_records(fused: float | None, batches=(1, 8), pipeline=True, cpu_min=1
 
 
 def test_read_ncu_parses_every_launch(tmp_path):
-    from fovea_core.eval.benchreport import read_ncu
+    from fovea_book.eval.benchreport import read_ncu
     p = tmp_path / "ncu.txt"
     p.write_text(NCU_TEXT)
     got = read_ncu(p)
@@ -102,7 +102,7 @@ def test_read_ncu_parses_every_launch(tmp_path):
 
 
 def test_speed_targets_pick_one_run_per_target_and_judge_it(tmp_path):
-    from fovea_core.eval.benchreport import read_ncu, speed_targets
+    from fovea_book.eval.benchreport import read_ncu, speed_targets
     p = tmp_path / "ncu.txt"
     p.write_text(NCU_TEXT)
     t = speed_targets(*_speed_records(0.75), ncu=read_ncu(p))
@@ -118,7 +118,7 @@ def test_speed_targets_pick_one_run_per_target_and_judge_it(tmp_path):
 
 
 def test_speed_targets_say_not_measured_rather_than_guess():
-    from fovea_core.eval.benchreport import speed_targets
+    from fovea_book.eval.benchreport import speed_targets
     t = speed_targets(*_speed_records(None, batches=(1,), pipeline=False, cpu_min=2.5))
     assert t.loc["gpu_gather_bandwidth"].verdict == "not met"
     assert "fused kernel not yet measured" in t.loc["gpu_gather_bandwidth"].detail

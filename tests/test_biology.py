@@ -1,4 +1,4 @@
-"""fovea_core.biology against data, and regression pins of its formulas.
+"""fovea_book.biology against data, and regression pins of its formulas.
 
 Two kinds of test, named for what they are:
 
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fovea_core.biology import anchor, published_anchors, regression_pins
-from fovea_core.biology import cortex as C
-from fovea_core.biology import psychophysics as P
-from fovea_core.biology import retina as R
+from fovea_book.biology import anchor, published_anchors, regression_pins
+from fovea_book.biology import cortex as C
+from fovea_book.biology import psychophysics as P
+from fovea_book.biology import retina as R
 
 ECC = st.floats(min_value=0.0, max_value=90.0, allow_nan=False)
 
@@ -327,7 +327,7 @@ def test_module_constants_match_published_anchor_table():
     # with a status, a source in the bibliography and, if published, a place in the source
     import re
 
-    from fovea_core.paths import project_root
+    from fovea_book.paths import project_root
 
     t = published_anchors()
     bib = set(re.findall(r"^@\w+\{([^,]+),", (project_root() / "book/references.bib").read_text(),

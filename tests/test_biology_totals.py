@@ -1,12 +1,12 @@
-"""Whole-retina totals of chapter 01 (fovea_core.biology.totals)."""
+"""Whole-retina totals of chapter 01 (fovea_book.biology.totals)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fovea_core.biology import retina as R
-from fovea_core.biology.totals import (RGC_BRACKET_DEG, cumulative_rgc, retina_totals,
+from fovea_book.biology import retina as R
+from fovea_book.biology.totals import (RGC_BRACKET_DEG, cumulative_rgc, retina_totals,
                                        rgc_in_disc)
 
 KW = dict(n_r=120, n_theta=90)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book import toc_files, toc_notebooks
+from fovea_book.build import toc_files, toc_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,14 +38,14 @@ def make_project(tmp_path: Path, *notebooks: str) -> Path:
 
 def run_book(root: Path, command: str = "all", *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FOVEA_DATA": str(root / "datasets")}
-    return subprocess.run([sys.executable, "-m", "fovea_core.book", command, "--profile", "smoke",
+    return subprocess.run([sys.executable, "-m", "fovea_book.build", command, "--profile", "smoke",
                            "--root", str(root), *extra], capture_output=True, text=True,
                           timeout=600, env=env, cwd=root)
 
 
 def run_here(root: Path, monkeypatch, *, force: bool = False) -> list:
     """``run`` in this process (no interpreter start-up): the runs, as the CLI would print."""
-    from fovea_core.book.runner import run_all
+    from fovea_book.build.runner import run_all
 
     monkeypatch.setenv("FOVEA_DATA", str(root / "datasets"))
     return run_all(root, "smoke", force=force)
@@ -160,10 +160,10 @@ def test_a_failed_notebook_is_not_cached(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("target", ["book", "test"])
 def test_both_make_targets_use_the_failing_runner(target):
-    """`make book` and `make test` both go through `fovea_core.book all` (tested above)."""
+    """`make book` and `make test` both go through `fovea_book.build all` (tested above)."""
     makefile = (ROOT / "Makefile").read_text()
     recipe = re.search(rf"^{target}:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
-    assert "-m fovea_core.book all" in recipe
+    assert "-m fovea_book.build all" in recipe
 
 
 def test_ci_runs_exactly_make_test():
@@ -187,10 +187,10 @@ def test_toc_lists_root_first_and_notebooks_in_order():
 
 def test_the_cache_key_covers_every_input_and_nothing_else(tmp_path, monkeypatch):
     """Notebook, fovea_core, cuda/, parameters, profile, datasets, data/, lock file."""
-    from fovea_core.book.cache import Inputs, notebook_key
+    from fovea_book.build.cache import Inputs, notebook_key
 
     root = tmp_path
-    files = {"fovea_core/a.py": "x = 1\n", "fovea_core/book/tool.py": "y = 1\n",
+    files = {"fovea_core/a.py": "x = 1\n", "book/fovea_book/build/tool.py": "y = 1\n",
              "cuda/k.cu": "// kernel\n", "data/biology/t.csv": "a\n1\n",
              "data/cache/sweeps/s.csv": "r\n", "datasets/sroie-dev/img/1.jpg": "jpg",
              "requirements.lock": "numpy==2.0.0 \\\n    --hash=sha256:00\n",
@@ -211,7 +211,7 @@ def test_the_cache_key_covers_every_input_and_nothing_else(tmp_path, monkeypatch
     for rel, changes in [("fovea_core/a.py", True), ("cuda/k.cu", True),
                          ("data/biology/t.csv", True), ("datasets/sroie-dev/img/1.jpg", True),
                          ("requirements.lock", True), ("notebooks/n.ipynb", True),
-                         ("fovea_core/book/tool.py", False), ("data/cache/sweeps/s.csv", False)]:
+                         ("book/fovea_book/build/tool.py", False), ("data/cache/sweeps/s.csv", False)]:
         path = root / rel
         old = path.read_text()
         path.write_text(old + " ")
@@ -235,7 +235,7 @@ def test_kernels_are_not_interrupted_at_shutdown():
 
     from jupyter_client.manager import AsyncKernelManager
 
-    from fovea_core.book.runner import kernel_config, kernel_manager_class
+    from fovea_book.build.runner import kernel_config, kernel_manager_class
 
     async def signals_sent(cls) -> list:
         km = cls(kernel_name="fovea", config=kernel_config())
@@ -290,7 +290,7 @@ class FakeNotebooks:
 
 def scheduled(items, after, jobs, seconds) -> tuple[FakeNotebooks, list]:
     """Run ``items`` through :func:`schedule` with fakes; the fakes and the yield order."""
-    from fovea_core.book.runner import schedule
+    from fovea_book.build.runner import schedule
 
     fake = FakeNotebooks(seconds)
     try:
@@ -337,7 +337,7 @@ def test_a_notebook_waits_for_its_after_but_does_not_hold_back_a_ready_one():
 
 
 def test_star_waits_for_every_earlier_notebook(tmp_path):
-    from fovea_core.book.runner import notebook_order
+    from fovea_book.build.runner import notebook_order
 
     root = order_project(tmp_path, {"a": None, "b": None, "c": "*", "d": None})
     toc = toc_notebooks(root)
@@ -350,7 +350,7 @@ def test_star_waits_for_every_earlier_notebook(tmp_path):
 
 
 def test_an_unknown_or_later_after_is_an_error_before_anything_runs(tmp_path, monkeypatch):
-    from fovea_core.book import runner
+    from fovea_book.build import runner
 
     monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("ran"))
     root = order_project(tmp_path, {"a": None, "b": ["a", "07_typo"]})
@@ -363,7 +363,7 @@ def test_an_unknown_or_later_after_is_an_error_before_anything_runs(tmp_path, mo
 
 
 def test_one_job_runs_in_toc_order_one_at_a_time_in_this_process(tmp_path, monkeypatch):
-    from fovea_core.book import runner
+    from fovea_book.build import runner
 
     items = list("abcd")
     fake, order = scheduled(items, {"c": ["a"]}, 1, {"a": 0.05, "b": 0.01, "c": 0.01, "d": 0.01})
@@ -390,7 +390,7 @@ def test_a_failure_does_not_stop_the_others_and_is_reported(tmp_path, monkeypatc
     """run_all with two jobs, threads for processes and a fake papermill: b's cell raises;
     c (after b) and d still run, the failure is printed, returned and in timings.json, and
     only the notebooks that ran get a cache record."""
-    from fovea_core.book import runner
+    from fovea_book.build import runner
 
     def fake_run(src: Path, dst: Path, profile: str, label: str) -> tuple[bool, float, str]:
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -426,8 +426,8 @@ def test_only_with_a_name_that_matches_no_notebook_fails_before_anything_runs(
         tmp_path, monkeypatch, capsys):
     """`book run --only typo` once ran nothing and exited 0; now it exits 2 naming the typo
     and listing the notebooks, and a valid --only still selects by name."""
-    from fovea_core.book import runner
-    from fovea_core.book.cli import main
+    from fovea_book.build import runner
+    from fovea_book.build.cli import main
 
     monkeypatch.setattr(runner, "run_notebook", lambda *a, **k: pytest.fail("ran"))
     root = order_project(tmp_path, {"07_v1_grid_topk": None, "08_v2_pyramid": None})
@@ -454,7 +454,7 @@ def test_a_terminated_run_stops_the_processes_it_started(tmp_path):
     pids = tmp_path / "pids"
     script = textwrap.dedent(f"""
         import subprocess, sys, time
-        from fovea_core.book.runner import children_stop_with_us
+        from fovea_book.build.runner import children_stop_with_us
         with children_stop_with_us():
             # a child that starts a grandchild, both sleeping
             child = subprocess.Popen([sys.executable, "-c",

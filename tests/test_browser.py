@@ -1,4 +1,4 @@
-"""The headless-Chromium check behind `make test` (`python -m fovea_core.book check-html`).
+"""The headless-Chromium check behind `make test` (`python -m fovea_book.build check-html`).
 
 The real book is checked by `make test` after its HTML build; here the checker itself is
 tested on a small synthetic site: a clean page passes, and each fault it must catch (a
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book.browser import check_site, find_chromium, glue_expectations, html_pages
+from fovea_book.build.browser import check_site, find_chromium, glue_expectations, html_pages
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,

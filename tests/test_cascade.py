@@ -11,14 +11,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fovea_core import build_pyramid
-from fovea_core.allocators import ALLOCATORS, INFO, allocate
+from fovea_core.methods import ALLOCATORS, INFO, allocate
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.cascade import (STAGE_FOVEA, STAGE_GIST, OracleLocaliser, cascade,
-                                cascade_parts, foveate, gist, gist_to_grid)
+                                cascade_parts, gist, gist_to_grid, place_fovea)
 from fovea_core.cascade.core import fovea_grid, grid_mass, overlap_matrix, page_key
 from fovea_core.cascade.localisers import answer_mass, uniform
-from fovea_core.cascade.metrics import cell_auc, coverage_raster, fovea_share
-from fovea_core.eval.documents import make_document
+from fovea_book.eval.localisation import cell_auc, coverage_raster, fovea_share
+from fovea_book.eval.documents import make_document
 from fovea_core.sample import sample
 
 
@@ -100,7 +100,7 @@ def test_foveate_takes_the_cells_that_hold_the_mass():
     size = (640, 480)
     box = (100, 200, 260, 230)
     mass = answer_mass([box], size)[None]
-    t = foveate(mass, 30, image_size=size, level=0.5, context_weight=0.0)
+    t = place_fovea(mass, 30, image_size=size, level=0.5, context_weight=0.0)
     assert t.budget == 30 and bool(t.is_distinct()[0])
     assert torch.allclose(t.levels, torch.full_like(t.levels, 0.5))
     assert (t.stage == STAGE_FOVEA).all()
@@ -122,11 +122,11 @@ def test_foveate_context_prefers_neighbours():
     mass = torch.zeros(1, 32, 32)
     mass[0, 10, 10] = 1.0
     mass[0, 30, 30] = 0.01                                             # a faint far cell
-    t = foveate(mass, 3, image_size=size, level=0.0, context=(0, 1), context_weight=0.5)
+    t = place_fovea(mass, 3, image_size=size, level=0.0, context=(0, 1), context_weight=0.5)
     cols = (t.centers_px()[0, :, 0] // 16).long().sort().values
     rows = (t.centers_px()[0, :, 1] // 16).long()
     assert (rows == 10).all() and cols.tolist() == [9, 10, 11]
-    t0 = foveate(mass, 2, image_size=size, level=0.0, context_weight=0.0)
+    t0 = place_fovea(mass, 2, image_size=size, level=0.0, context_weight=0.0)
     assert 30 in (t0.centers_px()[0, :, 1] // 16).long().tolist()
 
 
@@ -243,7 +243,7 @@ def test_fovea_share_and_auc():
 def test_cascade_takes_any_budget_and_batch_like_the_other_allocators():
     """The gallery runs every allocator on a batch of two small images, without a question;
     the sweep and the M-RoPE positions take its TokenSet."""
-    from fovea_core.allocators.registry import allocator_reads
+    from fovea_core.methods import allocator_reads
     from fovea_core.vlm.positions import merged_grid_shape, mrope_positions
 
     imgs = np.stack([_page(256, 256, 1), make_document(3).image[::4, ::4]])

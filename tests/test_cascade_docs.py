@@ -1,5 +1,6 @@
-"""The cascade's documentation names only what exists (issue 21 item 4: ``cascade.saccade``
-was described but absent, ``STAGE_SACCADE`` never produced, ``fovea_level`` never called).
+"""The cascade's documentation names only what exists (an old version described a
+``cascade.saccade`` that was absent, a ``STAGE_SACCADE`` never produced, a ``fovea_level``
+never called).
 
 Every Sphinx cross-reference (``:mod:``, ``:func:``, ``:class:``, ``:data:``, ``:meth:``,
 ``:attr:``) in the source of the modules below must resolve to an importable module or an
@@ -14,9 +15,9 @@ import re
 import numpy as np
 import pytest
 
-#: modules whose docstrings this test reads (the cascade's layers this issue cleaned)
+#: modules whose docstrings this test reads (the cascade's layers)
 MODULES = ["fovea_core.cascade", "fovea_core.cascade.core", "fovea_core.cascade.learned",
-           "fovea_core.cascade.train"]
+           "fovea_book.train"]
 _REF = re.compile(r":(?:mod|func|class|data|meth|attr|exc):`~?([\w.]+)`")
 
 
@@ -29,7 +30,7 @@ def _resolves(name: str, home) -> bool:
     """``name`` as Sphinx would look it up from module ``home``: dotted from the top
     (``fovea_core.x.y``), else relative to ``home`` (``foveate``, ``Gist.inside``)."""
     parts = name.split(".")
-    if parts[0] != "fovea_core":
+    if parts[0] not in ("fovea_core", "fovea_book"):
         obj = home
         for p in parts:
             if not _has(obj, p):
@@ -56,10 +57,10 @@ def _refs(text: str) -> list[str]:
 def test_the_reference_scan_sees_a_missing_module_and_a_missing_function():
     core = importlib.import_module("fovea_core.cascade.core")
     old = ("(d) optionally a second saccade (:mod:`fovea_core.cascade.saccade`); "
-           ":data:`STAGE_SACCADE` = 2; :func:`fovea_level`; :func:`foveate`")
+           ":data:`STAGE_SACCADE` = 2; :func:`fovea_level`; :func:`place_fovea`")
     ok = {r: _resolves(r, core) for r in _refs(old)}
     assert ok == {"fovea_core.cascade.saccade": False, "STAGE_SACCADE": False,
-                  "fovea_level": False, "foveate": True}
+                  "fovea_level": False, "place_fovea": True}
 
 
 @pytest.mark.parametrize("name", MODULES)

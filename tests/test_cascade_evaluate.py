@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fovea_core import build_pyramid
-from fovea_core.allocators import allocate
+from fovea_core.methods import allocate
 from fovea_core.cascade import cascade
-from fovea_core.cascade.evaluate import Method, evaluate
+from fovea_book.eval.cascade import Method, evaluate
 from fovea_core.cascade.localisers import uniform
-from fovea_core.eval.documents import make_document
-from fovea_core.eval.reader import (
+from fovea_book.eval.documents import make_document
+from fovea_book.eval.reader import (
     Reader,
     crop_box,
     crop_window,
@@ -80,8 +80,8 @@ LOCALISATION = ("fovea_share", "core_share", "cell_auc", "fovea_level")
 
 def _every_column_equal(a: pd.DataFrame, b: pd.DataFrame, *, skip: tuple = ()) -> None:
     """The two tables have the same columns and equal rows in every column but the timings
-    (:data:`~fovea_core.eval.sweep.TIMING_COLUMNS`) and ``skip``, named here."""
-    from fovea_core.eval.sweep import TIMING_COLUMNS
+    (:data:`~fovea_book.eval.sweep.TIMING_COLUMNS`) and ``skip``, named here."""
+    from fovea_book.eval.sweep import TIMING_COLUMNS
 
     assert list(a.columns) == list(b.columns)
     cols = [c for c in a.columns if c not in TIMING_COLUMNS + tuple(skip)]
@@ -93,8 +93,8 @@ def _every_column_equal(a: pd.DataFrame, b: pd.DataFrame, *, skip: tuple = ()) -
 def test_rows_match_the_sweep_in_every_column(tmp_path, query_aware):
     """The two entry points give the same rows on the same documents: every column but the
     timings, query-agnostic and query-aware, a random allocator included (its seed)."""
-    from fovea_core.eval.evaluator import ROW_COLUMNS
-    from fovea_core.eval.sweep import run_sweep
+    from fovea_book.eval.evaluator import ROW_COLUMNS
+    from fovea_book.eval.sweep import run_sweep
 
     docs = {"synthetic": [make_document(31)], "receipts": [make_document(52, layout="receipt")]}
     reader = Reader(cache_dir=tmp_path / "reader")
@@ -119,7 +119,7 @@ def test_cascade_hook_rows_match_the_registered_cascade_in_the_sweep(tmp_path):
     """A cascade method (its allocate and columns hooks) gives the rows of the registered
     ``cascade`` allocator in the sweep, in every column but the timings and the label, plus
     the localisation columns."""
-    from fovea_core.eval.sweep import run_sweep
+    from fovea_book.eval.sweep import run_sweep
 
     docs = {"synthetic": [make_document(33)]}
     reader = Reader(cache_dir=tmp_path / "reader")
@@ -154,7 +154,7 @@ def test_cascade_rows_carry_localisation(tmp_path):
 
 def test_evaluation_over_processes_matches_one_process(tmp_path):
     from fovea_core.cascade import OracleLocaliser
-    from fovea_core.eval.sweep import TIMING_COLUMNS
+    from fovea_book.eval.sweep import TIMING_COLUMNS
 
     docs = [make_document(51), make_document(52, layout="receipt")]
     methods = [Method("resize", "resize", scorer="none", query_aware=False),
@@ -176,7 +176,7 @@ def test_book_methods_are_the_cascade_chapter_rows():
     cached cells), the gist defaulting to ``DEFAULT_GIST``, the prior-only localiser
     allocating once per page."""
     from fovea_core.cascade.allocator import DEFAULT_GIST
-    from fovea_core.cascade.evaluate import (BOOK_LOCALISERS, book_methods, cascade_allocate,
+    from fovea_book.eval.cascade import (BOOK_LOCALISERS, book_methods, cascade_allocate,
                                              cascade_columns, cascade_method,
                                              unbudgeted_method)
 
@@ -199,7 +199,7 @@ def test_book_methods_are_the_cascade_chapter_rows():
 
 # ----------------------------------------------------------------------------- chapter 14.5
 def test_chapter_settings_follow_the_profile_and_keep_given_values():
-    from fovea_core.cascade.evaluate import chapter_settings
+    from fovea_book.eval.cascade import chapter_settings
 
     s = chapter_settings("smoke", gist_default=64)
     assert s.gist_budgets == [48, 64] and s.sizes == (2, 1) and s.n_invoices == 1
@@ -219,7 +219,7 @@ def test_chapter_settings_follow_the_profile_and_keep_given_values():
 
 
 def test_localisation_table_means_each_cascades_columns():
-    from fovea_core.cascade.evaluate import localisation_table
+    from fovea_book.eval.cascade import localisation_table
 
     t = pd.DataFrame(dict(dataset=["a", "a", "a", "b", "a", "a"],
                           allocator=["cascade | x", "cascade | x", "resize", "cascade | x",
@@ -251,7 +251,7 @@ def _split_rows(n_docs: int = 60, anls=None) -> pd.DataFrame:
 
 def test_gist_split_methods_and_rows_label_each_gist_budget():
     from fovea_core.cascade import OracleLocaliser
-    from fovea_core.cascade.evaluate import gist_split_methods, gist_split_rows
+    from fovea_book.eval.cascade import gist_split_methods, gist_split_rows
 
     oracle = OracleLocaliser([make_document(41)])
     ms = gist_split_methods([32, 64, 128], oracle, gist_default=64)
@@ -269,7 +269,7 @@ def test_gist_split_methods_and_rows_label_each_gist_budget():
 
 
 def test_gist_split_summary_reads_g_and_the_localiser():
-    from fovea_core.cascade.evaluate import gist_split_summary
+    from fovea_book.eval.cascade import gist_split_summary
 
     cs = gist_split_summary(_split_rows(24)).set_index("allocator")
     assert cs.loc["cascade | oracle | G=32", "G"] == 32
@@ -280,8 +280,8 @@ def test_gist_split_summary_reads_g_and_the_localiser():
 
 
 def test_gist_choice_chooses_on_the_select_half_and_reports_on_the_other():
-    from fovea_core.cascade.evaluate import gist_choice, gist_choice_line
-    from fovea_core.eval.stats import split_halves
+    from fovea_book.eval.cascade import gist_choice, gist_choice_line
+    from fovea_book.eval.stats import split_halves
 
     rows = _split_rows()
     g = gist_choice(rows, 273)

@@ -9,7 +9,7 @@ import torch
 
 from fovea_core import build_pyramid
 from fovea_core.cascade import STAGE_FOVEA, STAGE_GIST, cascade_parts
-from fovea_core.cascade.core import INK_MIN, foveate, look_ink
+from fovea_core.cascade.core import INK_MIN, place_fovea, look_ink
 from fovea_core.cascade.localisers import answer_mass, uniform
 
 
@@ -21,14 +21,14 @@ def test_look_ink_marks_the_cells_with_ink_and_the_cells_the_look_saw():
     img = _page()
     img[32:40, 64:96] = 0                        # a mark 8 px tall, in cells (2, 4) and (2, 5)
     pyr = build_pyramid(img)
-    look = foveate(torch.ones(1, 16, 16), 64, image_size=(256, 256), level=1.0)  # whole page
+    look = place_fovea(torch.ones(1, 16, 16), 64, image_size=(256, 256), level=1.0)  # whole page
     ink, seen = look_ink(pyr, look)
     assert ink.shape == seen.shape == (1, 16, 16) and bool(seen.all())
     inked = (ink[0] >= INK_MIN).nonzero().tolist()
     assert inked == [[2, 4], [2, 5]]
     assert float(ink[0, 2, 4]) == pytest.approx(1.0, abs=1e-4)   # black on white paper
     # a look at the left half sees only the left half; ink is 0 where nothing was seen
-    left = foveate(torch.ones(1, 16, 16) * (torch.arange(16) < 8), 32, image_size=(256, 256),
+    left = place_fovea(torch.ones(1, 16, 16) * (torch.arange(16) < 8), 32, image_size=(256, 256),
                    level=1.0)
     ink, seen = look_ink(pyr, left)
     assert bool(seen[0, :, :8].all()) and not bool(seen[0, :, 8:].any())
@@ -41,13 +41,13 @@ def test_look_ink_is_blind_to_polarity():
     img[:] = 0                                   # white text on a black page
     img[32:40, 64:96] = 255
     ink, _ = look_ink(build_pyramid(img),
-                      foveate(torch.ones(1, 16, 16), 64, image_size=(256, 256), level=1.0))
+                      place_fovea(torch.ones(1, 16, 16), 64, image_size=(256, 256), level=1.0))
     assert (ink[0] >= INK_MIN).nonzero().tolist() == [[2, 4], [2, 5]]
 
 
 def test_look_ink_rejects_a_look_of_another_page():
     pyr = build_pyramid(_page())
-    look = foveate(torch.ones(1, 8, 8), 4, image_size=(128, 128), level=0.0)
+    look = place_fovea(torch.ones(1, 8, 8), 4, image_size=(128, 128), level=0.0)
     with pytest.raises(ValueError, match="belong to this pyramid"):
         look_ink(pyr, look)
 
@@ -118,7 +118,7 @@ def test_without_a_surround_share_there_is_no_first_look_and_the_saccade_is_the_
 def test_core_share_counts_only_the_fovea_s_finest_tokens():
     """The answer (48 x 16 px): its first 16 px under a level-0 token, the rest under a
     level-1 one. The fovea covers all of it, its core a third."""
-    from fovea_core.cascade.metrics import localisation_row
+    from fovea_book.eval.localisation import localisation_row
     from fovea_core.tokens import TokenSet
 
     size = (256, 256)

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from fovea_core.allocators import INFO, allocate
+from fovea_core.methods import INFO, allocate
 from fovea_core.cascade import cascade_parts
 from fovea_core.cascade.allocator import SIDES
 from fovea_core.cascade.localisers import uniform
 from fovea_core.cascade.side import (RENDER_SIDE, SideCost, TextLayout, detect_text,
                                      detector_flops, render_size)
-from fovea_core.eval.documents import make_document
-from fovea_core.eval.evaluator import side_compute
+from fovea_book.eval.documents import make_document
+from fovea_book.eval.evaluator import side_compute
 from fovea_core.pyramid import build_pyramid
 
 

@@ -14,13 +14,13 @@ import torch
 
 from fovea_core.cascade.learned import (GistLocaliserNet, LearnedLocaliser, file_sha256,
                                         load_model, weights_path)
-from fovea_core.cascade import train as train_module
-from fovea_core.cascade.train import (REAL_SOURCES, TrainConfig, TrainingSet, answer_text_px,
+from fovea_book import train as train_module
+from fovea_book.train import (REAL_SOURCES, TrainConfig, TrainingSet, answer_text_px,
                                       build_parser, default_output, embed_vocabulary,
                                       merge_repeated, output_path, phrase_embedding,
                                       real_pages, train, vocabulary)
-from fovea_core.eval.documents import FORM_FIELD, FORM_WORDINGS, Question
-from fovea_core.paths import DatasetNotFound, dataset_path
+from fovea_book.eval.documents import FORM_FIELD, FORM_WORDINGS, Question
+from fovea_book.paths import DatasetNotFound, dataset_path
 
 WEIGHTS = weights_path()
 RECORD = WEIGHTS.with_suffix(".json")
@@ -39,7 +39,7 @@ needs_real = pytest.mark.skipif(not _have_real(), reason="the real training fold
 #: a synthetic-only configuration for quick tests of the training loop
 SMALL = dict(gists_per_page=1, epochs=1, batch=2, valid_pages=1, real=())
 
-#: SHA-256 of the committed data/models/gist_localiser.pt. Pinned here, not only in the JSON
+#: SHA-256 of the committed fovea_core/weights/gist_localiser.pt. Pinned here, not only in the JSON
 #: beside the weights, which a retraining rewrites together with them: a run that replaced
 #: the weights (``--replace-committed``) fails this test until the new hash is copied here.
 COMMITTED_SHA256 = "07d0a18b0b3a78782c5666c26f4dafc2f7b87809f7bd07fb5686525b0b8ceaf1"
@@ -285,7 +285,7 @@ class _ZeroEmbeddings(dict):
 
 def _training_docs(data: TrainingSet, index: int):
     """The document behind page ``index`` of ``data`` (synthetic or real)."""
-    from fovea_core.eval.documents import make_document
+    from fovea_book.eval.documents import make_document
 
     if index < data.cfg.pages:
         layout, seed, _ = train_module.page_spec(data.cfg, index)
@@ -331,7 +331,7 @@ def test_training_targets_are_target_map_on_real_gists():
     papers and on real SROIE and FUNSD training pages, at every gist budget: the one
     target rule, so the committed weights (pinned hash) stay what this code trains."""
     from fovea_core.cascade.learned import target_map
-    from fovea_core.cascade.train import collate, gist_of
+    from fovea_book.train import collate, gist_of
 
     cfg = TrainConfig(pages=4, gists_per_page=3, real_pages=3, null_share=0.5)
     data = TrainingSet(cfg)
@@ -374,7 +374,7 @@ def test_full_retraining_reproduces_the_weights():
 def test_learned_localiser_gives_a_probability_map():
     from fovea_core import build_pyramid
     from fovea_core.cascade import gist
-    from fovea_core.eval.documents import make_document
+    from fovea_book.eval.documents import make_document
 
     doc = make_document(1234)
     g = gist(build_pyramid(doc.image), 64)

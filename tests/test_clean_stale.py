@@ -1,4 +1,4 @@
-"""``python -m fovea_core clean-stale`` / ``make clean-stale``: the sweep's row caches of
+"""``python -m fovea_book.build clean-stale`` / ``make clean-stale``: the sweep's row caches of
 other code versions go, the current one and everything else stay (issue 21 item 4: nothing
 evicted old rows)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.__main__ import main
-from fovea_core.eval.evaluator import cell_cache_path, stale_caches
+from fovea_book.build.cli import main
+from fovea_book.eval.evaluator import cell_cache_path, stale_caches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,8 +71,8 @@ def test_make_clean_stale_is_listed_and_calls_the_command():
     make = (ROOT / "Makefile").read_text()
     help_text = make[make.index("help:"):make.index("\n\n", make.index("help:"))]
     assert "make clean-stale" in help_text
-    assert re.search(r"^clean-stale:.*\n\t\$\(PY\) -m fovea_core clean-stale", make, re.M)
+    assert re.search(r"^clean-stale:.*\n\t\$\(PY\) -m fovea_book\.build clean-stale", make, re.M)
     assert "make clean-stale" in (ROOT / "README.md").read_text()
-    run = subprocess.run([sys.executable, "-m", "fovea_core", "clean-stale", "--help"],
+    run = subprocess.run([sys.executable, "-m", "fovea_book.build", "clean-stale", "--help"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0 and "--dry-run" in run.stdout

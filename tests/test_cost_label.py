@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval.evaluator import COST_LABELS, cost_label
-from fovea_core.eval.realsets import cost_labels
-from fovea_core.eval.sweep import ranked
+from fovea_book.eval.evaluator import COST_LABELS, cost_label
+from fovea_book.eval.realsets import cost_labels
+from fovea_book.eval.sweep import ranked
 
 
 def test_cost_label_scalar_and_vectorised():

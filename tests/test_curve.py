@@ -1,4 +1,4 @@
-"""The resize curve, the token-saving table and the compute view (fovea_core.eval.curve)."""
+"""The resize curve, the token-saving table and the compute view (fovea_book.eval.curve)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval import curve as C
+from fovea_book.eval import curve as C
 
 
 def _doc(doc_id: str, h: int, w: int):
@@ -34,7 +34,7 @@ def _fake_evaluate(calls):
 
 
 def test_resize_curve_reads_what_fits_and_takes_the_full_page_beyond(monkeypatch):
-    import fovea_core.cascade.evaluate as E
+    import fovea_book.eval.cascade as E
 
     calls = []
     monkeypatch.setattr(E, "evaluate", _fake_evaluate(calls))
@@ -86,7 +86,7 @@ def test_saving_table_ci_covers_the_truth_with_noise():
 
 
 def test_compute_view_adds_side_compute_to_the_prefill():
-    from fovea_core.eval.stats import prefill_flops
+    from fovea_book.eval.stats import prefill_flops
 
     cur = _curve({273: 0.2, 1024: 0.6}, docs=3)
     pts = pd.DataFrame([dict(dataset="d", method="m", budget=273, kept=0.5)])

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from fovea_core.density import token_density
+from fovea_book.eval.density import token_density
 from fovea_core.tokens import TokenSet
 
 

@@ -1,7 +1,7 @@
 """The synthetic pages are pinned: a few pages of each layout and wording hash to the values
 they had when ``eval/documents.py`` was split into modules (issue 21 item 4: a pure move).
 
-A page is a pure function of its seed (``fovea_core.eval.documents``), drawn with
+A page is a pure function of its seed (``fovea_book.eval.documents``), drawn with
 matplotlib's bundled DejaVu/STIX/cm fonts and Pillow's rasteriser; the hashes hold for the
 project's pinned environment (``.venv``). If a deliberate change to the pages (or an
 upgrade of Pillow or matplotlib's fonts) alters them, every cached read and stored row of
@@ -13,7 +13,7 @@ import hashlib
 
 import pytest
 
-from fovea_core.eval.documents import make_document
+from fovea_book.eval.documents import make_document
 
 #: (layout, seed, wording) -> the first 16 hex digits of :func:`_digest`
 PINNED = {

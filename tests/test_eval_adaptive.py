@@ -1,4 +1,4 @@
-"""Adaptive budgets against fixed ones (fovea_core.eval.adaptive) and the one bucket rule
+"""Adaptive budgets against fixed ones (fovea_book.eval.adaptive) and the one bucket rule
 (fovea_core.allocators.wrappers.bucket_budgets)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fovea_core import build_pyramid
-from fovea_core.allocators import allocate
+from fovea_core.methods import allocate
 from fovea_core.allocators.wrappers import bucket_budgets
-from fovea_core.eval.adaptive import (adaptive_family, adaptive_line, adaptive_table,
+from fovea_book.eval.adaptive import (adaptive_family, adaptive_line, adaptive_table,
                                       bucket_assignments, fixed_rows, mean_budgets,
                                       page_complexity, threshold_rules)
-from fovea_core.eval.document_types import Document, Question
+from fovea_book.eval.document_types import Document, Question
 
 
 def test_bucket_budgets_is_the_rule_adaptive_budget_applies():

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from fovea_core.eval.documents import (element_mask, ink_mask, make_document,
+from fovea_book.eval.documents import (element_mask, ink_mask, make_document,
                                        synthetic_documents)
-from fovea_core.eval.sroie import load_sroie, match_field, parse_box_file
-from fovea_core.paths import DatasetNotFound, dataset_path
+from fovea_book.eval.sroie import load_sroie, match_field, parse_box_file
+from fovea_book.paths import DatasetNotFound, dataset_path
 
 DOCS = synthetic_documents(6, seed=11)
 

@@ -9,10 +9,10 @@ from concurrent.futures.process import BrokenProcessPool
 import pytest
 import torch
 
-from fovea_core.eval import evaluator as E
-from fovea_core.eval.documents import make_document
+from fovea_book.eval import evaluator as E
+from fovea_book.eval.documents import make_document
 from fovea_core.cache import SqliteCache
-from fovea_core.eval.reader import Reader
+from fovea_book.eval.reader import Reader
 from fovea_core.tokens import TokenSet
 
 DOC = make_document(61, layout="receipt")

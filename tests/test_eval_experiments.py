@@ -1,4 +1,4 @@
-"""Tests of fovea_core.eval.experiments (shared set-up of the experiment chapters)."""
+"""Tests of fovea_book.eval.experiments (shared set-up of the experiment chapters)."""
 
 
 import numpy as np
@@ -8,19 +8,19 @@ from hypothesis import given, settings, strategies as st
 
 from fovea_core import build_pyramid
 from fovea_core.allocators.base import cell_centers
-from fovea_core.allocators.foveal_ratio import foveal_ratio_pyramid
-from fovea_core.eval import experiments
-from fovea_core.eval.experiments import ci_text, footprint_coverage, load_datasets, verdict
+from fovea_book.eval.foveal_ratio import foveal_ratio_pyramid
+from fovea_book.eval import experiments
+from fovea_book.eval.experiments import ci_text, footprint_coverage, load_datasets, verdict
 from fovea_core.tokens import TokenSet
 
 
 def test_foveal_ratio_is_an_allocator_still_importable_from_experiments():
     """It moved to ``fovea_core.allocators`` (issue 21 item 4); chapter 09 imports it from
     ``eval.experiments``, and it stays out of the registry, as before."""
-    from fovea_core.allocators import ALLOCATORS
+    from fovea_core.methods import ALLOCATORS
 
     assert experiments.foveal_ratio_pyramid is foveal_ratio_pyramid
-    assert foveal_ratio_pyramid.__module__ == "fovea_core.allocators.foveal_ratio"
+    assert foveal_ratio_pyramid.__module__ == "fovea_book.eval.foveal_ratio"
     assert foveal_ratio_pyramid not in ALLOCATORS.values()
 
 
@@ -130,8 +130,8 @@ def _fake_table(n_docs=6, seed=0):
 
 
 def test_table_helpers_on_a_known_table():
-    from fovea_core.eval.experiments import ci_table, paired_vs, predicted_vs_measured
-    from fovea_core.eval.sweep import summarize
+    from fovea_book.eval.experiments import ci_table, paired_vs, predicted_vs_measured
+    from fovea_book.eval.sweep import summarize
 
     table = _fake_table(n_docs=24)
     summary = summarize(table, n_boot=200)
@@ -164,7 +164,7 @@ def _diff_table(diffs, *, a="cand", n_a=150, b="grid", n_b=273, dataset="synthet
 
 
 def test_equivalence_family_words_follow_the_margin():
-    from fovea_core.eval.experiments import equivalence_family
+    from fovea_book.eval.experiments import equivalence_family
 
     rng = np.random.default_rng(0)
     pair = [("cand", 150, "grid", 273)]
@@ -188,7 +188,7 @@ def test_equivalence_family_words_follow_the_margin():
 def test_equivalence_family_holm_counts_the_family():
     import pandas as pd
 
-    from fovea_core.eval.experiments import equivalence_family
+    from fovea_book.eval.experiments import equivalence_family
 
     rng = np.random.default_rng(1)
     t = pd.concat([_diff_table(rng.normal(0.03, 0.02, 25)),
@@ -205,9 +205,9 @@ def test_equivalence_family_holm_counts_the_family():
 def test_choose_on_select_half_and_report_half():
     import pandas as pd
 
-    from fovea_core.eval.documents import Document
-    from fovea_core.eval.experiments import choose_on_select_half, report_half
-    from fovea_core.eval.stats import split_halves
+    from fovea_book.eval.documents import Document
+    from fovea_book.eval.experiments import choose_on_select_half, report_half
+    from fovea_book.eval.stats import split_halves
 
     ids = [f"doc{i:03d}" for i in range(30)]
     sel, rep = split_halves(ids)
@@ -228,7 +228,7 @@ def _select_table(scores, *, n_docs=30, budget=10, dataset="synthetic"):
     """One question per document; ``scores[name] = (on select half, on report half)``."""
     import pandas as pd
 
-    from fovea_core.eval.stats import split_halves
+    from fovea_book.eval.stats import split_halves
 
     ids = [f"doc{i:03d}" for i in range(n_docs)]
     sel, _ = split_halves(ids)
@@ -241,7 +241,7 @@ def _select_table(scores, *, n_docs=30, budget=10, dataset="synthetic"):
 def test_choose_on_select_half_tie_goes_to_the_candidate_listed_first(order):
     """Equal select-half means: the first of them in ``candidates`` wins, whatever the
     alphabet says (the old copies gave it to the alphabetical first); a lower one never."""
-    from fovea_core.eval.experiments import choose_on_select_half, select_then_report
+    from fovea_book.eval.experiments import choose_on_select_half, select_then_report
 
     t = _select_table({"a": (0.5, 0.9), "b": (0.5, 0.1), "c": (0.4, 1.0), "base": (0.3, 0.3)})
     tied = [c for c in order if c in ("a", "b")]
@@ -255,7 +255,7 @@ def test_choose_on_select_half_tie_goes_to_the_candidate_listed_first(order):
 def test_choose_on_select_half_skips_nan_and_absent_and_checks_arguments():
     import pandas as pd
 
-    from fovea_core.eval.experiments import choose_on_select_half
+    from fovea_book.eval.experiments import choose_on_select_half
 
     t = _select_table({"a": (float("nan"), 1.0), "b": (0.2, 0.0)})
     # "a" has no finite select-half mean: never chosen, even listed first
@@ -281,7 +281,7 @@ def test_choose_on_select_half_skips_nan_and_absent_and_checks_arguments():
 def test_chosen_line_says_each_case():
     import pandas as pd
 
-    from fovea_core.eval.experiments import chosen_line
+    from fovea_book.eval.experiments import chosen_line
 
     chosen = pd.DataFrame([dict(dataset="synthetic", best="pyramid 70/30", select_mean=0.5,
                                 n_select=np.int64(12))])
@@ -313,7 +313,7 @@ def test_chosen_line_says_each_case():
 def test_relabel_exact_then_first_matching_pattern():
     import pandas as pd
 
-    from fovea_core.eval.experiments import relabel
+    from fovea_book.eval.experiments import relabel
 
     t = pd.DataFrame(dict(allocator=["pseudo_logpolar_centres((0.1, 0.2),)", "pseudo_logpolar",
                                      "resize", "pyramid_level_budget64", "hybrid"],
@@ -334,7 +334,7 @@ def test_relabel_exact_then_first_matching_pattern():
 def test_loaded_datasets_are_cached_exactly(tmp_path, monkeypatch):
     """The second load reads the cache (no page is drawn again) and gives the same documents
     byte for byte; other arguments are another entry; ``cache_dir=None`` never caches."""
-    import fovea_core.eval.experiments as ex
+    import fovea_book.eval.experiments as ex
 
     first, msg = load_datasets(2, 0, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.pkl"))) == 1

@@ -1,14 +1,14 @@
-"""The receipt and invoice layouts and the question wordings of fovea_core.eval.documents/sroie."""
+"""The receipt and invoice layouts and the question wordings of fovea_book.eval.documents/sroie."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fovea_core.eval.documents import (LAYOUTS, WORDING_SETS, WORDINGS, make_document, phrase,
+from fovea_book.eval.documents import (LAYOUTS, WORDING_SETS, WORDINGS, make_document, phrase,
                                        reword, synthetic_documents)
-from fovea_core.eval.sroie import QUESTIONS, load_sroie, reworded
-from fovea_core.paths import DatasetNotFound, dataset_path
+from fovea_book.eval.sroie import QUESTIONS, load_sroie, reworded
+from fovea_book.paths import DatasetNotFound, dataset_path
 
 RECEIPTS = synthetic_documents(8, seed=300, layout="receipt")
 INVOICES = synthetic_documents(4, seed=300, layout="invoice")

@@ -1,4 +1,4 @@
-"""Tests of the claims-ledger verdicts (fovea_core.eval.ledger)."""
+"""Tests of the claims-ledger verdicts (fovea_book.eval.ledger)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fovea_core.eval.ledger import NOT_MEASURED, Claim, judge, ledger_frame
+from fovea_book.eval.ledger import NOT_MEASURED, Claim, judge, ledger_frame
 
 
 def test_approx_point_estimates():
@@ -86,7 +86,7 @@ def test_ledger_frame():
 
 
 def test_judge_gives_no_verdict_below_the_minimum_documents():
-    from fovea_core.eval.ledger import judge
+    from fovea_book.eval.ledger import judge
 
     assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=5) == "too few documents (n = 5)"
     assert judge(0.9, 0.95, 0.92, 0.98, tol=0.1, n_docs=40) == "confirmed"
@@ -95,8 +95,8 @@ def test_judge_gives_no_verdict_below_the_minimum_documents():
 def test_benchmark_claims_judge_targets_and_mark_stale_figures(tmp_path):
     import json
 
-    from fovea_core.bench.common import source_fingerprint
-    from fovea_core.eval.ledger import benchmark_claims
+    from fovea_book.bench.common import source_fingerprint
+    from fovea_book.eval.ledger import benchmark_claims
 
     fresh = source_fingerprint(["fovea_core/sample.py"])
     rec = {"hardware": {"git_commit": "0123456789abcdef"}, "sources": fresh,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from fovea_core.eval.metrics import (anls, bootstrap_ci, exact_match, largest_empty_disc,
+from fovea_book.eval.metrics import (anls, bootstrap_ci, exact_match, largest_empty_disc,
                                      levenshtein, normalize_answer, normalized_levenshtein,
                                      strata_coverage)
 from fovea_core.tokens import TokenSet

@@ -1,4 +1,4 @@
-"""Two-part questions of chapter 14 (fovea_core.eval.multipart)."""
+"""Two-part questions of chapter 14 (fovea_book.eval.multipart)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval.document_types import Document, Question
-from fovea_core.eval.multipart import (PAIRS, by_question_type, claim_line, pair_parts,
+from fovea_book.eval.document_types import Document, Question
+from fovea_book.eval.multipart import (PAIRS, by_question_type, claim_line, pair_parts,
                                        pair_questions, two_part)
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fovea_core.eval.documents import synthetic_documents
-from fovea_core.eval.metrics import anls, exact_match
-from fovea_core.eval.reader import Reader, crop_box, to_uint8
+from fovea_book.eval.documents import synthetic_documents
+from fovea_book.eval.metrics import anls, exact_match
+from fovea_book.eval.reader import Reader, crop_box, to_uint8
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_cache_key_includes_library_versions(tmp_path, monkeypatch):
     """A library or model upgrade never reuses text cached by the old reader (issue 11)."""
     import importlib.metadata
 
-    from fovea_core.eval import reader as reader_mod
+    from fovea_book.eval import reader as reader_mod
 
     r = Reader(cache_dir=tmp_path)
     v = r.versions
@@ -97,7 +97,7 @@ def test_cache_key_includes_library_versions(tmp_path, monkeypatch):
 
 
 needs_tesseract = pytest.mark.skipif(
-    __import__("fovea_core.eval.reader", fromlist=["x"]).tesseract_missing() is not None,
+    __import__("fovea_book.eval.reader", fromlist=["x"]).tesseract_missing() is not None,
     reason="the second reader needs the tesseract binary (apt-get install tesseract-ocr; "
            ".ci/run installs it)")
 
@@ -115,7 +115,7 @@ def test_second_reader_reads_full_resolution_answers(tmp_path):
 
 
 def test_second_reader_missing_binary_is_a_clear_error(monkeypatch):
-    import fovea_core.eval.reader as R
+    import fovea_book.eval.reader as R
 
     monkeypatch.setattr(R.shutil, "which", lambda name: None)
     assert "tesseract-ocr" in R.tesseract_missing()

@@ -1,4 +1,4 @@
-"""The chapters' glued sentences from the experiment kit (fovea_core.eval.experiments):
+"""The chapters' glued sentences from the experiment kit (fovea_book.eval.experiments):
 baselines_family / baselines_line, cost_line, equivalence_line, selected_line."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval.experiments import (baselines_family, baselines_line, cost_line,
+from fovea_book.eval.experiments import (baselines_family, baselines_line, cost_line,
                                          equivalence_family, equivalence_line,
                                          select_then_report, selected_line)
-from fovea_core.eval.stats import holm, paired_family
+from fovea_book.eval.stats import holm, paired_family
 
 
 def _table(n_docs: int = 30, dataset: str = "synthetic") -> pd.DataFrame:
@@ -90,7 +90,7 @@ def test_selected_line():
 
 
 def test_chapter_17_sentences():
-    from fovea_core.eval.experiments import best_line, kept_ci_text, verdict_counts_line
+    from fovea_book.eval.experiments import best_line, kept_ci_text, verdict_counts_line
 
     kept = pd.DataFrame([dict(dataset="synthetic", allocator="resize", kept=0.812,
                               kept_lo=0.736, kept_hi=0.874)]).set_index(["dataset", "allocator"])
@@ -112,7 +112,7 @@ def test_chapter_17_sentences():
 
 
 def test_conditions_line():
-    from fovea_core.eval.experiments import conditions_line
+    from fovea_book.eval.experiments import conditions_line
 
     fam = pd.DataFrame([dict(dataset="synthetic", wording=w, verdict=v, text=t, n_docs=30)
                         for w, v, t in (("default", "helps", "+2.0 [0.5, 3.1]"),

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval.stats import (MIN_DOCS, curve_budget_at, curve_kept_at, holm,
+from fovea_book.eval.stats import (MIN_DOCS, curve_budget_at, curve_kept_at, holm,
                                    paired_diffs, paired_family, prefill_flops, saving_factor,
                                    sign_flip_pvalue, split_halves, verdict)
 
@@ -179,7 +179,7 @@ def test_saving_factor_bad_input():
 # ----------------------------------------------------------------------------- compute view
 def test_prefill_flops_is_chapter_15s_count():
     pytest.importorskip("transformers")
-    from fovea_core.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
+    from fovea_book.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
     from fovea_core.vlm.qwen import lm_prefill_flops, qwen_config
 
     tc = qwen_config("qwen2-vl-2b").text_config
@@ -197,7 +197,7 @@ def test_prefill_flops_is_chapter_15s_count():
 
 
 def test_target_verdict_reads_the_ci_against_the_bar():
-    from fovea_core.eval.stats import target_verdict
+    from fovea_book.eval.stats import target_verdict
 
     assert target_verdict(0.72, 0.80, 0.70, 30) == "met"
     assert target_verdict(0.50, 0.69, 0.70, 30) == "not met"
@@ -212,7 +212,7 @@ def test_target_verdict_reads_the_ci_against_the_bar():
 
 
 def test_target_row_formats_and_judges():
-    from fovea_core.eval.stats import target_row
+    from fovea_book.eval.stats import target_row
 
     r = target_row("kept >= 70 %", 0.81, 0.74, 0.87, 0.70, 40)
     assert r == dict(target="kept >= 70 %", measured="81 % [74, 87] (n = 40)", verdict="met")
@@ -223,7 +223,7 @@ def test_target_row_formats_and_judges():
 
 # ----------------------------------------------------------------------------- chosen family
 def test_report_or_all_is_the_report_half_or_everything():
-    from fovea_core.eval.stats import report_or_all
+    from fovea_book.eval.stats import report_or_all
 
     ids = [f"d{i}" for i in range(30)]
     sel, rep = split_halves(ids)
@@ -233,7 +233,7 @@ def test_report_or_all_is_the_report_half_or_everything():
 
 
 def test_family_with_chosen_tests_the_choice_on_its_report_half_in_one_holm_family():
-    from fovea_core.eval.stats import family_with_chosen
+    from fovea_book.eval.stats import family_with_chosen
 
     t = _table(80, 0.2)
     fam = family_with_chosen(t, ["noise"], {"syn": "up", "absent": "up"}, "base", 100,

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from fovea_core.eval.documents import synthetic_documents
-from fovea_core.eval.metrics import anls, exact_match
-from fovea_core.eval.reader import Reader
-from fovea_core.eval.sweep import TIMING_COLUMNS, compare, run_sweep, summarize
+from fovea_book.eval.documents import synthetic_documents
+from fovea_book.eval.metrics import anls, exact_match
+from fovea_book.eval.reader import Reader
+from fovea_book.eval.sweep import TIMING_COLUMNS, compare, run_sweep, summarize
 from fovea_core.tokens import TokenSet
 
 DOC = synthetic_documents(1, seed=21)[0]
@@ -206,7 +206,7 @@ def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):
     first = run_sweep([("level0", grid_at_level(0))], [4096], {"syn": [DOC]}, **kw)
     assert (tmp_path / "results.csv").exists()
     # one file per source fingerprint, as documented (rows-<fingerprint[:12]>.sqlite)
-    from fovea_core.eval.evaluator import cell_cache_path, code_fingerprint
+    from fovea_book.eval.evaluator import cell_cache_path, code_fingerprint
 
     written = sorted(p.name for p in (tmp_path / "cells").glob("*.sqlite"))
     assert written == [cell_cache_path(tmp_path / "cells").name] == \
@@ -231,7 +231,7 @@ def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):
 
 
 def test_cache_key_changes_with_the_document_the_libraries_and_the_method(monkeypatch):
-    from fovea_core.eval import evaluator as E
+    from fovea_book.eval import evaluator as E
 
     topk = E.Method("topk", "topk", scorer="saliency", query_aware=False)
     ctx = E._context("syn", DOC, Reader(cache_dir=None), 0, 16, 8, "cpu")
@@ -293,7 +293,7 @@ def test_compare_paired_difference(table):
 
 
 def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
-    from fovea_core.eval.evaluator import code_fingerprint
+    from fovea_book.eval.evaluator import code_fingerprint
 
     (tmp_path / "book").mkdir()
     (tmp_path / "a.py").write_text("x = 1\n")
@@ -308,7 +308,7 @@ def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
 def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):
     """A score map is computed once per (page, scorer, question) and read back bit for bit;
     another question, page or scorer is another entry; no cache (or a callable) computes."""
-    from fovea_core.eval import evaluator as S
+    from fovea_book.eval import evaluator as S
     from fovea_core.cache import SqliteCache
 
     cache = SqliteCache(tmp_path / "rows.sqlite")
@@ -341,7 +341,7 @@ def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
     ``cached_score``, the page's saliency map is the one a query-agnostic sweep cached."""
     import fovea_core.importance as imp
     from fovea_core import build_pyramid
-    from fovea_core.eval import evaluator as S
+    from fovea_book.eval import evaluator as S
     from fovea_core.cache import SqliteCache
 
     doc = synthetic_documents(1, seed=3)[0]

@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 from scipy.io import savemat
 
-from fovea_core.eval import eyetracking as et
-from fovea_core.paths import DatasetNotFound, dataset_path
+from fovea_book.eval import eyetracking as et
+from fovea_book.paths import DatasetNotFound, dataset_path
 
 
 def _subject(xs, ys, ds):

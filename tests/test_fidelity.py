@@ -1,4 +1,4 @@
-"""Chapter 16's fidelity computations (fovea_core.eval.fidelity)."""
+"""Chapter 16's fidelity computations (fovea_book.eval.fidelity)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fovea_core.eval.fidelity import (fixation_targets, grid_density, model_kind,
+from fovea_book.eval.fidelity import (fixation_targets, grid_density, model_kind,
                                       paired_gain_measure, summarize_models, target_measure)
-from fovea_core.eval.metrics import bootstrap_ci
+from fovea_book.eval.metrics import bootstrap_ci
 
 
 def test_grid_density_puts_each_cell_s_score_on_its_footprint():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fovea_core.importance import SCORERS, score, scorer_cost
-from fovea_core.importance import fit_fixation as ff
+from fovea_book.eval import fit_fixation as ff
 from fovea_core.importance import fixation as fx
 from fovea_core.importance.text import text_probability
 

@@ -1,6 +1,6 @@
 """``fovea_core.foveate`` (one call) and ``python -m fovea_core foveate`` (the command).
 
-Pages are two synthetic pages of :func:`fovea_core.eval.documents.make_document` scaled to
+Pages are two synthetic pages of :func:`fovea_book.eval.documents.make_document` scaled to
 512 px, so that every test runs in seconds; most use methods without OCR, one the default
 learned cascade.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -21,10 +22,11 @@ import torch
 from PIL import Image
 
 import fovea_core
-from fovea_core.foveate import (LABELS, OUTPUT_SUFFIXES, FoveateWarning, Foveation, foveate,
-                                load_image, method_names, method_summary, run_page,
-                                save_foveation, uses_question)
-from fovea_core.__main__ import main
+from fovea_core.foveation import (LABELS, OUTPUT_SUFFIXES, SHARED_OPTION_USERS, FoveateWarning,
+                                  Foveation, ImageTooLargeError, foveate, load_image,
+                                  method_names, method_summary, run_page, save_foveation,
+                                  unused_options, uses_question)
+from fovea_core.__main__ import main, output_stems
 
 SIDE = 512
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> Path:
     """A folder of three files: two 512 px synthetic pages (PNG) and a broken ``.png``."""
-    from fovea_core.eval.documents import make_document
+    from fovea_book.eval.documents import make_document
 
     d = tmp_path_factory.mktemp("pages")
     for seed in (0, 1):
@@ -121,14 +123,16 @@ def test_command_default_cascade_on_one_page(pages, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--method", "nope"], r"unknown method 'nope'; registered: cascade, .*resize"),
-    (["--budget", "0"], r"--budget must be a positive int"),
+    (["--budget", "0"], r"--budget must be in \[1, Gh\*Gw\] \(tokens per page; .*\), "
+                        r"got 0$"),
 ])
 def test_command_rejects_bad_arguments(pages, tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as e:
         main(["foveate", str(pages), "--out", str(out)] + argv)
     assert e.value.code == 2
-    assert re.search(message, capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.M) and err.count("\n") == 1, err     # one line
     assert not out.exists()
 
 
@@ -156,14 +160,15 @@ def test_command_budget_too_large_fails_the_page_and_writes_nothing(pages, tmp_p
                  str(big), "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 1
-    assert f"budget must be in [1, {_grid_cells()}] for this {SIDE}x{SIDE} page" in captured.err
+    assert (f"budget must be in [1, {_grid_cells()}] for this {SIDE}x{SIDE} page"
+            in captured.err)
     assert re.search(r"foveate: 0 done, 0 skipped, 1 failed of 1 files", captured.out)
     assert "Traceback" not in captured.err + captured.out
     assert list(out.iterdir()) == []
 
 
 def test_a_page_that_fails_while_writing_leaves_no_file(pages, tmp_path, monkeypatch):
-    import fovea_core.foveate as fv
+    import fovea_core.foveation as fv
 
     def broken_figure(*args, **kwargs):
         raise RuntimeError("the figure broke")
@@ -216,9 +221,7 @@ def test_foveation_fields_and_the_package_export(pages):
     assert f.scores is not None and tuple(f.scores.shape) == (1, SIDE // 16, SIDE // 16)
     with pytest.raises(dataclasses_frozen()):
         f.method = "x"
-    import fovea_core.foveate as module                       # the submodule is callable too
-    assert module(pages / "page0.png", budget=40, method="pyramid").tokens.keys().equal(
-        f.tokens.keys())
+    assert fovea_core.foveate is foveate and fovea_core.Foveation is Foveation
 
 
 def dataclasses_frozen():
@@ -249,7 +252,7 @@ def test_a_cascade_with_side_compute_is_costed_from_the_run_that_allocated(pages
 
 def test_cost_uses_the_sweeps_token_rules(pages):
     from fovea_core import build_pyramid
-    from fovea_core.eval.sweep import alloc_read_tokens, scorer_tokens
+    from fovea_book.eval.sweep import alloc_read_tokens, scorer_tokens
 
     img = load_image(pages / "page0.png")
     pyr = build_pyramid(img)
@@ -283,24 +286,25 @@ def test_bad_inputs_of_foveate(pages):
     with pytest.raises(ValueError, match="does not return N tokens"):
         foveate(pages / "page0.png", method="adaptive_budget")
     cells = _grid_cells()
-    for bad in (0, cells + 1):
-        with pytest.raises(ValueError, match=re.escape(f"budget must be in [1, {cells}] for "
-                                                       f"this {SIDE}x{SIDE} page")):
+    for bad in (0, cells + 1, True, 4.0, "8"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"budget must be in [1, {cells}] for this {SIDE}x{SIDE} page "
+                f"(32x32 patches of 16 px), got {bad!r}")):
             foveate(pages / "page0.png", budget=bad, method="resize")
-    with pytest.raises(ValueError, match="budget must be an int"):
-        foveate(pages / "page0.png", budget=True, method="resize")
-    with pytest.raises(ValueError, match=f"budget must be {cells}"):
+    assert foveate(pages / "page0.png", budget=np.int64(8), method="resize").budget == 8
+    with pytest.raises(ValueError, match=re.escape(f"budget must be in [{cells}, {cells}] "
+                                                   "for method 'full', which keeps every")):
         foveate(pages / "page0.png", budget=10, method="full")
     assert foveate(pages / "page0.png", budget=None, method="full").budget == cells
     with pytest.raises(ValueError, match=r"does not take option\(s\) \['bogus'\]"):
         foveate(pages / "page0.png", budget=10, method="topk", bogus=1)
-    with pytest.raises(ValueError, match="reads no score map"):
-        foveate(pages / "page0.png", budget=10, method="resize", scorer="saliency")
     with pytest.raises(ValueError, match="unknown scorer"):
         foveate(pages / "page0.png", budget=10, method="topk", scorer="nope")
     with pytest.raises(ValueError, match="question must be a non-empty string"):
         foveate(pages / "page0.png", "  ", budget=10, method="resize")
-    with pytest.raises(ValueError, match="cascade: .*tokens"):
+    with pytest.raises(ValueError, match=re.escape(
+            f"budget must be in [5, {cells}] for a {SIDE}x{SIDE} page (32x32 patches of "
+            "16 px; the cascade needs its gist plus at least one fovea token), got 3")):
         foveate(pages / "page0.png", budget=3, method="cascade")
 
 
@@ -341,20 +345,353 @@ def test_save_foveation_writes_three_files(pages, tmp_path):
 
 def test_import_fovea_core_stays_light():
     """``fovea_core.foveate`` is exported lazily: importing the package loads neither the
-    entry point nor the allocators; the first use does."""
+    entry point (:mod:`fovea_core.foveation`) nor the allocators; the first use does."""
     code = ("import sys, fovea_core; "
-            "assert 'fovea_core.foveate' not in sys.modules; "
+            "assert 'fovea_core.foveation' not in sys.modules; "
             "assert 'fovea_core.allocators' not in sys.modules; "
             "assert 'foveate' in fovea_core.__all__ and callable(fovea_core.foveate); "
-            "assert 'fovea_core.foveate' in sys.modules; print('ok')")
+            "assert 'fovea_core.foveation' in sys.modules; print('ok')")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
 def test_method_summary_names_what_a_registered_cascade_binds():
-    from fovea_core.foveate import method_summary
+    from fovea_core.foveation import method_summary
 
     assert method_summary("cascade_text", width=200).endswith("(localiser=learned, side=text).")
     assert "(localiser=learned_prior)" in method_summary("cascade_prior", width=200)
     assert "localiser" not in method_summary("resize", width=200)
+
+
+# ----------------------------------------------------------------------------- one entry point
+def test_the_budget_has_one_check_and_one_message(pages, capsys):
+    """foveate, the allocators, the cascade and the command all call
+    ``fovea_core.allocators.base.check_budget``: one wording, the range stated."""
+    from fovea_core import build_pyramid
+    from fovea_core.cascade.allocator import cascade
+    from fovea_core.methods import allocate
+
+    img = load_image(pages / "page0.png")
+    pyr = build_pyramid(img)
+    said = []
+    for call in (lambda: foveate(img, budget=0, method="topk"),
+                 lambda: allocate("topk", pyr, torch.zeros(1, 32, 32), 0),
+                 lambda: cascade(pyr, None, 0, localiser="uniform")):
+        with pytest.raises(ValueError) as e:
+            call()
+        said.append(str(e.value))
+    with pytest.raises(SystemExit):
+        main(["foveate", str(pages / "page0.png"), "--budget", "0", "--out", "unused"])
+    said.append(capsys.readouterr().err.strip())
+    cells = _grid_cells()
+    assert said[0] == (f"budget must be in [1, {cells}] for this {SIDE}x{SIDE} page "
+                       "(32x32 patches of 16 px), got 0")
+    assert said[1] == f"topk: budget must be in [1, {cells}] for a 32x32 patch grid, got 0"
+    assert said[2].startswith(f"cascade: budget must be in [5, {cells}] for a ")
+    assert said[3].endswith("--budget must be in [1, Gh*Gw] (tokens per page; Gh*Gw, "
+                            "the page's patch count, is checked per page), got 0")
+    assert all(re.search(r"budget must be in \[\d+, (\d+|Gh\*Gw)\]", m) for m in said)
+
+
+def _warned(call) -> tuple[object, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = call()
+    return out, [str(w.message) for w in caught if issubclass(w.category, FoveateWarning)]
+
+
+def test_an_option_the_method_does_not_use_warns_and_is_not_recorded(pages):
+    page = load_image(pages / "page0.png")
+    f, said = _warned(lambda: foveate(page, budget=16, method="resize", fixation=(0.2, 0.3),
+                                      seed=4, scorer="saliency"))
+    assert f.options == {"patch": 16}                     # nothing it did not use
+    assert said == [
+        "method 'resize' does not use option scorer='saliency' (it reads no score map): it is "
+        "ignored and not recorded in Foveation.options",
+        "method 'resize' does not use option fixation=(0.2, 0.3) (its tokens do not depend on "
+        "it): it is ignored and not recorded in Foveation.options",
+        "method 'resize' does not use option seed=4 (its tokens do not depend on it): it is "
+        "ignored and not recorded in Foveation.options"]
+    assert torch.equal(f.tokens.centers, foveate(page, budget=16, method="resize").tokens.centers)
+    # the cascade fixates its own map's peak: a fixation is ignored, and said so
+    c, said = _warned(lambda: foveate(page, budget=40, method="cascade_prior",
+                                      fixation=(0.1, 0.1)))
+    assert "fixation" not in c.options and len(said) == 1
+    assert "'cascade_prior' does not use option fixation=(0.1, 0.1) (the cascade fixates" in said[0]
+    # a method that reads them records them, silently; the seed as the int it ran with
+    lp, said = _warned(lambda: foveate(page, budget=16, method="logpolar", fixation=(0.2, 0.3)))
+    assert said == [] and lp.options["fixation"] == (0.2, 0.3)
+    r, said = _warned(lambda: foveate(page, budget=16, method="random", seed=np.int64(3)))
+    assert said == [] and r.options["seed"] == 3 and type(r.options["seed"]) is int
+    assert unused_options("random", seed=1, fixation=None) == ["fixation"]
+    assert unused_options("topk", scorer="none") == []
+
+
+def test_the_table_of_who_reads_fixation_and_seed_matches_every_method():
+    """:data:`SHARED_OPTION_USERS` says which methods read ``fixation`` and ``seed``; every
+    method is run with two values of each and its tokens compared, so a method that starts
+    (or stops) reading one fails here instead of being warned about wrongly."""
+    from fovea_book.eval.documents import make_document
+    from fovea_core import build_pyramid
+    from fovea_core.cascade.allocator import registered_parts
+    from fovea_core.foveation import _scorer_for
+    from fovea_core.importance import score
+    from fovea_core.methods import INFO, allocate
+
+    doc = make_document(0, width=768, height=768)
+    pyr = build_pyramid(load_image(np.asarray(Image.fromarray(doc.image).resize(
+        (128, 128), Image.LANCZOS))))
+    maps = {name: score(name, pyr.base) for name in ("saliency", "none")}
+    values = {"fixation": ((0.15, 0.2), (0.85, 0.7)), "seed": (1, 2)}
+
+    def run(name: str, **opt) -> object:        # the allocator with the option, as foveate
+        s = maps[_scorer_for(name, None, {})]   # would pass it without the table
+        n = 64 if name in ("full", "stratified_8x8") else 32       # full: every cell
+        if INFO[name]["family"] == "cascade":
+            return registered_parts(name, pyr, s, n, **opt).tokens
+        return allocate(name, pyr, s, n, **opt)
+
+    for name in method_names():
+        if name == "cascade_text":                       # the text detector: slow, no seed
+            continue
+        for opt, (a, b) in values.items():
+            if name == "multi_fixation" and opt == "fixation":
+                a, b = [[a, (0.5, 0.5)]], [[b, (0.5, 0.5)]]           # [B, k, 2]
+            ta, tb = run(name, **{opt: a}), run(name, **{opt: b})
+            differ = not (torch.equal(ta.centers, tb.centers) and torch.equal(ta.levels, tb.levels))
+            assert differ == (name in SHARED_OPTION_USERS[opt]), (name, opt)
+
+
+def test_topk_on_the_flat_map_warns_that_its_choice_means_nothing(pages):
+    page = load_image(pages / "page0.png")
+    f, said = _warned(lambda: foveate(page, budget=32, method="topk", scorer="none"))
+    assert len(said) == 1 and said[0].startswith(
+        "scorer='none' gives method 'topk' a flat map (all zeros): every patch ties")
+    assert "for 'topk' that is the whole choice" in said[0]
+    assert f.cost.scorer == "none" and bool((f.tokens.centers[0, :, 1] < 0.05).all())  # top row
+    _, said = _warned(lambda: foveate(page, budget=32, method="topk"))
+    assert said == []                                       # a real map: nothing to say
+
+
+# ----------------------------------------------------------------------------- output names
+def test_output_names_are_unique_whatever_the_folder_holds():
+    P = [Path(n) for n in ("a.jpg", "a.png", "a_png.png")]
+    assert output_stems(P) == ["a_jpg", "a_png-2", "a_png"]
+    P = [Path(n) for n in ("A.png", "a.jpg", "b", "b.png", "b_png-2.png", "b_png.png", "c.tif")]
+    got = output_stems(P)
+    assert got == ["A_png", "a_jpg", "b", "b_png-3", "b_png-2", "b_png", "c"]
+    assert len({g.casefold() for g in got}) == len(got)
+
+
+def test_a_folder_with_a_png_a_jpg_and_a_png_png_keeps_all_three_pages(tmp_path, capsys):
+    """``a.png`` and ``a.jpg`` became ``a_png`` and ``a_jpg``, and ``a_png.png`` kept
+    ``a_png``: two pages wrote the same files and the command said "3 done"."""
+    src, out = tmp_path / "pages", tmp_path / "out"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "a.jpg", "a_png.png"):
+        Image.fromarray((rng.random((64, 96, 3)) * 255).astype(np.uint8)).save(src / name)
+    code = main(["foveate", str(src), "--method", "resize", "--budget", "8", "--workers", "1",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert re.search(r"foveate: 3 done, 0 skipped, 0 failed of 3 files", captured.out)
+    records = sorted(out.glob("*.foveation.json"))
+    assert len(records) == 3 and len(list(out.iterdir())) == 9
+    sources = sorted(Path(json.loads(p.read_text())["source"]).name for p in records)
+    assert sources == ["a.jpg", "a.png", "a_png.png"]             # every page, once
+    assert json.loads((out / "a_png.foveation.json").read_text())["source"].endswith("a_png.png")
+    assert "done a.png -> a_png-2.*" in captured.err
+
+
+# ----------------------------------------------------------------------------- image files
+def test_a_float_tiff_in_0_1_is_read_as_it_is_not_divided_by_255(pages, tmp_path):
+    grey = np.asarray(Image.open(pages / "page0.png").convert("L"), dtype=np.float32) / 255
+    path = tmp_path / "page.tif"
+    Image.fromarray(grey).save(path)                            # mode "F", values in [0, 1]
+    assert Image.open(path).mode == "F"
+    x = load_image(path)
+    np.testing.assert_array_equal(x[0, 0].numpy(), grey)       # not grey / 255 (a black page)
+    assert torch.equal(load_image(Image.open(path)), x)
+    a, b = foveate(path, budget=64, method="topk"), foveate(grey, budget=64, method="topk")
+    assert torch.equal(a.tokens.centers, b.tokens.centers) and torch.equal(a.view, b.view)
+    # 0..255 floats still read as 8-bit values; anything else is refused with the ranges
+    Image.fromarray(grey * 255).save(tmp_path / "page255.tif")
+    np.testing.assert_allclose(load_image(tmp_path / "page255.tif")[0, 0].numpy(), grey,
+                               atol=1e-6)
+    Image.fromarray(grey * 1000).save(tmp_path / "page1000.tif")
+    with pytest.raises(ValueError, match=r"page1000\.tif: a PIL image of mode 'F' must hold "
+                                         r"floats in \[0, 1\] \(or 0\.\.255\); got values in"):
+        load_image(tmp_path / "page1000.tif")
+
+
+def test_a_phone_photo_is_turned_upright_by_its_exif_orientation(tmp_path):
+    from PIL import ImageOps
+
+    arr = np.full((48, 80, 3), 255, np.uint8)
+    arr[:12, :20] = (200, 0, 0)                                 # a red mark, top left as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6                                            # "rotate 90 degrees to view"
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(arr).save(path, exif=exif, quality=95)
+    x = load_image(path)
+    assert tuple(x.shape) == (1, 3, 80, 48)                     # upright: taller than wide
+    want = np.asarray(ImageOps.exif_transpose(Image.open(path)), dtype=np.float32) / 255
+    np.testing.assert_array_equal(x[0].permute(1, 2, 0).numpy(), want)
+    red = (x[0, 0] > 0.6) & (x[0, 1] < 0.3)
+    rows, cols = torch.nonzero(red, as_tuple=True)
+    assert rows.max() < 25 and cols.min() > 24                  # now top right
+    assert torch.equal(load_image(Image.open(path)), x)        # a PIL image: the same
+    assert foveate(path, budget=10, method="resize").view.shape == (3, 80, 48)
+
+
+def _png_header(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header declares ``width x height`` (no real pixel data)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+                     + chunk(b"IDAT", zlib.compress(b"\x00")) + chunk(b"IEND", b""))
+    return path
+
+
+def test_a_decompression_bomb_fails_its_page_only(pages, tmp_path, capsys):
+    from PIL import Image as PILImage
+
+    src, out = tmp_path / "pages", tmp_path / "out"
+    src.mkdir()
+    big = _png_header(src / "big.png", 20000, 20000)
+    Image.open(pages / "page0.png").resize((64, 64)).save(src / "small.png")
+    limit = 2 * PILImage.MAX_IMAGE_PIXELS
+    with pytest.raises(ImageTooLargeError, match=re.escape(
+            f"image: {big} declares 400,000,000 pixels, more than the limit of {limit:,} "
+            "(Pillow's decompression-bomb guard")):
+        load_image(big)
+    assert issubclass(ImageTooLargeError, ValueError)          # as load_image documents
+    code = main(["foveate", str(src), "--method", "resize", "--budget", "8", "--workers", "1",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1, captured.err
+    assert re.search(r"foveate: 1 done, 0 skipped, 1 failed of 2 files", captured.out)
+    assert re.search(r"failed big\.png .*ImageTooLargeError: image: .* declares 400,000,000 "
+                     r"pixels", captured.err)
+    assert (out / "small.foveation.json").is_file() and not list(out.glob("big*"))
+
+
+# ----------------------------------------------------------------------------- before any work
+@pytest.fixture()
+def no_work(monkeypatch):
+    """Fail the test if the command foveates any page."""
+    import fovea_core.foveation as fv
+
+    monkeypatch.setattr(fv, "run_page", lambda job: pytest.fail(f"worked on {job['path']}"))
+
+
+def _refused(argv: list[str], capsys) -> list[str]:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    return captured.err.splitlines()
+
+
+def test_an_out_that_cannot_be_created_is_refused_before_any_work(pages, tmp_path, capsys,
+                                                                  no_work):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    out = blocker / "out"
+    lines = _refused(["foveate", str(pages), "--method", "resize", "--out", str(out)], capsys)
+    assert lines == [f"python -m fovea_core foveate: error: --out {out} cannot be created: "
+                     f"{blocker} is not a folder"]
+    # the pre-check misses it (say, a race): creating it is the check, still before any work
+    import fovea_core.__main__ as cli
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_out_problem", lambda out: "")
+        lines = _refused(["foveate", str(pages), "--method", "resize", "--out", str(out)],
+                         capsys)
+    assert lines[-1] == (f"python -m fovea_core foveate: error: --out {out} cannot be created "
+                         "(Not a directory)")               # after the skipped broken.png
+    assert sum("error" in line for line in lines) == 1
+
+
+def test_a_read_only_out_is_refused_before_any_work(pages, tmp_path, capsys, monkeypatch,
+                                                    no_work):
+    import fovea_core.__main__ as cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if Path(p) == out
+                        else real(p, mode))
+    lines = _refused(["foveate", str(pages), "--method", "resize", "--out", str(out)], capsys)
+    assert lines == [f"python -m fovea_core foveate: error: --out {out} is not writable "
+                     "(permission denied or a read-only file system)"]
+    monkeypatch.undo()
+    # and when the permission check passes but writing does not (the probe file)
+    monkeypatch.setattr(cli, "_out_problem", lambda out: "")
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refuse)
+    lines = _refused(["foveate", str(pages), "--method", "resize", "--out", str(out)], capsys)
+    assert lines[-1] == (f"python -m fovea_core foveate: error: --out {out} is not writable "
+                         "(Permission denied)")             # after the skipped broken.png
+    assert sum("error" in line for line in lines) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root writes into a read-only folder")
+def test_a_chmod_read_only_out_is_refused_before_any_work(pages, tmp_path, capsys, no_work):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        lines = _refused(["foveate", str(pages), "--method", "resize", "--out", str(out)],
+                         capsys)
+    finally:
+        out.chmod(0o755)
+    assert lines == [f"python -m fovea_core foveate: error: --out {out} is not writable "
+                     "(permission denied or a read-only file system)"]
+
+
+def test_unknown_options_are_refused_once_before_any_work(pages, tmp_path, capsys, no_work):
+    out = tmp_path / "out"
+    lines = _refused(["foveate", str(pages), "--method", "resize", "-o", "bogus=1",
+                      "-o", "fixation=(0.5, 0.5)", "--out", str(out)], capsys)
+    assert lines == ["python -m fovea_core foveate: error: method 'resize' does not take "
+                     "option(s) ['bogus']; it takes: fixation, patch, seed, scorer"]
+    assert not out.exists()
+    lines = _refused(["foveate", str(pages), "--method", "random", "-o", "seed=1.5",
+                      "--out", str(out)], capsys)
+    assert lines == ["python -m fovea_core foveate: error: seed must be an int (any integer, "
+                     "numpy integers accepted), got 1.5 (float)"]
+    # several problems: one line each, all before any work
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    lines = _refused(["foveate", str(pages), "--method", "resize", "-o", "bogus=1",
+                      "--budget", "0", "--out", str(blocker / "out")], capsys)
+    assert len(lines) == 3 and "'bogus'" in lines[0] and "--budget" in lines[1]
+    assert "cannot be created" in lines[2]
+
+
+def test_the_command_says_an_ignored_option_once(pages, tmp_path, capsys):
+    out = tmp_path / "out"
+    src = tmp_path / "two"
+    src.mkdir()
+    for seed in (0, 1):
+        Image.open(pages / f"page{seed}.png").resize((64, 64)).save(src / f"p{seed}.png")
+    code = main(["foveate", str(src), "--method", "resize", "--budget", "8", "-o",
+                 "fixation=(0.5, 0.5)", "--workers", "1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.count("does not use option fixation=(0.5, 0.5)") == 1
+    assert all("fixation" not in json.loads(p.read_text())["options"]
+               for p in out.glob("*.json"))

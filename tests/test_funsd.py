@@ -1,4 +1,4 @@
-"""The FUNSD forms loader (fovea_core.eval.funsd): the real dev folder, the line grouping of
+"""The FUNSD forms loader (fovea_book.eval.funsd): the real dev folder, the line grouping of
 multi-line answers, the held-out wordings, every bad-input rule on tiny fixtures, and the
 optional third set of ``load_datasets``."""
 
@@ -12,11 +12,11 @@ import cv2
 import numpy as np
 import pytest
 
-from fovea_core.eval.documents import FORM_WORDINGS, WORDING_SETS, phrase
-from fovea_core.eval.experiments import load_datasets
-from fovea_core.eval.funsd import (SKIP_REASONS, answer_lines, form_key, load_form, load_funsd,
+from fovea_book.eval.documents import FORM_WORDINGS, WORDING_SETS, phrase
+from fovea_book.eval.experiments import load_datasets
+from fovea_book.eval.funsd import (SKIP_REASONS, answer_lines, form_key, load_form, load_funsd,
                                    reworded)
-from fovea_core.paths import DatasetNotFound, dataset_path
+from fovea_book.paths import DatasetNotFound, dataset_path
 
 
 # ------------------------------------------------------------------------------ the real forms
@@ -365,7 +365,7 @@ def test_load_datasets_adds_the_forms(tmp_path):
 
 
 def test_load_datasets_caches_the_forms_by_their_files(tmp_path, monkeypatch):
-    import fovea_core.eval.funsd as funsd
+    import fovea_book.eval.funsd as funsd
 
     data_dir, cache = tmp_path / "data", tmp_path / "cache"
     root = _write(data_dir / "funsd-dev", {"a": _good_form()})
@@ -388,8 +388,8 @@ def test_load_datasets_caches_the_forms_by_their_files(tmp_path, monkeypatch):
 def test_unambiguous_keeps_the_questions_asked_once_on_the_form():
     import numpy as np
 
-    from fovea_core.eval.documents import Document, Question
-    from fovea_core.eval.funsd import unambiguous
+    from fovea_book.eval.documents import Document, Question
+    from fovea_book.eval.funsd import unambiguous
 
     def q(qid, key):
         return Question(qid, f"What is the {key}?", ("x",), ((0, 0, 4, 4),), key)

@@ -106,7 +106,7 @@ def test_sample_image_onepass_equals_the_two_step_path(hw, c, b):
 
 
 def test_sample_image_onepass_on_the_benchmark_case():
-    from fovea_core.bench.sampling import test_image, v1_tokens
+    from fovea_book.bench.sampling import test_image, v1_tokens
 
     img, ts = test_image(), v1_tokens(1)
     assert img.flags.c_contiguous and img.shape == (1024, 1024, 3)

@@ -1,7 +1,7 @@
 """JupyterLab works: the server lists the `fovea` kernel and runs 00_quickstart's first cells.
 
 Starts ``jupyter lab --no-browser`` exactly as ``make lab`` does (same command line,
-``fovea_core.book.cli.lab_command``) on a free localhost port with a token, talks to it
+``fovea_book.build.cli.lab_command``) on a free localhost port with a token, talks to it
 through the REST API and the kernel websocket, and shuts it down.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book.browser import free_port
-from fovea_core.book.cli import lab_command
-from fovea_core.book.tidy import KERNEL_NAME
+from fovea_book.build.browser import free_port
+from fovea_book.build.cli import lab_command
+from fovea_book.build.tidy import KERNEL_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = "notebooks/00_quickstart.ipynb"

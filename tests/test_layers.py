@@ -1,10 +1,14 @@
-"""Layers point down (DESIGN.md, "Layers point down"; issue 21 item 1).
+"""Layers point down, and the layers are the folders (DESIGN.md, "Layers point down").
 
-The import graph of ``fovea_core`` is built from the source with ``ast`` (nothing is
-imported), and checked for two things:
+The import graph of ``fovea_core`` (the method) and ``fovea_book`` (the book's machinery,
+``book/fovea_book``) is built from the source with ``ast`` (nothing is imported), and
+checked for two things:
 
 * **no cycle**: no module reaches itself through imports;
-* **no upward import**: no module imports a module of a higher layer (:data:`LAYERS`).
+* **no upward import**: no module imports a module of a higher layer (:data:`LAYERS`). The
+  layer of a module of ``fovea_core`` is the layer of its top-level folder (or top-level
+  module): no module of a folder sits in another layer than its folder. All of
+  ``fovea_book`` sits above all of ``fovea_core``: the method never imports the book.
 
 What counts as an import (decided here, for both checks):
 
@@ -12,8 +16,9 @@ What counts as an import (decided here, for both checks):
   inside functions, inside ``try`` blocks and ``if TYPE_CHECKING`` alike (a function-level
   import is still a dependency; deferring it only hides a cycle until the call);
 * relative imports, resolved against the importing module's package;
-* ``importlib.import_module("fovea_core....")`` with a literal name (a computed name, as
-  ``bench/__main__`` builds from its command line, cannot be seen and is not counted);
+* ``importlib.import_module("...")`` with a literal name; and no module of ``fovea_core``
+  calls ``importlib.import_module`` or ``__import__`` at all (a computed name cannot be
+  checked: :func:`test_the_method_imports_nothing_by_computed_name`);
 * the **package ``__init__`` files Python runs** on the way: importing
   ``fovea_core.allocators.base`` executes ``fovea_core/allocators/__init__.py`` first, so
   it is an import of ``fovea_core.allocators`` too, unless that package encloses the
@@ -21,66 +26,63 @@ What counts as an import (decided here, for both checks):
   explicit ``from fovea_core.pkg import name`` of a non-module name is an import of
   ``fovea_core.pkg``'s ``__init__`` in every case.
 
-The scan reads ``$FOVEA_LAYERS_ROOT`` (a copy of ``fovea_core``) when set, this repository's
-``fovea_core`` otherwise; :func:`test_the_check_fails_on_the_old_bad_imports` runs it on a
-scratch copy with the imports of the old code put back.
+:func:`test_the_check_fails_on_the_old_bad_imports` runs the check on a scratch copy with
+the imports of the old code put back.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 
 import pytest
 
 PACKAGE = "fovea_core"
-REPO_ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-SCAN_ROOT = Path(os.environ.get("FOVEA_LAYERS_ROOT", REPO_ROOT))
+BOOK = "fovea_book"
+REPO = Path(__file__).resolve().parents[1]
+#: where each package's source is in the repository
+ROOTS = {PACKAGE: REPO / PACKAGE, BOOK: REPO / "book" / BOOK}
+REPO_ROOT = ROOTS[PACKAGE]
 
-#: The layer of every module, by dotted name relative to ``fovea_core`` ("" = the package's
-#: own ``__init__``); the longest matching prefix wins, so a new module inherits its
-#: package's layer and a new top-level module must be placed here. A module may import its
-#: own layer and the layers below (the cycle check keeps same-layer imports one-way).
-#: The root ``""`` holds the package ``__init__`` only (a prefix of nothing).
-#: Decided from DESIGN.md ("tokens/pyramid at the bottom; sample, kernels and logpolar on
-#: them; importance and allocators above; eval, cascade evaluation, bench and book on top")
-#: and from what the code imports:
-LAYERS: dict[str, float] = {
-    # 0: the data every layer shares; the root facade re-exports from this layer only
-    "": 0, "cache": 0, "paths": 0, "profiles": 0, "rounding": 0, "tokens": 0, "pyramid": 0,
-    # 1: reading pixels (reference sampler, kernels, log-polar remap), token density, and the
-    # biology the allocators take their constants from (biology imports paths, rounding)
-    "sample": 1, "kernels": 1, "logpolar": 1, "density": 1, "biology": 1,
+#: The layer of every top-level folder or module of ``fovea_core`` (by its name; ``""`` is
+#: the package's own ``__init__``). A module may import its own layer and the layers below
+#: (the cycle check keeps same-layer imports one-way). Decided from DESIGN.md ("tokens /
+#: pyramid at the bottom; sample, kernels and logpolar on them; importance and allocators
+#: above; the cascade, the VLM bridge and foveate on top of the method"). A new top-level
+#: folder or module must be placed here.
+LAYERS: dict[str, int] = {
+    # 0: the data every layer shares
+    "cache": 0, "paths": 0, "rounding": 0, "tokens": 0, "pyramid": 0,
+    # 1: reading pixels (reference sampler, kernels, log-polar remap), drawing tokens
+    "sample": 1, "kernels": 1, "logpolar": 1, "draw": 1,
     # 2: deciding: importance scorers and the allocators (one registry of methods)
     "importance": 2, "allocators": 2,
-    # 3: the budgeted cascade, an allocator built from allocators and scorers, in sub-layers:
-    # the footprint raster < the stages (core) < localisers and the learned network < the
-    # chaining allocator (and the package __init__, which re-exports all of them)
-    "cascade": 3.3, "cascade.raster": 3.0, "cascade.core": 3.1, "cascade.learned": 3.2,
-    "cascade.localisers": 3.2, "cascade.allocator": 3.3,
-    # 4: evaluating and showing: datasets, readers, sweeps, the cascade's evaluation, the
-    # training commands (they read the datasets of eval), benchmarks, the VLM bridge, figures
-    "eval": 4, "cascade.metrics": 4, "cascade.evaluate": 4, "cascade.train": 4,
-    "importance.fit_fixation": 4, "bench": 4, "vlm": 4, "plotting": 4,
-    # 5: what a user runs: the book (runs notebooks, which use everything), the one-call
-    # entry point and its command line (issue 24)
-    "book": 5, "foveate": 5, "__main__": 5, "vlm.processor": 5,
+    # 3: the budgeted cascade, built from allocators and scorers; it registers its methods
+    "cascade": 3,
+    # 4: every method by name (allocators + cascade) and the cost model that reads it
+    "methods": 4, "cost": 4,
+    # 5: the one-call entry point
+    "foveation": 5,
+    # 6: what a user runs on top: the VLM processor (foveates), the command, the facade
+    "vlm": 6, "__main__": 6, "": 6,
 }
-
-#: Known violations still in the code, each an edge (importer, imported) of the graph with
-#: the file to change. They are left out of both checks; the last test fails as soon as one
-#: is gone, so that it is removed from here too. Add nothing to this table.
-PENDING: dict[tuple[str, str], str] = {
-}
+#: the layer of every module of the book's package: above all of the method
+BOOK_LAYER = 10
 
 
 # ----------------------------------------------------------------------------- the graph
-def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
-    """``{dotted name: (file, is_package)}`` for every ``.py`` file under ``root``."""
+def _modules(roots: dict[str, Path]) -> dict[str, tuple[Path, bool]]:
+    """``{dotted name: (file, is_package)}`` for every ``.py`` file of each package."""
+    out = {}
+    for package, root in roots.items():
+        out.update(_package_modules(package, root))
+    return out
+
+
+def _package_modules(package: str, root: Path) -> dict[str, tuple[Path, bool]]:
     out = {}
     for path in sorted(root.rglob("*.py")):
-        parts = [PACKAGE, *path.relative_to(root).with_suffix("").parts]
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
         is_pkg = parts[-1] == "__init__"
         out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
     return out
@@ -113,16 +115,16 @@ def _imported_names(node: ast.AST, module: str, is_pkg: bool, known: dict) -> li
     return []
 
 
-def import_graph(root: Path = SCAN_ROOT) -> dict[str, dict[str, int]]:
-    """``{importer: {imported: first line}}`` over the modules of ``fovea_core`` at ``root``
+def import_graph(roots: dict[str, Path] = ROOTS) -> dict[str, dict[str, int]]:
+    """``{importer: {imported: first line}}`` over the modules of both packages at ``roots``
     (both dotted names in full; see the module docstring for what counts)."""
-    known = _modules(root)
+    known = _modules(roots)
     graph: dict[str, dict[str, int]] = {m: {} for m in known}
     for module, (path, is_pkg) in known.items():
         enclosing = set(_ancestors(module))
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             for target in _imported_names(node, module, is_pkg, known):
-                if target.split(".")[0] != PACKAGE:
+                if target.split(".")[0] not in roots:
                     continue
                 while target not in known and "." in target:   # a name inside a module
                     target = target.rpartition(".")[0]
@@ -133,31 +135,19 @@ def import_graph(root: Path = SCAN_ROOT) -> dict[str, dict[str, int]]:
     return graph
 
 
-def _short(name: str) -> str:
-    return name[len(PACKAGE) + 1:] if name != PACKAGE else ""
-
-
-def layer_of(name: str) -> float:
-    """The layer of a module (dotted name in full): its longest prefix in :data:`LAYERS`
-    (``""`` is the root ``__init__`` alone, never a prefix). ``KeyError`` if none."""
-    rel = _short(name)
-    if not rel:
-        return LAYERS[""]
-    while rel:
-        if rel in LAYERS:
-            return LAYERS[rel]
-        rel = rel.rpartition(".")[0]
-    raise KeyError(name)
-
-
-def _without_pending(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    return {a: {b: ln for b, ln in out.items() if (_short(a), _short(b)) not in PENDING}
-            for a, out in graph.items()}
+def layer_of(name: str) -> int:
+    """The layer of a module (dotted name in full): :data:`BOOK_LAYER` for the book's
+    package, else the layer of its top-level folder or module in :data:`LAYERS`
+    (``KeyError`` if it has none)."""
+    package, _, rel = name.partition(".")
+    if package == BOOK:
+        return BOOK_LAYER
+    return LAYERS[rel.partition(".")[0]]
 
 
 def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
     """``"a (layer) -> b (layer), line n"`` for every import of a higher layer."""
-    return [f"{a} ({layer_of(a):g}) -> {b} ({layer_of(b):g}), line {ln}"
+    return [f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)}), line {ln}"
             for a, out in sorted(graph.items()) for b, ln in sorted(out.items())
             if layer_of(b) > layer_of(a)]
 
@@ -214,8 +204,9 @@ def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
 # ----------------------------------------------------------------------------- the checks
 @pytest.fixture(scope="module")
 def graph() -> dict[str, dict[str, int]]:
-    g = import_graph(SCAN_ROOT)
-    assert len(g) > 50, f"found only {len(g)} modules under {SCAN_ROOT}"
+    g = import_graph(ROOTS)
+    assert sum(m.startswith(PACKAGE + ".") for m in g) > 40, f"found only {len(g)} modules"
+    assert sum(m.startswith(BOOK + ".") for m in g) > 30, f"found only {len(g)} modules"
     return g
 
 
@@ -226,24 +217,29 @@ def test_every_module_has_a_layer(graph):
             layer_of(m)
         except KeyError:
             missing.append(m)
-    assert not missing, f"place these modules in LAYERS: {missing}"
+    assert not missing, f"place these modules' folders in LAYERS: {missing}"
 
 
 def test_no_upward_import(graph):
-    bad = upward_imports(_without_pending(graph))
+    bad = upward_imports(graph)
     assert not bad, "imports of a higher layer (DESIGN.md: layers point down):\n" + \
         "\n".join(bad)
 
 
+def test_the_method_never_imports_the_book(graph):
+    bad = [f"{a} -> {b}" for a, out in graph.items() if a.startswith(PACKAGE)
+           for b in out if b.split(".")[0] == BOOK]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_import_cycle(graph):
-    g = _without_pending(graph)
-    cycles = import_cycles(g)
-    assert not cycles, "\n".join(_describe(c, g) for c in cycles)
+    cycles = import_cycles(graph)
+    assert not cycles, "\n".join(_describe(c, graph) for c in cycles)
 
 
 def test_the_kernel_layer_imports_only_tokens_and_pyramid(graph):
-    """Issue 21: the kernels depend on nothing above ``tokens`` and ``pyramid`` (and
-    ``paths``, where the CUDA sources are)."""
+    """The kernels depend on nothing above ``tokens`` and ``pyramid`` (and ``paths``, where
+    the CUDA sources are)."""
     allowed = {f"{PACKAGE}.{m}" for m in ("paths", "tokens", "pyramid")}
     for m, out in graph.items():
         if m == f"{PACKAGE}.kernels" or m.startswith(f"{PACKAGE}.kernels."):
@@ -251,41 +247,48 @@ def test_the_kernel_layer_imports_only_tokens_and_pyramid(graph):
             assert not outside, f"{m} imports {sorted(outside)}"
 
 
-def test_pending_violations_are_still_there(graph):
-    """Each PENDING entry names an edge that exists; once fixed, delete it from PENDING."""
-    edges = {(_short(a), _short(b)) for a, out in graph.items() for b in out}
-    gone = [e for e in PENDING if e not in edges]
-    assert not gone, f"fixed, so remove from PENDING: {gone}"
-    for a, b in PENDING:                                 # and each is a real violation
-        full_a, full_b = f"{PACKAGE}.{a}", f"{PACKAGE}.{b}"
-        assert layer_of(full_b) > layer_of(full_a), (a, b)
+def test_the_method_imports_nothing_by_computed_name():
+    """No plug-in loading in ``fovea_core``: no ``importlib.import_module`` or
+    ``__import__`` call, whose target the graph could not see."""
+    found = []
+    for name, (path, _) in _package_modules(PACKAGE, REPO_ROOT).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if called in ("import_module", "__import__"):
+                    found.append(f"{name}, line {node.lineno}")
+    assert not found, found
 
 
 # ----------------------------------------------------------------------------- the checker
-def _scratch_copy(tmp_path: Path) -> Path:
-    """The ``.py`` files of ``fovea_core`` copied under ``tmp_path``."""
-    dst = tmp_path / PACKAGE
-    for src in REPO_ROOT.rglob("*.py"):
-        out = dst / src.relative_to(REPO_ROOT)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(src.read_bytes())
-    return dst
+def _scratch_copy(tmp_path: Path) -> dict[str, Path]:
+    """The ``.py`` files of both packages copied under ``tmp_path``."""
+    roots = {}
+    for package, root in ROOTS.items():
+        dst = roots[package] = tmp_path / package
+        for src in root.rglob("*.py"):
+            out = dst / src.relative_to(root)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(src.read_bytes())
+    return roots
 
 
-def _new_violations(root: Path, before: tuple[set, list]) -> tuple[set, list]:
-    """Upward imports and cycles at ``root`` that the clean tree (``before``) lacks."""
-    g = _without_pending(import_graph(root))
+def _new_violations(roots: dict[str, Path], before: tuple[set, list]) -> tuple[set, list]:
+    """Upward imports and cycles at ``roots`` that the clean tree (``before``) lacks."""
+    g = import_graph(roots)
     ups = set(upward_imports(g)) - before[0]
     return ups, [c for c in import_cycles(g) if c not in before[1]]
 
 
-def _with_line(root: Path, rel: str, text: str, before: tuple[set, list]) -> tuple[set, list]:
-    """The new violations once ``text`` is appended to ``root/rel`` (then restored)."""
-    path = root / rel
+def _with_line(roots: dict[str, Path], rel: str, text: str,
+               before: tuple[set, list]) -> tuple[set, list]:
+    """The new violations once ``text`` is appended to ``fovea_core/rel`` (then restored)."""
+    path = roots[PACKAGE] / rel
     clean = path.read_text()
     path.write_text(clean + "\n\n" + text + "\n")
     try:
-        return _new_violations(root, before)
+        return _new_violations(roots, before)
     finally:
         path.write_text(clean)
 
@@ -293,20 +296,21 @@ def _with_line(root: Path, rel: str, text: str, before: tuple[set, list]) -> tup
 def test_the_check_fails_on_the_old_bad_imports(tmp_path):
     """The old code's imports, put back one at a time into a scratch copy, each fail a check:
     the pyramid importing the kernels (inside a function), the kernels importing the V1
-    allocator (inside a function), the cascade's algorithm importing its evaluation
-    metric, and a relative import that goes up a sub-layer."""
-    g = _without_pending(import_graph(REPO_ROOT))
+    allocator (inside a function), the cascade's algorithm importing the book's evaluation
+    metric, ``foveate`` taking its costs from the book's evaluator,
+    and a relative import that goes up a layer."""
+    g = import_graph(ROOTS)
     before = set(upward_imports(g)), import_cycles(g)
-    root = _scratch_copy(tmp_path)
-    assert _new_violations(root, before) == (set(), [])               # a copy changes nothing
+    roots = _scratch_copy(tmp_path)
+    assert _new_violations(roots, before) == (set(), [])               # a copy changes nothing
 
-    ups, cycles = _with_line(root, "pyramid.py", "def _fast():\n"
+    ups, cycles = _with_line(roots, "pyramid.py", "def _fast():\n"
                              "    from fovea_core import kernels\n    return kernels", before)
     assert any(u.startswith("fovea_core.pyramid (0) -> fovea_core.kernels (1)") for u in ups)
     assert any({"fovea_core.pyramid", "fovea_core.kernels.ops"} <= set(c)
                for c in cycles)                                        # ops registers into it
 
-    ups, cycles = _with_line(root, "kernels/ops.py", "def _plan(*a):\n"
+    ups, cycles = _with_line(roots, "kernels/ops.py", "def _plan(*a):\n"
                              "    from fovea_core.allocators.cortical import plan_v1\n"
                              "    return plan_v1(*a)", before)
     assert any(u.startswith("fovea_core.kernels.ops (1) -> fovea_core.allocators.cortical (2)")
@@ -316,16 +320,22 @@ def test_the_check_fails_on_the_old_bad_imports(tmp_path):
     assert any({"fovea_core.kernels.ops", "fovea_core.allocators.cortical"} <= set(c)
                for c in cycles)
 
-    ups, _ = _with_line(root, "cascade/allocator.py", "def _raster(t):\n"
-                        "    from fovea_core.cascade.metrics import coverage_raster\n"
+    ups, _ = _with_line(roots, "cascade/allocator.py", "def _raster(t):\n"
+                        "    from fovea_book.eval.localisation import coverage_raster\n"
                         "    return coverage_raster(t)", before)
-    assert any(u.startswith("fovea_core.cascade.allocator (3.3) -> fovea_core.cascade.metrics (4)")
+    assert any(u.startswith("fovea_core.cascade.allocator (3) -> fovea_book.eval.localisation "
+                            "(10)") for u in ups)
+
+    ups, _ = _with_line(roots, "foveation.py", "def _c():\n"
+                        "    from fovea_book.eval.evaluator import side_compute\n"
+                        "    return side_compute", before)
+    assert any(u.startswith("fovea_core.foveation (5) -> fovea_book.eval.evaluator (10)")
                for u in ups)
 
-    ups, _ = _with_line(root, "cascade/raster.py", "from .core import Gist  # noqa", before)
-    assert any(u.startswith("fovea_core.cascade.raster (3) -> fovea_core.cascade.core (3.1)")
-               for u in ups)
-    assert _new_violations(root, before) == (set(), [])               # restored: clean again
+    ups, _ = _with_line(roots, "cascade/raster.py", "from ..methods import INFO  # noqa", before)
+    assert any(u.startswith("fovea_core.cascade.raster (3) -> fovea_core.methods (4)")
+               for u in ups)                               # a relative import up a layer
+    assert _new_violations(roots, before) == (set(), [])               # restored: clean again
 
 
 # ----------------------------------------------------------------------------- the hook

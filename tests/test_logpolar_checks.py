@@ -1,4 +1,4 @@
-"""Chapter 03's checks of the log-polar transform (fovea_core.eval.logpolar_checks)."""
+"""Chapter 03's checks of the log-polar transform (fovea_book.eval.logpolar_checks)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from fovea_core.eval.logpolar_checks import (opencv_agreement, opencv_angle_error,  # noqa: E402
+from fovea_book.eval.logpolar_checks import (opencv_agreement, opencv_angle_error,  # noqa: E402
                                              shift_checks, shift_mismatch)
-from fovea_core.plotting import shift_search_figure  # noqa: E402
+from fovea_book.plotting import shift_search_figure  # noqa: E402
 
 
 def test_agreement_on_noise_forward_exact_inverse_bounded():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fovea_core.book import KERNEL_NAME, toc_files
-from fovea_core.book.tidy import KERNELSPEC, check_notebook, tidy_file
+from fovea_book.build import KERNEL_NAME, toc_files
+from fovea_book.build.tidy import KERNELSPEC, check_notebook, tidy_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -85,11 +85,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def test_notebook_is_tidy(path):
     """Title first, parameters cell tagged hide-cell, long plots hide-input, project kernel.
 
-    Fix with `python -m fovea_core.book tidy` (idempotent; it only moves the title and adds
+    Fix with `python -m fovea_book.build tidy` (idempotent; it only moves the title and adds
     tags), or tag a plotting cell `keep-input` when its code carries the argument.
     """
     problems = check_notebook(json.loads(path.read_text()))
-    assert not problems, f"{path.name}: " + "; ".join(problems) + " (run: python -m fovea_core.book tidy)"
+    assert not problems, f"{path.name}: " + "; ".join(problems) + " (run: python -m fovea_book.build tidy)"
 
 
 def test_the_convention_check_fails_on_an_untidy_notebook():
@@ -149,7 +149,7 @@ def test_a_keep_input_tag_exempts_a_plotting_cell():
 
 
 def test_no_notebook_imports_the_build_tool():
-    """The incremental cache leaves fovea_core/book/ out of the sources fingerprint."""
+    """The incremental cache leaves book/fovea_book/build/ out of the sources fingerprint."""
     for path in NOTEBOOKS:
         code = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
                          if c["cell_type"] == "code")

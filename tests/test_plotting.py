@@ -1,4 +1,4 @@
-"""fovea_core.plotting: overlays, heatmaps and panels draw what they claim (Agg backend)."""
+"""fovea_book.plotting: overlays, heatmaps and panels draw what they claim (Agg backend)."""
 
 import matplotlib
 
@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 
 from fovea_core import TokenSet  # noqa: E402
-from fovea_core.plotting import (box_vertices, level_colors, overlay_tokens,  # noqa: E402
+from fovea_book.plotting import (box_vertices, level_colors, overlay_tokens,  # noqa: E402
                                  show_reconstruction, show_scores, token_panel,
                                  token_sets_figure)
 
@@ -156,7 +156,7 @@ def test_token_sets_figure_draws_one_panel_per_token_set_with_the_box():
 def test_resize_curve_figure_draws_the_curve_and_the_methods():
     import pandas as pd
 
-    from fovea_core.plotting import resize_curve_figure
+    from fovea_book.plotting import resize_curve_figure
 
     view = pd.DataFrame([dict(dataset=d, method="resize", budget=n, kept=k, flops=1e9 * n)
                          for d in ("a", "b") for n, k in ((273, 0.2), (1024, 0.6))]
@@ -173,8 +173,8 @@ def test_resize_curve_figure_draws_the_curve_and_the_methods():
 def test_cascade_stages_figure_draws_each_stage_and_the_answer():
     from fovea_core import build_pyramid
     from fovea_core.cascade import OracleLocaliser, cascade_parts
-    from fovea_core.eval.documents import make_document
-    from fovea_core.plotting import STAGE_COLORS, cascade_stages_figure
+    from fovea_book.eval.documents import make_document
+    from fovea_book.plotting import STAGE_COLORS, cascade_stages_figure
 
     doc = make_document(41)
     q = doc.questions[0]
@@ -218,7 +218,7 @@ def test_cascade_stages_figure_draws_each_stage_and_the_answer():
 def test_gist_split_figure_draws_a_line_per_localiser_and_resize():
     import pandas as pd
 
-    from fovea_core.plotting import gist_split_figure
+    from fovea_book.plotting import gist_split_figure
 
     rows = [dict(dataset=ds, allocator=f"cascade | {loc} | G={g}", localiser=loc, G=float(g),
                  kept=k + g / 1000, kept_lo=k - 0.1, kept_hi=k + 0.1)

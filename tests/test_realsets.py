@@ -1,4 +1,4 @@
-"""The real-document sets and tables shared by chapters 14.5 and 17 (fovea_core.eval.realsets)."""
+"""The real-document sets and tables shared by chapters 14.5 and 17 (fovea_book.eval.realsets)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fovea_core.eval import realsets as R
-from fovea_core.paths import dataset_path
+from fovea_book.eval import realsets as R
+from fovea_book.paths import dataset_path
 
 
 def _has_funsd() -> bool:
@@ -87,7 +87,7 @@ def test_variant_words_say_kept_difference_and_verdict():
 
 
 def test_region_methods_are_the_two_cascades_with_a_level_per_region():
-    from fovea_core.cascade.evaluate import REGION_PAIRS, real_set_methods, region_methods
+    from fovea_book.eval.cascade import REGION_PAIRS, real_set_methods, region_methods
 
     ms = region_methods(gist_budget=64)
     refs = {m.label: m for m in real_set_methods(None, gist_budget=64)}
@@ -121,7 +121,7 @@ def test_cost_labels_follow_the_rows():
 
 
 def test_side_costs_count_each_page_once():
-    from fovea_core.eval.stats import prefill_flops
+    from fovea_book.eval.stats import prefill_flops
 
     t = _cost_rows()
     sc = R.side_costs(t, 273).set_index("method")

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_core import TokenSet, build_pyramid
-from fovea_core.allocators import allocate
+from fovea_core.methods import allocate
 from fovea_core.allocators.grid import resize_grid
-from fovea_core.density import token_density
+from fovea_book.eval.density import token_density
 from fovea_core.sample import render, sample
 from fovea_core.vlm.positions import footprint_weights, mrope_positions, token_scale
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fovea_core import as_image_batch, build_pyramid
-from fovea_core.allocators import INFO, allocate
-from fovea_core.allocators.registry import allocator_reads
+from fovea_core.methods import INFO, allocate
+from fovea_core.methods import allocator_reads
 from fovea_core.allocators.grid import (NONBLANK_THRESHOLD, nonblank_cells, resize_grid,
                                         resize_scales)
-from fovea_core.eval.documents import make_document
+from fovea_book.eval.documents import make_document
 from fovea_core.pyramid import Pyramid
 
 

@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fovea_core.eval import saliency_metrics as sm
+from fovea_book.eval import saliency_metrics as sm
 
 # A 2x2 map with fixations on the 0.1 and 0.8 pixels (worked by hand in the comments).
 S = np.array([[0.1, 0.4], [0.35, 0.8]])

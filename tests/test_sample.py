@@ -255,7 +255,7 @@ def test_smooth_window_equals_the_crop_and_rejects_bad_windows():
 # ------------------------------------------------------------------------------ any scale
 def _text_page() -> np.ndarray:
     """A grey synthetic text page (chapter 07's, seed 1000), 512 x 512 float32 in [0, 1]."""
-    from fovea_core.eval.documents import make_document
+    from fovea_book.eval.documents import make_document
 
     page = make_document(1000).image                         # 1024 x 1024 RGB uint8
     return np.ascontiguousarray(page[256:768, 256:768].mean(-1) / 255.0, dtype=np.float32)
@@ -310,8 +310,8 @@ def test_resize_reconstructs_to_an_area_down_bicubic_up_resize(page):
     (mean absolute difference <= 0.03; measured 0.001-0.003 here, and 0.002-0.024 on three
     SROIE receipts, where the rest is the sub-pixel phase of resize's centred grid). The old
     reading (mip filter, block painter) misses it by 5-10x."""
-    from fovea_core.allocators.registry import ALLOCATORS
-    from fovea_core.eval.documents import make_receipt
+    from fovea_core.methods import ALLOCATORS
+    from fovea_book.eval.documents import make_receipt
 
     if page == "synthetic":
         img = _text_page()

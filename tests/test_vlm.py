@@ -236,7 +236,7 @@ def test_flop_formula_counts_the_real_decoder_weights(name):
 
 
 def test_latency_benchmark_runs_and_compares_with_the_flop_bound():
-    from fovea_core.bench import vlm_latency
+    from fovea_book.bench import vlm_latency
     run = vlm_latency.run_model("qwen2-vl-tiny", (64, 273), "cpu", torch.float32, budget_s=0.01)
     assert [p["visual_tokens"] for p in run["points"]] == [64, 273]
     assert all(p["median_ms"] > 0 and p["peak_mem_mb"] >= 0 for p in run["points"])
@@ -253,8 +253,8 @@ def test_latency_benchmark_runs_and_compares_with_the_flop_bound():
 
 
 def test_latency_runs_at_a_batch_and_the_pipeline_times_its_four_stages():
-    from fovea_core.bench import vlm_latency
-    from fovea_core.bench.common import BenchError
+    from fovea_book.bench import vlm_latency
+    from fovea_book.bench.common import BenchError
     run = vlm_latency.run_model("qwen2-vl-tiny", (64, 273), "cpu", torch.float32,
                                 budget_s=0.01, batch=3)
     assert run["batch"] == 3

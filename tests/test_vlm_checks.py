@@ -1,11 +1,11 @@
-"""Chapter 15's invariants table (fovea_core.eval.vlm_checks) on a tiny random Qwen2-VL."""
+"""Chapter 15's invariants table (fovea_book.eval.vlm_checks) on a tiny random Qwen2-VL."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fovea_core.eval.vlm_checks import mrope_invariants, random_cells
+from fovea_book.eval.vlm_checks import mrope_invariants, random_cells
 from fovea_core.vlm.qwen import has_family
 
 

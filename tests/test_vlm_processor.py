@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fovea_core.foveate import FoveateWarning
+from fovea_core.foveation import FoveateWarning
 from fovea_core.vlm.positions import merged_cell_px
 from fovea_core.vlm.processor import (SUPPORTED_PROCESSORS, FoveatedProcessor, processor_family,
                                       stock_processor)

@@ -24,10 +24,10 @@ coverage guarantee, kind). Two wrappers differ in output: ``multi_fixation`` wit
 Scores of coarser levels are pooled from the level-0 map (max within a level, mean across
 levels; each allocator's docstring says which). Ties always break towards the lower
 candidate index (row-major, finer level first), so results are deterministic. ``v1_cortical`` comes from :mod:`fovea_core.allocators.cortical`
-when that module is present. The cascade's methods come from
-:mod:`fovea_core.cascade.allocator`, a plug-in of the registry
-(:data:`~fovea_core.allocators.registry.PLUGINS`): it is imported the first time the
-registry is read, never by this package.
+when that module is present. The budgeted cascade's methods
+(a higher layer, built from these allocators) join the same table when
+:mod:`fovea_core.cascade` is imported; :mod:`fovea_core.methods` imports both and is the
+registry of every method.
 """
 
 from fovea_core.allocators.registry import ALLOCATORS, INFO, allocate, register
@@ -36,17 +36,10 @@ from fovea_core.allocators import pyramid, lod_dag, atlas, frequency, peers, wra
 
 try:  # the CUDA helper's biology-based allocator (optional module)
     from fovea_core.allocators import cortical as _cortical
-    # ``ALLOCATORS._data``: the names registered so far, without loading the plug-ins (the
-    # cascade's) while this package is still being imported
-    if "v1_cortical" not in ALLOCATORS._data and hasattr(_cortical, "v1_cortical"):
+    if "v1_cortical" not in ALLOCATORS and hasattr(_cortical, "v1_cortical"):
         register("v1_cortical", family="cortical", version="v1c",
                  coverage=None)(_cortical.v1_cortical)
 except ImportError:  # pragma: no cover - depends on the other helper's file
     pass
 
 __all__ = ["ALLOCATORS", "INFO", "allocate", "register"]
-
-# The budgeted cascade ("cascade", "cascade_gist_query", "cascade_prior", "cascade_text")
-# is a higher layer (fovea_core.cascade, built from these allocators); it is a plug-in of
-# the registry (registry.PLUGINS), imported the first time ALLOCATORS, INFO or allocate
-# is read, so this package never imports it.

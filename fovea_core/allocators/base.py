@@ -45,14 +45,64 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet, on_host, require
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
-__all__ = ["Candidates", "check_inputs", "resolve_fixation", "fixation_from_scores",
-           "pool_scores", "order", "order_lex", "rank_of", "select", "lex_key", "group_best",
-           "group_rank", "largest_remainder", "cells_to_tokens", "candidate_grid", "image_rand",
-           "nonneg", "cell_centers", "device_values", "stratum_ids", "top_per_stratum",
-           "box3_mean", "footprint_cover", "importance_captured"]
+__all__ = ["Candidates", "check_budget", "check_seed", "check_inputs", "resolve_fixation",
+           "fixation_from_scores", "pool_scores", "order", "order_lex", "rank_of",
+           "select", "lex_key", "group_best", "group_rank", "largest_remainder",
+           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers",
+           "device_values", "stratum_ids", "top_per_stratum", "box3_mean",
+           "footprint_cover", "importance_captured"]
 
 
 # ----------------------------------------------------------------------------- inputs
+def _is_int(x: object) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def check_budget(budget: object, high: int | None, *, low: int = 1, name: str | None = None,
+                 where: str = "", arg: str = "budget", empty: str = "") -> int:
+    """The one budget check: every allocator (through :func:`check_inputs`), the cascade,
+    :func:`fovea_core.foveate` and its command call it, so a bad budget reads the same
+    wherever it is caught. Returns ``budget`` as a Python int.
+
+    ``budget`` must be an int (numpy integers accepted; ``bool`` and floats such as ``4.0``
+    are not) in ``[low, high]``. ``high=None``: the upper end is not known yet (the command,
+    before it reads a page), only ``low`` is checked. ``low > high``: no budget fits (e.g. a
+    page too small for the cascade); ``empty`` says why.
+
+    Raises:
+        ValueError: ``"[<name>: ]<arg> must be in [<low>, <high>]<where>, got <budget>"``
+            (``<high>`` is ``Gh*Gw`` when not known; a value that is not an int adds its type
+            and that an int is needed), or ``"[<name>: ]no <arg> fits<where>: <empty>, got
+            <budget>"`` when the range is empty.
+    """
+    prefix = f"{name}: " if name else ""
+    if high is not None and low > high:
+        raise ValueError(f"{prefix}no {arg} fits{where}: {empty or 'the range is empty'}, "
+                         f"got {budget!r}")
+    top = "Gh*Gw" if high is None else str(high)
+    whole = _is_int(budget)
+    if not whole or not (low <= int(budget) and (high is None or int(budget) <= high)):
+        kind = "" if whole else (f" ({type(budget).__name__}; an int is needed, numpy integers "
+                                 "accepted)")
+        raise ValueError(f"{prefix}{arg} must be in [{low}, {top}]{where}, got {budget!r}{kind}")
+    return int(budget)
+
+
+def check_seed(seed: object, name: str | None = None) -> int:
+    """``seed`` as a Python int: any integer (numpy integers accepted, negative ones too).
+
+    Raises:
+        ValueError: naming ``seed`` for anything else (``1.5`` would otherwise run as ``1``
+            and be recorded as ``1.5``; ``True``, ``"3"`` and ``None`` are refused too).
+    """
+    if not _is_int(seed):
+        prefix = f"{name}: " if name else ""
+        raise ValueError(f"{prefix}seed must be an int (any integer, numpy integers "
+                         f"accepted), got {seed!r} ({type(seed).__name__})")
+    return int(seed)
+
+
 def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: int | None, *,
                  patch: int = 16, max_budget: int | None = None, name: str = "allocator"
                  ) -> tuple[torch.Tensor, int]:
@@ -60,7 +110,8 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
 
     Raises ``ValueError`` naming the argument: ``scores`` must be ``[B, Gh, Gw]`` (or
     ``[Gh, Gw]`` for a batch of one) with ``(Gh, Gw) = pyramid.grid_shape(patch, 0)`` and no
-    NaN / inf; ``budget`` must be an int in ``[1, max_budget]`` (default ``Gh * Gw``).
+    NaN / inf; ``budget`` must be an int in ``[1, max_budget]`` (default ``Gh * Gw``;
+    :func:`check_budget`, the one budget check).
 
     The scores stay on their device (an array becomes a CPU tensor). The NaN / inf check is
     :func:`~fovea_core.tokens.require`: exact on the CPU, ``torch._assert_async`` (no host
@@ -92,12 +143,7 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
     require(torch.isfinite(s), f"{name}: scores contain NaN or inf; importance maps must be "
             "finite", detail=detail)
     cap = gh * gw if max_budget is None else max_budget
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise ValueError(f"{name}: budget must be an int in [1, {cap}], got {budget!r}")
-    budget = int(budget)
-    if not 1 <= budget <= cap:
-        raise ValueError(f"{name}: budget must be in [1, {cap}] for a {gh}x{gw} patch grid, "
-                         f"got {budget}")
+    budget = check_budget(budget, cap, name=name, where=f" for a {gh}x{gw} patch grid")
     return s.contiguous(), budget
 
 
@@ -161,7 +207,9 @@ def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.T
 
     Synchronises on a device: the CRC32 reads the score bytes on the host and the numbers
     come from torch's CPU generator (the same on every device); they are copied back to the
-    scores' device."""
+    scores' device. ``seed``: an int (:func:`check_seed`; ``ValueError`` naming ``seed``
+    otherwise)."""
+    seed = check_seed(seed)
     n = scores[0].numel() if n is None else n
     rows = []
     for s in scores.detach().cpu():

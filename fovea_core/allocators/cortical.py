@@ -40,7 +40,9 @@ its width (``ppd = W / fov_deg`` pixels per degree):
    level is finer than 0. For 273 tokens on a 1024-px image at 20 deg this gives the 2 deg
    fovea (6 x 6 cells) for a central fixation and a larger one for fixations near a border.
 
-Parameters come from :mod:`fovea_core.biology.cortex` (``HORTON_HOYT_E0 = 0.75`` deg). The
+Parameters: Horton & Hoyt's (1991) V1 magnification ``M(E) = k / (E + e0)``, ``k = 17.3`` mm,
+``e0 = 0.75`` deg (:data:`HORTON_HOYT_K`, :data:`HORTON_HOYT_E0`; the book's biology chapters
+use the same constants). The
 field of view defaults to 20 deg across: a 1024-px image shown about 30 cm wide at a typical
 desktop viewing distance of about 85 cm (``2 atan(15 / 85) = 20 deg``); pass ``fov_deg`` for
 other viewing conditions.
@@ -55,9 +57,11 @@ import torch
 
 from fovea_core import kernels
 from fovea_core.allocators.base import check_inputs, resolve_fixation
-from fovea_core.biology.cortex import HORTON_HOYT_E0, HORTON_HOYT_K
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet, token_keys
+
+HORTON_HOYT_K: float = 17.3   # mm (Horton & Hoyt 1991)
+HORTON_HOYT_E0: float = 0.75  # deg (Horton & Hoyt 1991)
 
 __all__ = ["V1Plan", "plan_v1", "v1_candidates", "select_candidates", "v1_cortical",
            "v1_layout", "FOV_DEG", "FOVEA_DEG"]

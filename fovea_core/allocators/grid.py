@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        device_values, group_best, image_rand,
+                                        check_seed, device_values, group_best, image_rand,
                                         largest_remainder,
                                         lex_key, nonneg,
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
@@ -168,8 +168,11 @@ def random(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, 
     it belongs in every comparison. The draw is a per-image permutation from
     :func:`~fovea_core.allocators.base.image_rand` (seeded by ``seed`` and the image's
     score map, so deterministic and batch-independent); scores are not used for selection.
+    ``seed`` must be an int (:func:`~fovea_core.allocators.base.check_seed`: ``1.5`` or
+    ``True`` raise ``ValueError`` rather than run as another seed).
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="random")
+    seed = check_seed(seed, name="random")
     cand = _level0(pyramid, patch, s.device)
     idx = select(image_rand(s, seed), n)
     return cells_to_tokens(cand, idx, s.flatten(1), pyramid.image_size,
@@ -195,7 +198,14 @@ def full(pyramid: Pyramid, scores, budget: int | None = None, *, fixation=None, 
 @register("topk", family="grid", version="v1")
 def topk(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None, seed: int = 0,
          patch: int = 16) -> TokenSet:
-    """v1: the ``budget`` level-0 patches with the highest importance (ties: row-major first)."""
+    """v1: the ``budget`` level-0 patches with the highest importance (ties: row-major first).
+
+    The choice is only as good as the map: on a flat map (every score equal, e.g. the
+    ``"none"`` scorer's zeros) every patch ties and the tie-break alone picks the first
+    ``budget`` patches in row-major order, i.e. the top rows of the page.
+    :func:`fovea_core.foveate` warns when it is asked for that (``scorer="none"``).
+    ``fixation`` and ``seed`` do not change the tokens (the fixation is only recorded).
+    """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="topk")
     idx = select(s.flatten(1), n)
     return cells_to_tokens(_level0(pyramid, patch, s.device), idx, s.flatten(1), pyramid.image_size,
@@ -351,7 +361,7 @@ def adaptive_stratified(pyramid: Pyramid, scores, budget: int, *, choices=(2, 4,
 #: Default blank / duplicate tolerance of :func:`resize_nonblank`: one 8-bit grey level.
 #: A cell whose samples span at most one step of an 8-bit image (``max - min <= 1/255``)
 #: is uniform to the precision the page was stored with. Chosen on synthetic pages
-#: (:func:`fovea_core.eval.documents.make_document`: exactly uniform white paper) and on
+#: (:func:`fovea_book.eval.documents.make_document`: exactly uniform white paper) and on
 #: training pages only (``sroie-train``, ``funsd-train``: cells touching an annotated word
 #: against the rest, at the ``resize`` scales of N = 273, 1024 and the full page): the
 #: sampler's round-off on uniform paper at fractional levels (about 1e-3) stays below it,

@@ -2,10 +2,10 @@
 
 Stages (each callable alone): :func:`~fovea_core.cascade.core.gist`, a localiser of
 :mod:`fovea_core.cascade.localisers` (learned, query scorer on the gist, oracle, ...),
-:func:`~fovea_core.cascade.core.foveate`; :func:`~fovea_core.cascade.allocator.cascade`
+:func:`~fovea_core.cascade.core.place_fovea`; :func:`~fovea_core.cascade.allocator.cascade`
 chains them and is registered as the allocator ``"cascade"``. The learned localiser is
-trained by ``python -m fovea_core.cascade.train``; localisation metrics are in
-:mod:`fovea_core.cascade.metrics`.
+trained by ``python -m fovea_book.train``; localisation metrics are in
+:mod:`fovea_book.eval.localisation`.
 
 The modules are layers; each imports only the ones before it (``tests/test_layers.py``):
 
@@ -14,15 +14,15 @@ The modules are layers; each imports only the ones before it (``tests/test_layer
 2. :mod:`~fovea_core.cascade.core` -- the stages (gist, foveate, resampling);
 3. :mod:`~fovea_core.cascade.localisers`, :mod:`~fovea_core.cascade.learned` -- the maps;
 4. :mod:`~fovea_core.cascade.allocator` -- the chaining and the registered allocators;
-5. on top, the evaluation: :mod:`~fovea_core.cascade.metrics`,
-   :mod:`~fovea_core.cascade.evaluate`, :mod:`~fovea_core.cascade.train` (this package's
+5. on top, the evaluation: :mod:`~fovea_book.eval.localisation`,
+   :mod:`~fovea_book.eval.cascade`, :mod:`~fovea_book.train` (this package's
    ``__init__`` imports none of them).
 """
 
-from fovea_core.cascade.core import STAGE_FOVEA, STAGE_GIST, Gist, foveate, gist, gist_to_grid
+from fovea_core.cascade.core import STAGE_FOVEA, STAGE_GIST, Gist, place_fovea, gist, gist_to_grid
 from fovea_core.cascade.allocator import cascade, cascade_parts, choose_level  # registers
 from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_localiser
 
-__all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "foveate",
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "place_fovea",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
            "OracleLocaliser", "get_localiser"]

@@ -25,9 +25,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fovea_core.allocators.grid import resize_grid
+from fovea_core.allocators.base import check_budget
+from fovea_core.allocators.grid import resize_grid, resize_scales
 from fovea_core.allocators.registry import register
-from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, foveate,
+from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, place_fovea,
                                      foveate_regions, gist, gist_to_grid, look_ink,
                                      page_key)
 from fovea_core.cascade.localisers import get_localiser
@@ -36,8 +37,10 @@ from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights", "choose_level", "FOVEAE", "REGION_STEP",
-           "CascadeParts", "cascade_parts", "REGISTERED", "registered_parts"]
+__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
+           "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
+           "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
+           "REGISTERED", "registered_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -52,6 +55,64 @@ def gist_budget_for(budget: int) -> int:
     """The default gist budget for a total of ``budget`` tokens: ``DEFAULT_GIST`` at N = 273,
     the same share (about 23 %) of any other N, at least 4 and leaving at least 1 token."""
     return max(4, min(int(round(budget * DEFAULT_GIST / 273)), budget - 1))
+
+
+def budget_range(image_size: tuple[int, int], *, patch: int = 16, num_levels: int | None = None,
+                 gist_budget: int | None = None) -> tuple[int, int]:
+    """``(low, high)``: the budgets the cascade runs at on a page of ``image_size``.
+
+    ``high`` is the page's level-0 patch count ``Gh * Gw``; ``low`` is the smallest ``N``
+    whose gist (``gist_budget``, default :func:`gist_budget_for` ``(N)``) fits the page
+    (at most ``Gh * Gw`` tokens, at a level the pyramid of ``num_levels`` levels has;
+    default :func:`~fovea_core.pyramid.default_num_levels`) and leaves at least one token
+    for the fovea (``N > rows * cols`` of the gist's grid). Every budget in between runs
+    (the gist only grows finer with N). ``low > high`` when no budget does (a page of one
+    patch, or one too small for the gist asked for). Shape arithmetic on the host, one
+    vectorised pass over the candidate budgets.
+    """
+    from fovea_core.pyramid import default_num_levels
+
+    h, w = (int(v) for v in image_size)
+    gh, gw = math.ceil(h / patch), math.ceil(w / patch)
+    cells = gh * gw
+    levels = default_num_levels(h, w, patch) if num_levels is None else int(num_levels)
+    n = torch.arange(1, cells + 1, dtype=torch.int64)                    # candidate budgets
+    if gist_budget is None:                                              # gist_budget_for(n)
+        g = torch.clamp(torch.minimum(torch.round(n.double() * DEFAULT_GIST / 273).long(),
+                                      n - 1), min=4)
+    else:
+        g = torch.full_like(n, int(gist_budget))
+    s, rows, cols = resize_scales((h, w), patch)          # rows * cols non-decreasing in s
+    area = rows * cols
+    best = (torch.searchsorted(area, g.clamp(1, cells), right=True) - 1).clamp(min=0)
+    used, level = area[best], torch.log2(1.0 / s[best])                  # resize_grid(g)
+    ok = ((g >= 1) & (g < n) & (g <= cells) & (level <= levels - 1 + 1e-9)
+          & (n - used >= 1))
+    low = int(n[ok][0]) if bool(ok.any()) else cells + 1
+    return low, cells
+
+
+def check_cascade_budget(budget: object, image_size: tuple[int, int], *, patch: int = 16,
+                         num_levels: int | None = None, gist_budget: object = None,
+                         name: str = "cascade") -> int:
+    """The cascade's budget through the one budget check
+    (:func:`~fovea_core.allocators.base.check_budget`) with its true range
+    (:func:`budget_range`); returns it as an int. A ``gist_budget`` that is not an int
+    >= 1 is left to :func:`cascade`'s own check (the range is then the default gist's).
+
+    Raises:
+        ValueError: ``"<name>: budget must be in [low, high] for a HxW page (...)"``,
+            or ``"<name>: no budget fits ..."`` when the page cannot hold a gist and a fovea.
+    """
+    h, w = (int(v) for v in image_size)
+    given = gist_budget if _is_int(gist_budget) and int(gist_budget) >= 1 else None
+    low, high = budget_range((h, w), patch=patch, num_levels=num_levels, gist_budget=given)
+    gist_of = "its gist" if given is None else f"its gist of gist_budget={int(given)}"
+    where = (f" for a {h}x{w} page ({math.ceil(h / patch)}x{math.ceil(w / patch)} patches of "
+             f"{patch} px; the cascade needs {gist_of} plus at least one fovea token)")
+    return check_budget(budget, high, low=low, name=name, where=where,
+                        empty="the page cannot hold them; use a larger page or a smaller patch"
+                              + ("" if given is None else ", or a smaller gist_budget"))
 #: share of the fovea's tokens read one octave coarser around the core (the "surround"); on
 #: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
@@ -168,10 +229,9 @@ def _check_args(budget, *, query, gist_budget, level, legible_px, surround, cont
                 context_weight) -> tuple[int, int | None]:
     """Validate the cascade's keyword arguments; return ``(budget, gist_budget)`` as Python
     ints (numpy integers accepted). Raises ``ValueError`` naming the argument and its range
-    (``TypeError`` for a ``query`` that is not a string)."""
-    if not _is_int(budget):
-        raise ValueError(f"cascade: budget must be an int (numpy integers accepted), got {budget!r}")
-    budget = int(budget)
+    (``TypeError`` for a ``query`` that is not a string). The budget's range is checked
+    before (:func:`check_cascade_budget`); here only that it is an int."""
+    budget = check_budget(budget, None, name="cascade")
     if gist_budget is not None:
         if not _is_int(gist_budget) or not 1 <= int(gist_budget) < budget:
             raise ValueError(f"cascade: gist_budget must be None or an int in [1, {budget - 1}] "
@@ -237,6 +297,8 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     if fovea == "regions" and level != "auto":
         raise ValueError(f"cascade: fovea='regions' chooses a level per region; it takes "
                          f"level='auto', got level={level!r}")
+    budget = check_cascade_budget(budget, pyramid.image_size, patch=patch,
+                                  num_levels=pyramid.num_levels, gist_budget=gist_budget)
     budget, gist_budget = _check_args(budget, query=query, gist_budget=gist_budget,
                                       level=level, legible_px=legible_px, surround=surround,
                                       context=context, context_weight=context_weight)
@@ -257,13 +319,17 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
         raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
                          f"{(pyramid.batch_size, gh, gw)}")
-    dead = ~torch.isfinite(loc).flatten(1).all(1) | (loc.clamp(min=0).flatten(1).sum(1) <= 0)
+    dead = ~torch.isfinite(loc).flatten(1).all(1)
     if bool(dead.any()):
         raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
                          f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
-                         "inf, or nothing above 0); a localiser must return finite mass >= 0 "
-                         "that is positive somewhere")
+                         "inf); a localiser must return finite mass >= 0")
+    # a finite map with nothing above 0 (e.g. the query scorer on a blank page: nothing
+    # stands out) says "anywhere": it is read as the uniform localiser's flat map, as the
+    # learned localisers' maps of such a page already are, so every cascade accepts it
     loc = loc.clamp(min=0)
+    flat = loc.flatten(1).sum(1) <= 0
+    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
     cost, size_map = None, None
     if side == "text":                  # where text is and how tall (never what it says)
         layout = detect_text(pyramid, patch=patch, key=g.key or None)
@@ -297,19 +363,19 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         if fovea == "saccade" and n_sur:
             # the coarse look first, where the map points; the core then reads finely only
             # the cells it showed ink in, and those it did not show
-            first = foveate(loc[b:b + 1], n_sur, level=lv2, **kw)
+            first = place_fovea(loc[b:b + 1], n_sur, level=lv2, **kw)
             ink, seen = look_ink(_image(pyramid, b), first, patch=patch)
             blank = seen & (ink < INK_MIN)
-            core = foveate(torch.where(blank, BLANK_FLOOR, 1.0) * loc[b:b + 1], n_core,
+            core = place_fovea(torch.where(blank, BLANK_FLOOR, 1.0) * loc[b:b + 1], n_core,
                            level=lv, **kw)
             parts.append(combine([g.tokens[b], first, core], fixation=core.fixations))
             continue
-        core = foveate(loc[b:b + 1], n_core, level=lv, **kw)
+        core = place_fovea(loc[b:b + 1], n_core, level=lv, **kw)
         stages = [g.tokens[b], core]
         if n_sur:
             # the surround: one octave coarser, where the mass the core left uncovered lies
             left = loc[b:b + 1] * (1 - covered_share(core, (gh, gw), patch))
-            stages.append(foveate(left, n_sur, level=lv2, **kw))
+            stages.append(place_fovea(left, n_sur, level=lv2, **kw))
         parts.append(combine(stages, fixation=core.fixations))
     tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
     return CascadeParts(tokens, g, loc, levels, cost)
@@ -367,7 +433,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
        goes to the fovea);
     2. (b) ``localiser(gist, query)`` (a name of
        :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable) -> ``[B, Gh, Gw]``;
-    3. (c) :func:`~fovea_core.cascade.core.foveate` with the remaining ``budget - rows *
+    3. (c) :func:`~fovea_core.cascade.core.place_fovea` with the remaining ``budget - rows *
        cols`` tokens: a *core* of ``1 - surround`` of them at ``level`` (``"auto"``:
        :func:`choose_level`, the scale at which the text expected there is ``legible_px``
        high; or a number) on the cells with the most localiser mass, and a *surround* of
@@ -403,9 +469,16 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     in ``[0, 1]``). Returns a :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens
     and 1 for the fovea's.
 
+    A localiser map with nothing above 0 (a blank page under the ``gist_query`` localiser:
+    nothing stands out) is read as the ``uniform`` localiser's flat map, so every
+    registered cascade accepts the pages the others accept; a NaN / inf map is refused.
+
     Raises:
-        ValueError: naming the argument, for a ``budget`` / ``gist_budget`` that is not an
-            int (numpy integers are accepted) or leaves no fovea token, a ``level`` that is
+        ValueError: naming the argument, for a ``budget`` outside the page's range
+            (:func:`budget_range`: the gist plus at least one fovea token, at most
+            ``Gh * Gw``; the message states the range, or that no budget fits a page too
+            small for the cascade), a ``gist_budget`` that is not an int (numpy integers
+            are accepted) or leaves no fovea token, a ``level`` that is
             neither ``"auto"`` nor a finite number, ``legible_px <= 0``, ``surround``
             outside ``[0, 1)``, ``context`` not two ints >= 0, ``context_weight`` outside
             ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.

@@ -13,11 +13,11 @@ alone:
     cols*p]`` image from their sampled patches (never the full-resolution page).
 (b) *localise* -- a :data:`Localiser` maps the gist (and the question) to a score map on the
     level-0 patch grid ``[B, Gh, Gw]`` (:mod:`fovea_core.cascade.localisers`).
-(c) :func:`foveate` -- the remaining tokens on the level-``l`` grid (``l`` continuous, the
+(c) :func:`place_fovea` -- the remaining tokens on the level-``l`` grid (``l`` continuous, the
     scale that makes text legible, chosen from the localiser's text-size map by
     :func:`~fovea_core.cascade.allocator.choose_level`), the cells that hold the most
     score mass, each cell's priority raised by the mass of its neighbours (context); a
-    surround one octave coarser is a second :func:`foveate` call with the same label.
+    surround one octave coarser is a second :func:`place_fovea` call with the same label.
     :func:`foveate_regions` is the alternative with a level per region: each cell read at
     the coarsest of a ladder of levels at which its own text is legible.
 (d) *a second look* (``fovea="saccade"`` of the cascade): the first look is the coarse
@@ -56,7 +56,7 @@ from fovea_core.sample import sample, sample_positions
 from fovea_core.tokens import TokenSet
 
 __all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "page_key", "overlap_matrix",
-           "gist_to_grid", "grid_mass", "fovea_grid", "foveate", "region_levels",
+           "gist_to_grid", "grid_mass", "fovea_grid", "place_fovea", "region_levels",
            "foveate_regions", "look_ink", "INK_MIN", "combine", "Localiser"]
 
 #: ``TokenSet.stage`` labels: the gist's tokens, the fovea's (core and surround)
@@ -258,7 +258,7 @@ def _context(mass: torch.Tensor, context: tuple[int, int], weight: float) -> tor
     return torch.maximum(mass, weight * pooled)
 
 
-def foveate(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int], level: float,
+def place_fovea(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int], level: float,
             patch: int = 16, context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
             exclude: torch.Tensor | None = None, stage: int = STAGE_FOVEA,
             fixation=None) -> TokenSet:
@@ -286,7 +286,7 @@ def foveate(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int], l
         raise ValueError(f"scores must be [B, Gh, Gw], got {tuple(scores.shape)}")
     nr, nc, side = fovea_grid(image_size, level, patch)
     if isinstance(budget, bool) or not 1 <= int(budget) <= nr * nc:
-        raise ValueError(f"foveate: budget must be in [1, {nr * nc}] (the level-{level:.2f} "
+        raise ValueError(f"place_fovea: budget must be in [1, {nr * nc}] (the level-{level:.2f} "
                          f"grid has {nr}x{nc} cells), got {budget!r}")
     s = torch.nan_to_num(scores.float(), nan=0.0).clamp(min=0)
     mass = grid_mass(s, image_size, side, patch=patch)                       # [B, nr, nc]
@@ -334,7 +334,7 @@ def foveate_regions(scores: torch.Tensor, budget: int, *, image_size: tuple[int,
 
     Each cell's mass goes to its level (:func:`region_levels`); on each level's grid a
     cell's priority is the mass of the cells assigned to that level under it per level-0
-    cell of its area (a density: the map's order, as in :func:`foveate`), raised by its
+    cell of its area (a density: the map's order, as in :func:`place_fovea`), raised by its
     neighbours; the ``budget`` best cells over all levels are taken at once (ties: finer
     level first, then row-major). A region whose text is large is read coarsely and
     cheaply (a token at level ``l`` covers ``4**l`` level-0 cells), one whose text is small

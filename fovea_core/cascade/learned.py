@@ -1,8 +1,8 @@
 """The learned localiser: gist pixels + the question's MiniLM embedding -> where the answer is.
 
 The seeds' "supervised Homunculus": importance learned from pages whose answer boxes are
-known. Synthetic pages give them for free (:mod:`fovea_core.eval.documents`), so a small
-network is trained there (:mod:`fovea_core.cascade.train`) and applied to any page's gist.
+known. Synthetic pages give them for free (:mod:`fovea_book.eval.documents`), so a small
+network is trained there (:mod:`fovea_book.train`) and applied to any page's gist.
 
 Input (:func:`gist_features`, ``[B, 7, h, w]`` on the gist's pixels): ink (the gist's luma
 below the page's paper tone, scaled by its 99th percentile, so grey scans and white pages
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from fovea_core.cascade.core import Gist, gist_to_grid
 from fovea_core.paths import file_digest as file_sha256  # (SHA-256; a name of this module's API)
-from fovea_core.paths import project_root
+from fovea_core.paths import resource
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
            "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "answer_targets", "target_map",
@@ -172,7 +172,7 @@ def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torc
     distribution over locations, the cross-entropy's target; all zeros when the boxes
     miss the page). This is the one definition: :func:`target_map` (one question on a
     :class:`~fovea_core.cascade.core.Gist`) and the training batches
-    (:func:`fovea_core.cascade.train.collate`) both call it, and the committed weights
+    (:func:`fovea_book.train.collate`) both call it, and the committed weights
     were trained on exactly these values (``tests/test_cascade_train.py``).
 
     Parameters
@@ -224,8 +224,8 @@ def question_embedding(queries: list[str | None]) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- weights
 def weights_path(name: str = "gist_localiser") -> Path:
-    """``data/models/<name>.pt`` (the committed weights) in the project."""
-    return project_root() / "data" / "models" / f"{name}.pt"
+    """``fovea_core/weights/<name>.pt``: the committed weights, shipped in the package."""
+    return resource("weights", f"{name}.pt")
 
 
 @functools.lru_cache(maxsize=4)
@@ -239,8 +239,8 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     p = Path(path) if path else weights_path()
     if not p.exists():
         raise FileNotFoundError(f"no localiser weights at {p}; restore the committed ones "
-                                "(`git checkout data/models/gist_localiser.*`) or retrain "
-                                "them with `python -m fovea_core.cascade.train "
+                                "(`git checkout fovea_core/weights/gist_localiser.*`, or reinstall fovea_core) or retrain "
+                                "them with `python -m fovea_book.train "
                                 "--replace-committed` (without that flag it writes "
                                 "_build/models/)")
     meta_path = p.with_suffix(".json")
@@ -251,8 +251,8 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
         if want != have:
             raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., the record "
                              f"{meta_path.name} says {str(want)[:12]}...; restore the "
-                             "committed files (`git checkout data/models/gist_localiser.*`) "
-                             "or retrain both with `python -m fovea_core.cascade.train "
+                             "committed files (`git checkout fovea_core/weights/gist_localiser.*`, or reinstall fovea_core) "
+                             "or retrain both with `python -m fovea_book.train "
                              "--replace-committed`")
     state = torch.load(p, map_location="cpu", weights_only=True)
     arch = meta.get("arch", {})

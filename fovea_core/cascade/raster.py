@@ -2,7 +2,7 @@
 
 Below both the cascade's algorithm (:func:`fovea_core.cascade.allocator.covered_share`, the
 surround's "mass the core left uncovered") and its evaluation
-(:func:`fovea_core.cascade.metrics.fovea_share`); imports nothing of the cascade.
+(:func:`fovea_book.eval.localisation.fovea_share`); imports nothing of the cascade.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Side compute for the cascade: a text detector that says *where* text is and how tall, never
-*what* it says (issue 20 item 4; ``shared/PROTOCOL.md``, "side compute").
+*what* it says (the book's evaluation protocol, "side compute").
 
 The PP-OCR DB text detector [Liao et al. 2020, "Real-time scene text detection with
 differentiable binarization", AAAI] shipped inside the ``rapidocr`` wheel runs on a

@@ -31,7 +31,7 @@ part of what a method spends. :data:`READS` declares, per scorer, how many pixel
 (the pixels of the view it works on, e.g. the 64-px thumbnail of the spectral residual or
 the half-resolution page the query scorer's OCR reads), and :func:`scorer_cost` converts
 them to an equivalent number of 16 x 16-pixel tokens. A method whose scorer reads more than
-its token budget is *unbudgeted* (``shared/PROTOCOL.md``).
+its token budget is *unbudgeted* (the evaluation protocol (``book/protocol.md``)).
 
 The registry and the cost rule live in :mod:`fovea_core.importance.registry`, the scorers in
 :mod:`~fovea_core.importance.saliency`, :mod:`~fovea_core.importance.text`,

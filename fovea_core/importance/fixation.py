@@ -4,7 +4,7 @@ A fixation predictor in the spirit of Judd et al. (2009, "Learning to predict wh
 look", ICCV) and Xu et al. (2014, "Predicting human gaze beyond pixels", J. Vision 14(1):28):
 low-level saliency channels plus detectors of the things people look at beyond pixels
 (faces, text) and a centre bias, combined by a linear readout whose softmax over the image
-is a fixation probability map. Training it (:mod:`fovea_core.importance.fit_fixation`)
+is a fixation probability map. Training it (:mod:`fovea_book.eval.fit_fixation`)
 maximises the log-likelihood of the observers' fixations, as DeepGaze does (Kuemmerer,
 Wallis & Bethge 2016, "DeepGaze II", arXiv:1610.01563), with a handful of parameters.
 
@@ -40,7 +40,7 @@ with ``u = (x - W/2) / (W/2)``, ``v = (y - H/2) / (W/2)`` at the cell centres (t
 coordinates of Clarke & Tatler 2014's centre bias, whose log is quadratic in them, so the
 fitted centre term is an anisotropic Gaussian) and ``G_post`` a final Gaussian blur.
 The coefficients are fitted on ``osie-train`` only and committed in
-``data/models/fixation_readout.json`` with a record of how (data, image ids, seed,
+``fovea_core/weights/fixation_readout.json`` (package data) with a record of how (data, image ids, seed,
 versions, training diagnostics). Nothing is downloaded at run time.
 """
 
@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from fovea_core.importance.base import ImageLike, normalise, pool_to_grid, prepare, to_gray
 from fovea_core.importance.saliency import edge_density, gaussian_blur, spectral_residual
 from fovea_core.importance.text import to_uint8_bgr
-from fovea_core.paths import project_root
+from fovea_core.paths import resource
 
 #: longer side of the working grid, in cells (8-px cells on an 800 x 600 image)
 WORK_CELLS: int = 100
@@ -87,7 +87,7 @@ FACE_MODEL = "lbpcascade_frontalface_opencv.xml"
 FACE_WHEEL = "scikit-image"
 TEXT_WHEEL = "rapidocr"
 #: committed readout coefficients
-READOUT_PATH = project_root() / "data" / "models" / "fixation_readout.json"
+READOUT_PATH = resource("weights", "fixation_readout.json")
 
 
 class ModelFileMissing(FileNotFoundError):
@@ -331,7 +331,7 @@ def _load_readout(path: str) -> Readout:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"fixation readout {p} not found; fit it with `python -m "
-                                "fovea_core.importance.fit_fixation --replace-committed`")
+                                "fovea_book.eval.fit_fixation --replace-committed`")
     d = json.loads(p.read_text())
     if d.get("features") != feature_names() or d.get("centre_terms") != list(CENTRE_TERMS):
         raise ValueError(f"{p}: its features/centre terms do not match this code's "

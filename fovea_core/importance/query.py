@@ -237,15 +237,16 @@ def coarse_view(image: ImageLike, coarse_level: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _disk_cache():
-    """The on-disk store of coarse-view OCR results (``data/cache/coarse_ocr``; None when
-    ``FOVEA_NO_DISK_CACHE`` is set), one SQLite file per OCR library version set."""
-    if os.environ.get("FOVEA_NO_DISK_CACHE"):
+    """The on-disk store of coarse-view OCR results (``coarse_ocr/`` in the user cache folder,
+    :func:`fovea_core.paths.cache_dir`; None when ``FOVEA_NO_DISK_CACHE`` is set), one SQLite
+    file per OCR library version set."""
+    from fovea_core.paths import cache_dir, disk_cache_enabled
+
+    if not disk_cache_enabled():
         return None
     from importlib.metadata import PackageNotFoundError, version
 
     from fovea_core.cache import SqliteCache
-    from fovea_core.paths import project_root
-
     vers = []
     for lib in ("rapidocr", "onnxruntime", "opencv-python-headless"):
         try:
@@ -253,7 +254,7 @@ def _disk_cache():
         except PackageNotFoundError:
             vers.append(f"{lib}-absent")
     tag = hashlib.sha1("|".join(vers).encode()).hexdigest()[:12]
-    return SqliteCache(project_root() / "data" / "cache" / "coarse_ocr" / f"reads-{tag}.sqlite")
+    return SqliteCache(cache_dir("coarse_ocr", f"reads-{tag}.sqlite"))
 
 
 def _read_text_cached(img: np.ndarray, key: tuple):

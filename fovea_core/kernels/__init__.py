@@ -51,7 +51,7 @@ from fovea_core.kernels.ops import (available_backends, backend_status, device_p
                                     v1_candidates_kernel, v1_layout)
 from fovea_core.kernels.pyramids import (PackedPyramid, build_packed_pyramid, build_pyramid_cv2,
                                          levels_needed, pack_pyramid)
-# private helpers that fovea_core.bench.sampling sizes its workspace with (kept importable)
+# private helpers that fovea_book.bench.sampling sizes its workspace with (kept importable)
 from fovea_core.kernels.pyramids import _layout, _workspace  # noqa: F401
 
 __all__ = ["PackedPyramid", "available_backends", "backend_status", "build_cpu_library",

@@ -1,5 +1,6 @@
 """The compiler driver: build ``cuda/fovea_kernels.cu`` with g++ (CPU shared library) or nvcc
-(ptx / cubin), cached under ``cuda/build/`` (or ``$XDG_CACHE_HOME/fovea_core``) by a hash of
+(ptx / cubin), cached in the user cache folder (:func:`fovea_core.paths.cache_dir`,
+``kernels/``) by a hash of
 the sources, flags, compiler and CPU model, written to a temporary name and renamed
 atomically (concurrent first uses are safe). No torch, no ctypes: only files and processes.
 """
@@ -15,13 +16,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fovea_core.paths import project_root
+from fovea_core.paths import cache_dir, resource
 
 __all__ = ["CUDA_DIR", "SOURCES", "CXX_FLAGS", "NVCC_FLAGS", "OPENMP_FLAG", "KERNEL_NAMES",
            "cuda_source", "source_excerpt", "build_cpu_library", "compile_cuda",
            "kernel_resources"]
 
-CUDA_DIR = project_root() / "cuda"
+#: The kernel sources as shipped in the package (``fovea_core/kernels/src/``: in the checkout,
+#: links to the repository's ``cuda/`` folder; in a wheel, copies of those files).
+CUDA_DIR = resource("kernels", "src")
 SOURCES = ("fovea_kernels.cu", "fovea_kernels.cuh")
 # -ffp-contract=off / -fmad=false: no fused multiply-add in either build, so both round every
 # operation separately, exactly as torch's elementwise ops do (bit-for-bit parity).
@@ -33,14 +36,7 @@ KERNEL_NAMES = ("gather_patches", "gather_tokens", "pyr_down", "remap_lut", "v1_
 
 
 def _cache_dir() -> Path:
-    d = CUDA_DIR / "build"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        if os.access(d, os.W_OK):
-            return d
-    except OSError:
-        pass
-    d = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fovea_core"
+    d = cache_dir("kernels")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

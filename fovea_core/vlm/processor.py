@@ -227,7 +227,7 @@ class FoveatedProcessor:
         """The page as the stock processor resizes it: ``[1, 3, Hr, Wr]`` float32 in [0, 1].
 
         ``images``: a path, PIL image, numpy array or tensor
-        (:func:`fovea_core.foveate.load_image`).
+        (:func:`fovea_core.foveation.load_image`).
         ``(Hr, Wr)`` follows ``smart_resize`` with the image processor's min / max pixels
         (:func:`~fovea_core.vlm.positions.merged_grid_shape`); a page already of that size
         is kept bit for bit, another is resized on the page's 8-bit RGB pixels by the PIL
@@ -236,7 +236,7 @@ class FoveatedProcessor:
         """
         import numpy as np
 
-        from fovea_core.foveate import load_image
+        from fovea_core.foveation import load_image
 
         x = load_image(images)
         if x.shape[1] == 1:
@@ -281,14 +281,14 @@ class FoveatedProcessor:
 
         Args:
             images: one page: a path, PIL image, numpy array ``[H, W(, C)]`` or tensor
-                ``[C, H, W]`` (:func:`fovea_core.foveate.load_image`).
+                ``[C, H, W]`` (:func:`fovea_core.foveation.load_image`).
             text: the prompt. Without the image placeholder (``<|image_pad|>``) it is taken
                 as the question and the image goes first
                 (``<|vision_start|><|image_pad|><|vision_end|>`` + text); with one placeholder
                 (e.g. from ``apply_chat_template``) it is used as is.
             budget: N, merged tokens the model receives, in ``[1, Hm * Wm]`` of the resized
                 page; ``None``: every merged cell.
-            method: a :func:`fovea_core.foveate.method_names` method (default the cascade).
+            method: a :func:`fovea_core.foveation.method_names` method (default the cascade).
             question: what the method reads as the question (a str), or ``None`` for none;
                 default (:data:`FROM_TEXT`): ``text`` when it has no placeholder, else none.
             **method_options: passed to :func:`fovea_core.foveate` (``scorer=``,
@@ -299,7 +299,7 @@ class FoveatedProcessor:
             ``attention_mask [1, S]``, ``mm_token_type_ids [1, S]``, ``pixel_values [4N, 3 *
             2 * p * p]``, ``image_grid_thw [G, 3]`` (``G = N`` one-token images, or ``G = 1``
             full grid) and ``position_ids [3, 1, S]`` (M-RoPE, int64); its attribute
-            ``foveation`` is the :class:`fovea_core.foveate.Foveation` (not a key, so
+            ``foveation`` is the :class:`fovea_core.foveation.Foveation` (not a key, so
             ``**inputs`` passes only model inputs).
 
         Raises:
@@ -309,7 +309,7 @@ class FoveatedProcessor:
         """
         from transformers import BatchFeature
 
-        from fovea_core.foveate import foveate
+        from fovea_core.foveation import foveate
 
         if "patch" in method_options:
             raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "

@@ -1,0 +1,283 @@
+"""Figures used by the notebooks: token overlays, score heatmaps, foveated reconstructions.
+
+All functions draw with matplotlib onto axes you pass in (or a figure they return) and
+never call ``plt.show``; they work with any backend, including Agg.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+
+from fovea_core.pyramid import Pyramid
+from fovea_core.draw import (LEVEL_CMAP, _pick, _show_image, box_vertices, level_colors,  # noqa: F401
+                             overlay_tokens, to_display)
+from fovea_core.tokens import TokenSet
+
+
+def show_reconstruction(ax: Axes, recon: torch.Tensor | np.ndarray, index: int = 0,
+                        title: str = "foveated reconstruction"):
+    """Show a reconstruction from :func:`fovea_core.sample.render` (``[B, C, H, W]``)."""
+    img = to_display(recon, index)
+    _show_image(ax, img)
+    ax.set_title(title)
+    return ax.images[-1]
+
+
+def show_scores(ax: Axes, scores: torch.Tensor, image: np.ndarray | torch.Tensor | Pyramid |
+                None = None, index: int = 0, alpha: float = 0.6, cmap: str = "inferno",
+                colorbar: bool = True, title: str = "importance"):
+    """Heatmap of a score map ``[B, Gh, Gw]`` (or ``[Gh, Gw]``), over the image if given.
+
+    With an image, the grid is stretched over the base pixels (each cell covers
+    ``patch x patch`` px; the right/bottom partial cells are drawn to the image edge).
+    """
+    s = torch.as_tensor(scores)
+    if s.ndim == 2:
+        s = s[None]
+    if s.ndim != 3:
+        raise ValueError(f"scores must be [B, Gh, Gw] or [Gh, Gw], got {tuple(s.shape)}")
+    grid = _pick(s, index, "score maps").float().cpu().numpy()
+    extent = None
+    if image is not None:
+        img = to_display(image, index)
+        _show_image(ax, img)
+        extent = (0, img.shape[1], img.shape[0], 0)
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    im = ax.imshow(grid, cmap=cmap, alpha=alpha if image is not None else 1.0, extent=extent,
+                   interpolation="nearest")
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    ax.set_title(title)
+    return im
+
+
+def token_panel(image: np.ndarray | torch.Tensor | Pyramid, tokens: TokenSet,
+                recon: torch.Tensor | None = None, scores: torch.Tensor | None = None,
+                index: int = 0, width: float = 4.0) -> Figure:
+    """Side-by-side figure: image + token overlay, score map (if given), reconstruction (if given)."""
+    n = 1 + (scores is not None) + (recon is not None)
+    h, w = tokens.image_size
+    fig, axes = plt.subplots(1, n, figsize=(width * n, width * h / w + 0.6), squeeze=False,
+                             layout="constrained")
+    axes = axes[0]
+    overlay_tokens(axes[0], image, tokens, index=index)
+    k = 1
+    if scores is not None:
+        show_scores(axes[k], scores, image, index=index)
+        k += 1
+    if recon is not None:
+        show_reconstruction(axes[k], recon, index=index)
+    return fig
+
+
+def token_sets_figure(image: np.ndarray | torch.Tensor | Pyramid, panels: dict[str, TokenSet],
+                      box: tuple[float, float, float, float] | None = None,
+                      width: float = 5.5) -> Figure:
+    """One panel per ``{title: TokenSet}``, the tokens over ``image`` coloured by level
+    (:func:`overlay_tokens`), with ``box`` (x0, y0, x1, y1 base pixels; e.g. an answer)
+    outlined in green on each."""
+    if not panels:
+        raise ValueError("token_sets_figure: panels is empty")
+    first = next(iter(panels.values()))
+    h, w = first.image_size
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), width * h / w + 0.8),
+                             squeeze=False, layout="constrained")
+    for ax, (title, tokens) in zip(axes[0], panels.items()):
+        overlay_tokens(ax, image, tokens, show_centers=False, linewidth=0.5)
+        ax.set_title(title)
+        if box is not None:
+            _answer_box(ax, box)
+        ax.set_axis_off()
+    return fig
+
+
+#: edge colour of each cascade stage's tokens in :func:`cascade_stages_figure`
+STAGE_COLORS = {0: "tab:blue", 1: "tab:red"}
+
+
+def _answer_box(ax: Axes, box: tuple[float, float, float, float], pad: float = 4.0) -> None:
+    """Outline ``box`` (x0, y0, x1, y1 base pixels) in green, ``pad`` px outside it."""
+    x0, y0, x1, y1 = box
+    ax.add_patch(plt.Rectangle((x0 - pad, y0 - pad), x1 - x0 + 2 * pad, y1 - y0 + 2 * pad,
+                               fill=False, ec="lime", lw=1.2))
+
+
+def cascade_stages_figure(pyramid: Pyramid, parts, *,
+                          box: tuple[float, float, float, float] | None = None,
+                          width: float = 12.0) -> Figure:
+    """The budgeted cascade's stages on one page, four panels in a row.
+
+    (a) the gist image (all the cascade knows about the page's pixels), (b) the localiser's
+    map ``parts.scores`` over the page, (c) the tokens by stage (gist blue, fovea red; one
+    :class:`~matplotlib.collections.PolyCollection` per stage) and (d) the reconstruction
+    the reader reads (:func:`fovea_core.sample.render` of the tokens sampled from
+    ``pyramid``). ``box`` (e.g. the answer's union box) is outlined in green on (b)-(d).
+
+    Args:
+        pyramid: the page's pyramid (batch of one), the one ``parts`` was computed on.
+        parts: :class:`~fovea_core.cascade.allocator.CascadeParts` of one cascade call.
+        box: ``(x0, y0, x1, y1)`` in base pixels, or None.
+        width: the figure's width in inches (the height follows the page's aspect).
+    """
+    from fovea_core.sample import render, sample
+
+    tok, g = parts.tokens, parts.gist
+    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
+        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
+                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
+    page = to_display(pyramid)
+    h, w = page.shape[:2]
+    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]             # [C, H, W]
+    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+    fig, axes = plt.subplots(1, 4, figsize=(width, width * h / w / 4 + 0.8),
+                             layout="constrained")
+    axes[0].imshow(g.image[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy(),
+                   interpolation="nearest")
+    axes[0].set_title(f"(a) gist: {g.budget} tokens")
+    axes[1].imshow(page, alpha=0.45)
+    axes[1].imshow(parts.scores[0].float().cpu().numpy(), extent=(0, w, h, 0), cmap="magma",
+                   alpha=0.6)
+    axes[1].set_title("(b) where the answer is")
+    verts = box_vertices(tok.boxes()[0].cpu().numpy())                          # [N, 4, 2]
+    stage = tok.stage[0].cpu().numpy()
+    axes[2].imshow(page, alpha=0.6)
+    for s, c in STAGE_COLORS.items():
+        axes[2].add_collection(PolyCollection(verts[stage == s], facecolors="none",
+                                              edgecolors=c, linewidth=0.5))
+    axes[2].set_title(f"(c) gist (blue) + fovea (red): {g.budget} + {int((stage == 1).sum())}")
+    axes[3].imshow(recon)
+    axes[3].set_title("(d) what the reader reads")
+    for ax in axes:
+        ax.set_axis_off()
+    if box is not None:
+        for ax in axes[1:]:
+            _answer_box(ax, box)
+    return fig
+
+
+def gist_split_figure(summary, budget: int = 273) -> Figure:
+    """Kept against the gist's budget G, per dataset: one line with its 95 % band per
+    localiser (``learned`` solid, ``oracle`` dashed) and ``resize`` as a grey level.
+
+    Args:
+        summary: rows of :func:`fovea_book.eval.cascade.gist_split_summary`
+            (``dataset, allocator, localiser, G, kept, kept_lo, kept_hi``), with a
+            ``resize`` row per dataset.
+        budget: the N every method had (the axis labels).
+    """
+    sets = summary.dataset.nunique()
+    fig, axes = plt.subplots(1, sets, figsize=(5 * sets, 3.6), layout="constrained",
+                             squeeze=False)
+    for ax, (ds, g) in zip(axes[0], summary.groupby("dataset")):
+        for loc, style in (("learned", "-o"), ("oracle", "--s")):
+            c = g[g.localiser == loc].sort_values("G")
+            ax.plot(c.G, c.kept, style, ms=4, label=f"cascade, {loc}")
+            ax.fill_between(c.G, c.kept_lo, c.kept_hi, alpha=0.15)
+        rz = g[g.allocator == "resize"].iloc[0]
+        ax.axhline(rz.kept, color="0.4", lw=1, label=f"resize (all {budget} on the page)")
+        ax.axhline(1, color="k", lw=0.8, ls="--")
+        ax.set(xlabel=f"gist tokens G (of N = {budget})", ylabel="kept", title=ds,
+               ylim=(0, 1.05))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    return fig
+
+
+def resize_curve_figure(view, ceilings: dict[str, float], *, budget: int = 273) -> Figure:
+    """The resize curve and the methods at their budget, per dataset: kept (mean ANLS over
+    the full page's, ``ceilings[dataset]``) against visual tokens (top row, log axis) and
+    against the prefill FLOPs of a 2B-class VLM plus side compute (bottom row).
+
+    Args:
+        view: :func:`fovea_book.eval.curve.compute_view` rows (``dataset, method, budget,
+            kept, flops``); the method ``"resize"`` is drawn as the curve, every other
+            method as a marker.
+        ceilings: the full page's mean ANLS per dataset.
+        budget: the methods' N (a dotted line).
+    """
+    sets = [d for d in dict.fromkeys(view.dataset) if d in ceilings]
+    fig, axes = plt.subplots(2, len(sets), figsize=(4.2 * len(sets), 6.4), squeeze=False,
+                             layout="constrained")
+    others = [m for m in dict.fromkeys(view.method) if m != "resize"]
+    marks = dict(zip(others, "osD^v<>"))
+    for j, ds in enumerate(sets):
+        v = view[view.dataset == ds]
+        c = max(ceilings[ds], 1e-12)
+        cur = v[v.method == "resize"].sort_values("budget")
+        for ax, x in ((axes[0, j], "budget"), (axes[1, j], "flops")):
+            ax.plot(cur[x], 100 * cur.kept / c, "-o", color="0.35", ms=3, label="resize")
+            for m in others:
+                p = v[v.method == m]
+                ax.plot(p[x], 100 * p.kept / c, marks[m], ms=7, label=m, ls="none")
+            ax.set_xscale("log")
+            ax.axhline(100, color="0.7", lw=0.8, ls="--")
+            ax.set_ylabel("kept (% of the full page)")
+            ax.grid(alpha=0.3)
+        axes[0, j].axvline(budget, color="0.6", lw=0.8, ls=":")
+        axes[0, j].set_title(ds, fontsize=10)
+        axes[0, j].set_xlabel("visual tokens N")
+        axes[1, j].set_xlabel("prefill FLOPs (2B-class VLM) + side compute")
+    axes[0, -1].legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def shift_search_figure(checks) -> Figure:
+    """Chapter 03's shift figure: per transform of ``checks`` (a
+    :class:`fovea_book.eval.logpolar_checks.ShiftChecks`; rows: zoom, rotation) the
+    transformed image, its log-polar image, and the mismatch with the original log-polar
+    image against the shift, with the predicted shift dashed."""
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6), gridspec_kw={"width_ratios": [1, 0.7, 1.1]})
+    for r, c in enumerate((checks.zoom, checks.rotation)):
+        axes[r, 0].imshow(np.clip(c.moved, 0, 1))
+        axes[r, 0].set_title(f"{c.name} about the fixation", fontsize=9)
+        axes[r, 0].axis("off")
+        axes[r, 1].imshow(np.clip(c.logpolar, 0, 1), aspect="auto")
+        axes[r, 1].set(title=f"log-polar of the {c.name}", xlabel="log radius", ylabel="angle")
+        axes[r, 2].plot(c.shifts, c.mismatch, ".-", ms=3)
+        axes[r, 2].axvline(c.expected, color="C3", ls="--",
+                           label=f"predicted shift {c.expected:.2f}")
+        axes[r, 2].set(xlabel=("column" if c.name == "zoom" else "row") + " shift",
+                       ylabel="mean |difference|")
+        axes[r, 2].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def cumulative_rgc_figure(radii_deg: np.ndarray, cells: np.ndarray, *, fibres_mean: float,
+                          fibres_sd: float) -> Figure:
+    """Chapter 01's cumulative ganglion-cell count inside a disc of growing radius
+    (``cells`` per ``radii_deg``), against the optic-nerve fibre count's mean +- SD band."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot(radii_deg, np.asarray(cells) / 1e6, "k-o", ms=3, label="Watson eq. 4, integrated")
+    ax.axhspan((fibres_mean - fibres_sd) / 1e6, (fibres_mean + fibres_sd) / 1e6, color="C0",
+               alpha=0.2, label="optic-nerve fibres, mean ± SD (Jonas 1990)")
+    ax.set(xlabel="disc radius (deg)", ylabel="ganglion cells (millions)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def timing_bars(median_ms, labels, colors, *, target_ms: float, target_label: str) -> Figure:
+    """Horizontal bars of median timings (ms, log axis; ``labels`` top to bottom, one colour
+    each) with a dashed line at ``target_ms``. With no timings (``median_ms`` None) the
+    figure is left empty (a chapter without a record still glues its figure)."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    if median_ms is not None:
+        if len(median_ms) != len(labels) or len(colors) != len(labels):
+            raise ValueError(f"median_ms ({len(median_ms)}), labels ({len(labels)}) and colors "
+                             f"({len(colors)}) must have the same length")
+        ax.barh(labels, median_ms, color=colors)
+        ax.axvline(target_ms, color="k", ls="--", lw=1, label=target_label)
+        ax.set_xscale("log")
+        ax.set_xlabel("milliseconds (median of interleaved rounds)")
+        ax.invert_yaxis()
+        ax.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,870 @@
+"""One call from a page (and a question) to what a VLM should see: :func:`foveate`.
+
+The book wires the stages in notebook cells (chapters 07 and 14.5); this module is the same
+wiring as a single function, for a researcher's own pages::
+
+    image --load_image--> [1, C, H, W] --build_pyramid--> Pyramid
+          --score(scorer, question)--> [1, Gh, Gw]         (methods that read a score map)
+          --allocate(method, budget, query=question)--> TokenSet (exactly N tokens)
+    TokenSet --sample--> patches [1, N, C, p, p] --render--> view [C, H, W]
+
+``method`` is any name of :data:`fovea_core.allocators.ALLOCATORS`; the default,
+``"cascade"``, is the budgeted learned cascade of chapter 14.5 (a gist of the page, a
+learned localiser that reads the gist and the question, a fovea; every token inside N).
+Methods that rank a score map get ``scorer="saliency"`` without a question and the
+query-aware ``"query_saliency"`` with one (an OCR of the half-resolution page, outside the
+budget: chapter 07), unless ``scorer=`` says otherwise.
+
+The cost record (:class:`Cost`) counts what the method spent in the currency of the
+book's evaluation protocol: the N tokens the model receives plus the token equivalent of
+what the scorer and the allocator read outside them, computed by the cost model of
+:mod:`fovea_core.cost` (:func:`~fovea_core.cost.scorer_tokens`,
+:func:`~fovea_core.cost.alloc_read_tokens`), which the book's evaluator uses too, so that a
+page foveated here is labelled as the book's tables label it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fovea_core.pyramid import as_image_batch, build_pyramid
+from fovea_core.tokens import TokenSet
+
+__all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "DEFAULT_METHOD",
+           "LABELS", "foveate", "load_image", "method_names", "method_summary", "uses_question",
+           "check_method", "check_options", "unused_options", "plot_foveation"]
+
+#: the method :func:`foveate` runs by default (chapter 14.5's budgeted learned cascade)
+DEFAULT_METHOD = "cascade"
+#: the cost labels of the book's evaluation protocol, from cheapest to dearest
+LABELS = ("budgeted", "side compute", "unbudgeted")
+#: cascade localisers that do not read the question (:mod:`fovea_core.cascade.localisers`)
+_QUESTION_BLIND_LOCALISERS = ("learned_prior", "uniform")
+#: the keywords every allocator accepts (so that one call fits all) but only some read:
+#: option -> the methods whose tokens depend on it. Every other method ignores it (the
+#: tokens are the same whatever its value; ``resize`` only records the fixation), so
+#: :func:`foveate` warns and leaves it out of :attr:`Foveation.options`.
+#: ``tests/test_foveate.py`` runs every method with two values of each to hold this to it.
+SHARED_OPTION_USERS: dict[str, frozenset[str]] = {
+    "fixation": frozenset({"foveated_pyramid", "hybrid", "logpolar", "multi_fixation",
+                           "pseudo_logpolar", "v1_cortical"}),
+    "seed": frozenset({"random"}),
+}
+
+
+class FoveateWarning(UserWarning):
+    """A question or option that the chosen method does not use, or a combination whose
+    result means little (a method that ranks a map, given the flat ``"none"`` map)."""
+
+
+class ImageTooLargeError(ValueError):
+    """An image file whose header declares more pixels than Pillow's decompression-bomb
+    limit (``2 * PIL.Image.MAX_IMAGE_PIXELS``): refused before it is decoded. A
+    ``ValueError``; the command counts such a page as failed (not as a non-image)."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one foveation spent (the book's evaluation protocol, "Same currency").
+
+    Attributes:
+        tokens: visual tokens the model receives (N).
+        scorer: the importance scorer whose map the method ranked (``"none"``: it reads no
+            map, e.g. ``resize`` or the cascade, which looks through its own gist tokens).
+        scorer_tokens: 16 x 16-pixel token equivalent of what the scorer read outside N.
+        alloc_read_tokens: the same for what the allocator itself read besides the map.
+        total_tokens: ``tokens + scorer_tokens + alloc_read_tokens``.
+        side_pixels: pixels read outside the N tokens (0 for a budgeted method).
+        side_ms: CPU milliseconds of that outside look (the scorer's call; 0 if none).
+        side_flops: FLOPs of the outside look where the method declares them (the cascade's
+            text detector, :func:`~fovea_core.cascade.side.detector_flops`; ``None``: not
+            declared, as for the scorers).
+        reads_text: the outside look recognises text (an OCR): unbudgeted whatever its size.
+        label: ``"budgeted"`` (nothing read outside N), ``"side compute"`` (a look outside N
+            that recognises no text: costs at most N tokens' worth of pixels, or a method
+            registered as side compute, costed in FLOPs and milliseconds beside N) or
+            ``"unbudgeted"``.
+    """
+
+    tokens: int
+    scorer: str
+    scorer_tokens: float
+    alloc_read_tokens: float
+    total_tokens: float
+    side_pixels: int
+    side_ms: float
+    side_flops: float | None
+    reads_text: bool
+    label: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class Foveation:
+    """The result of :func:`foveate` for one page.
+
+    Attributes:
+        tokens: the :class:`~fovea_core.tokens.TokenSet` (batch of one, exactly ``budget``
+            tokens; ``tokens.stage`` labels a cascade's gist (0) and fovea (1) tokens).
+        patches: ``[1, N, C, p, p]`` float32, what each token carries
+            (:func:`fovea_core.sample.sample`).
+        view: ``[C, H, W]`` float32 in ``[0, 1]``, the reconstruction of what the model sees
+            (:func:`fovea_core.sample.render` over the pyramid's coarsest level).
+        cost: the :class:`Cost` record.
+        method: the allocator's registry name.
+        options: the keyword options the method used (besides budget and question):
+            ``patch``, ``scorer`` for a method that ranks a map, and what the allocator
+            read; an option it ignores (:func:`unused_options`) is not recorded.
+        question: the question asked (``None``: none).
+        question_used: whether ``method`` (with its scorer or localiser) read the question.
+        scores: ``[1, Gh, Gw]`` the map the allocator ranked, or ``None`` for methods that
+            read no score map.
+    """
+
+    tokens: TokenSet
+    patches: torch.Tensor
+    view: torch.Tensor
+    cost: Cost
+    method: str
+    options: dict = field(default_factory=dict)
+    question: str | None = None
+    question_used: bool = False
+    scores: torch.Tensor | None = None
+
+    @property
+    def budget(self) -> int:
+        return self.tokens.budget
+
+    def view_uint8(self) -> np.ndarray:
+        """The reconstruction as an ``[H, W, C]`` uint8 array (``C`` = 1 or 3), for saving."""
+        v = (self.view.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        return v[..., 0] if v.shape[-1] == 1 else v
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict: the method, its options, the question, the costs and one entry
+        per token (``x, y`` in [0, 1]; ``cx, cy`` and ``side`` in base pixels; ``level``;
+        ``score``; ``stage``, ``None`` when the method has no stages)."""
+        t = self.tokens
+        xy = t.centers[0].tolist()
+        cpx = t.centers_px()[0].tolist()
+        side = t.footprint()[0].tolist()
+        stage = t.stage[0].tolist() if t.stage is not None else [None] * t.budget
+        cols = zip(xy, cpx, t.levels[0].tolist(), side, t.scores[0].tolist(), stage)
+        toks = [dict(x=a[0], y=a[1], cx=b[0], cy=b[1], level=lv, side=s, score=sc, stage=st)
+                for a, b, lv, s, sc, st in cols]
+        return dict(method=self.method, options={k: _jsonable(v) for k, v in self.options.items()},
+                    question=self.question, question_used=self.question_used,
+                    image_size=list(t.image_size), patch=t.patch, budget=t.budget,
+                    cost=self.cost.as_dict(), fixations=t.fixations[0].tolist(), tokens=toks)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return repr(v)
+
+
+# ----------------------------------------------------------------------------- images
+#: EXIF / TIFF tag of the orientation a camera records (1: upright)
+_ORIENTATION_TAG = 0x0112
+
+
+def _upright(img: Any) -> Any:
+    """``img`` turned as its EXIF orientation says (a phone photo is stored sideways with a
+    tag saying so; :func:`PIL.ImageOps.exif_transpose`); ``img`` itself when it has no such
+    tag or is upright (no copy)."""
+    from PIL import ImageOps
+
+    if img.getexif().get(_ORIENTATION_TAG, 1) in (None, 1):
+        return img
+    return ImageOps.exif_transpose(img)
+
+
+def _range_error(img: Any, lo: float, hi: float, accepted: str) -> ValueError:
+    return ValueError(f"image: a PIL image of mode {img.mode!r} must hold {accepted}; got values "
+                      f"in [{lo:g}, {hi:g}]")
+
+
+def _pil_to_array(img: Any) -> np.ndarray:
+    """A PIL image as ``[H, W]`` (grey) or ``[H, W, 3]`` uint8 / float32 in ``[0, 1]``.
+
+    Turned upright by its EXIF orientation (:func:`_upright`); transparency composited over
+    white, palettes expanded. Grey images of more than 8 bits by their mode:
+
+    * ``"I;16*"`` (16-bit): divided by 65535;
+    * ``"I"`` (32-bit integers): values in ``0..255`` divided by 255, in ``0..65535`` by
+      65535 (a 16-bit PNG opens as ``"I"``); anything else (negative, above 65535) raises;
+    * ``"F"`` (32-bit float, e.g. a float TIFF): values in ``[0, 1]`` (up to
+      :data:`~fovea_core.pyramid.IMAGE_RANGE_TOL` of round-off) are kept as they are, values
+      in ``[0, 255]`` are divided by 255; NaN / inf or anything else raises.
+
+    Raises:
+        ValueError: (message starts with ``image``) for values outside those ranges.
+    """
+    from PIL import Image
+
+    from fovea_core.pyramid import IMAGE_RANGE_TOL
+
+    img = _upright(img)
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        return (np.array(img, dtype=np.float64) / 65535.0).astype(np.float32)
+    if img.mode in ("I", "F"):
+        arr = np.array(img, dtype=np.float64)
+        if arr.size == 0:
+            return arr.astype(np.float32)
+        if not np.isfinite(arr).all():
+            raise ValueError(f"image: a PIL image of mode {img.mode!r} contains NaN or inf")
+        lo, hi = float(arr.min()), float(arr.max())
+        if img.mode == "I":
+            if lo < 0 or hi > 65535:
+                raise _range_error(img, lo, hi, "integers in 0..255 (8-bit) or 0..65535 "
+                                                "(16-bit)")
+            return (arr / (255.0 if hi <= 255 else 65535.0)).astype(np.float32)
+        if lo >= -IMAGE_RANGE_TOL and hi <= 1 + IMAGE_RANGE_TOL:     # float in [0, 1]
+            return np.clip(arr, 0, 1).astype(np.float32)
+        if lo >= 0 and hi <= 255:                                     # float in 0..255
+            return (arr / 255.0).astype(np.float32)
+        raise _range_error(img, lo, hi, "floats in [0, 1] (or 0..255)")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+            img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return np.array(Image.alpha_composite(white, rgba).convert("RGB"))
+    if img.mode in ("L", "1"):
+        return np.array(img.convert("L"))
+    return np.array(img.convert("RGB"))
+
+
+def _pixels_in(err: BaseException) -> str:
+    """The pixel count in Pillow's decompression-bomb message (``"?"`` if it has none)."""
+    import re
+
+    m = re.search(r"\((\d+) pixels\)", str(err))
+    return f"{int(m.group(1)):,}" if m else "?"
+
+
+def _tensor_page(image: torch.Tensor) -> torch.Tensor:
+    """A tensor page checked for what :func:`~fovea_core.pyramid.as_image_batch` cannot
+    read: on the meta device (no values) or sparse: ``ValueError`` naming ``image``. A
+    tensor that requires grad is detached (foveation selects and resamples pixels; it is
+    not differentiable, and the caller's tensor is left as it is)."""
+    if image.is_meta:
+        raise ValueError(f"image: a tensor on the meta device has a shape {list(image.shape)} "
+                         "but no values; pass a tensor with data (CPU or CUDA)")
+    if image.layout != torch.strided:
+        raise ValueError(f"image: a sparse tensor (layout {image.layout}) is not a page; pass "
+                         "a dense one (x.to_dense())")
+    return image.detach()
+
+
+def load_image(image: Any) -> torch.Tensor:
+    """One page as ``[1, C, H, W]`` float32 in ``[0, 1]`` (``C`` = 1 or 3).
+
+    ``image`` is one of:
+
+    * a path (``str`` or :class:`~pathlib.Path`) of an image file PIL reads;
+    * a PIL image that can still be read (one closed by ``img.close()``, or one never read
+      before its ``with Image.open(...)`` block ended, raises ``ValueError``);
+    * a numpy array ``[H, W]`` / ``[H, W, C]``: ``uint8`` (0..255) or float in ``[0, 1]``;
+    * a torch tensor ``[C, H, W]`` / ``[1, C, H, W]``: ``uint8`` or float in ``[0, 1]``, on
+      any device but ``meta``, dense (see :func:`fovea_core.as_image_batch`); one that
+      requires grad is detached.
+
+    Files and PIL images: turned upright by their EXIF orientation (a phone photo;
+    :func:`PIL.ImageOps.exif_transpose`), transparency composited over white, 8-bit modes
+    divided by 255, 16-bit grey by 65535, 32-bit integer grey by 255 when its values are in
+    0..255, else by 65535, 32-bit float grey (``"F"``, e.g. a float TIFF) kept as it is when
+    its values are in ``[0, 1]`` and divided by 255 when they are in ``[0, 255]``; other
+    values raise. A path and the PIL image read from it give the same tensor.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ImageTooLargeError: (a ``ValueError``) the file declares more pixels than Pillow's
+            decompression-bomb limit; the message gives both.
+        ValueError: (message starts with ``image``) a folder, a file PIL cannot read, a
+            closed PIL image, values outside the ranges above, a meta or sparse tensor, a
+            batch of more than one image, or an array :func:`~fovea_core.as_image_batch`
+            rejects.
+        TypeError: any other type.
+    """
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - pillow is a dependency
+        Image = None
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.exists():
+            raise FileNotFoundError(f"image: no such file: {path}")
+        if path.is_dir():
+            raise ValueError(f"image: {path} is a folder; pass one image file "
+                             "(the command `python -m fovea_core foveate` runs over folders)")
+        try:
+            img = Image.open(path)
+        except Image.DecompressionBombError as err:
+            limit = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 0
+            raise ImageTooLargeError(
+                f"image: {path} declares {_pixels_in(err)} pixels, more than the limit of "
+                f"{limit:,} (Pillow's decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS):"
+                " refused before decoding; downscale the file, or raise "
+                "PIL.Image.MAX_IMAGE_PIXELS if you trust it") from None
+        except (OSError, ValueError, SyntaxError) as err:  # PIL's unreadable files
+            raise ValueError(f"image: {path} is not a readable image "
+                             f"({type(err).__name__}: {err})") from None
+        with img:
+            try:
+                img.load()
+            except (OSError, ValueError, SyntaxError) as err:   # truncated / corrupt data
+                raise ValueError(f"image: {path} is not a readable image "
+                                 f"({type(err).__name__}: {err})") from None
+            try:
+                arr = _pil_to_array(img)
+            except ValueError as err:                # values outside the accepted ranges
+                raise ValueError(f"image: {path}: {str(err).removeprefix('image: ')}") from None
+    elif Image is not None and isinstance(image, Image.Image):
+        try:
+            image.load()
+        except (AssertionError, ValueError, OSError, AttributeError) as err:
+            why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            raise ValueError(f"image: the PIL image cannot be read ({why}); it is probably "
+                             "closed (used after its `with Image.open(...)` block): pass the "
+                             "path, or img.copy() inside the block") from None
+        arr = _pil_to_array(image)
+    elif isinstance(image, torch.Tensor):
+        arr = _tensor_page(image)
+    elif isinstance(image, np.ndarray):
+        arr = image
+    else:
+        raise TypeError("image must be a path (str or Path), a PIL image, a numpy array "
+                        f"[H, W(, C)] or a torch tensor [C, H, W]; got {type(image).__name__}")
+    if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+        arr = arr.copy()                     # torch.from_numpy warns on read-only arrays
+    x = as_image_batch(arr)
+    if x.shape[0] != 1:
+        raise ValueError(f"image: one page at a time, got a batch of {x.shape[0]} "
+                         "(call foveate per page)")
+    if x.shape[1] not in (1, 3):
+        raise ValueError(f"image: the scorers and the cascade need 1 or 3 channels, got "
+                         f"{x.shape[1]}")
+    return x
+
+
+# ----------------------------------------------------------------------------- methods
+def _registry() -> tuple[dict, dict]:
+    """``(ALLOCATORS, INFO)`` with every method registered, the cascade's included (it
+    registers itself when :mod:`fovea_core.cascade` is imported)."""
+    from fovea_core.methods import ALLOCATORS, INFO
+
+    return ALLOCATORS, INFO
+
+
+def method_names() -> list[str]:
+    """Every method :func:`foveate` runs: the registered allocators that return exactly N
+    tokens for one page (kind ``"fixed"``), sorted, the default first."""
+    _, INFO = _registry()
+
+    names = sorted(n for n, info in INFO.items() if info["kind"] == "fixed")
+    return [DEFAULT_METHOD] + [n for n in names if n != DEFAULT_METHOD]
+
+
+def method_summary(name: str, width: int = 100) -> str:
+    """One line on a method for ``--help``: the first sentence of the registered allocator's
+    docstring (reST roles and literals stripped, at most ``width`` characters), plus the
+    localiser a registered cascade variant binds."""
+    import re
+
+    ALLOCATORS, _ = _registry()
+
+    fn = ALLOCATORS[name]
+    try:                            # a registered variant: its function's doc + what it binds
+        free = inspect.getclosurevars(fn).nonlocals
+    except TypeError:
+        free = {}
+    bound = free.get("defaults") if isinstance(free.get("defaults"), Mapping) else {}
+    bound = bound or _cascade_defaults(name)
+    inner = free.get("fn") if callable(free.get("fn")) else fn
+    doc = inspect.getdoc(inner) or inspect.getdoc(fn) or ""
+    para = " ".join(doc.strip().split("\n\n")[0].split()) or "(no description)"
+    para = re.sub(r":\w+:`~?([^`]+)`", r"\1", para).replace("``", "")
+    m = re.search(r"(?<=\.)\s", para)
+    line = para[:m.start()] if m else para
+    if bound:
+        line = f"{line.rstrip('.')} ({', '.join(f'{k}={v}' for k, v in bound.items())})."
+    return line if len(line) <= width else line[:width - 3].rstrip() + "..."
+
+
+def check_method(method: str) -> None:
+    """Raise ``ValueError`` listing the accepted names if ``method`` is not one of them."""
+    _, INFO = _registry()
+
+    if not isinstance(method, str) or method not in INFO:
+        raise ValueError(f"unknown method {method!r}; registered: {', '.join(method_names())}")
+    if INFO[method]["kind"] != "fixed":
+        raise ValueError(f"method {method!r} (kind {INFO[method]['kind']!r}) does not return N "
+                         "tokens for one page; choose one of: " + ", ".join(method_names()))
+
+
+def _cascade_defaults(method: str) -> dict:
+    """The keywords a registered cascade variant binds
+    (:data:`~fovea_core.cascade.allocator.REGISTERED`; ``{}``: not a registered cascade)."""
+    _, INFO = _registry()
+    if INFO[method]["family"] != "cascade":
+        return {}
+    from fovea_core.cascade.allocator import REGISTERED
+
+    return dict(REGISTERED.get(method, {}))
+
+
+def _default_localiser(method: str) -> Any:
+    """The localiser a registered cascade variant binds (``None``: not a bound variant)."""
+    return _cascade_defaults(method).get("localiser")
+
+
+def _scorer_for(method: str, question: str | None, options: Mapping) -> str:
+    _, INFO = _registry()
+
+    if not INFO[method]["uses_scores"]:
+        return "none"
+    return options.get("scorer") or ("query_saliency" if question else "saliency")
+
+
+def _query_scorers() -> tuple[str, ...]:
+    """Scorers whose map depends on the question (:data:`fovea_core.importance.PAGE_PARTS`:
+    per-question maps of an OCR read of the page)."""
+    from fovea_core.importance import PAGE_PARTS
+
+    return tuple(PAGE_PARTS)
+
+
+def uses_question(method: str, **options: Any) -> bool:
+    """Whether ``method`` (with ``options``) reads a question: a score-map method through a
+    query-aware scorer (``scorer=``, default ``"query_saliency"`` when a question is given),
+    a cascade through a localiser that reads it (every localiser but ``"learned_prior"``
+    and ``"uniform"``); ``resize``, ``full`` and the other methods that ignore the map never."""
+    _, INFO = _registry()
+
+    check_method(method)
+    info = INFO[method]
+    if info["uses_scores"]:
+        return _scorer_for(method, "?", options) in _query_scorers()
+    if info["family"] == "cascade":
+        loc = options.get("localiser", _default_localiser(method) or "learned")
+        return callable(loc) or loc not in _QUESTION_BLIND_LOCALISERS
+    return False
+
+
+# ----------------------------------------------------------------------------- cost
+def _cost(method: str, scorer: str, pyramid, budget: int, side_ms: float,
+          side_cost=None) -> Cost:
+    """The cost record, with the evaluator's rules: the scorer's reads count only for a
+    method that ranks the map (``uses_scores``); what is read outside N is side compute for
+    a method registered so (``side_compute``), else unbudgeted when it exceeds N. ``side``:
+    the cascade side channel's :class:`~fovea_core.cascade.side.SideCost` (its FLOPs and
+    milliseconds), if any."""
+    from fovea_core.cost import alloc_read_tokens, scorer_tokens, side_compute, uses_scores
+    from fovea_core.methods import allocator_reads
+    from fovea_core.importance import READS
+
+    h, w = pyramid.image_size
+    used = uses_scores(method)
+    s_tok = scorer_tokens(scorer, (h, w)) if used else 0.0
+    a_tok = alloc_read_tokens(method, pyramid)
+    extra = s_tok + a_tok
+    side_px = (int(READS[scorer](h, w)) if used else 0) + int(allocator_reads(method, pyramid))
+    reads_text = used and scorer in _query_scorers()
+    side = side_compute(method)
+    unbudgeted = (not side and (bool(extra > budget) if math.isfinite(extra) else True))
+    label = ("unbudgeted" if unbudgeted or reads_text else       # the evaluator's rule
+             "side compute" if extra > 0 else "budgeted")
+    return Cost(tokens=int(budget), scorer=scorer, scorer_tokens=float(s_tok),
+                alloc_read_tokens=float(a_tok), total_tokens=float(budget + extra),
+                side_pixels=side_px,
+                side_ms=float(side_cost.cpu_ms if side_cost is not None else
+                              side_ms if used and s_tok > 0 else 0.0),
+                side_flops=None if side_cost is None else float(side_cost.flops),
+                reads_text=bool(reads_text), label=label)
+
+
+# ----------------------------------------------------------------------------- foveate
+def _accepted_options(method: str) -> list[str]:
+    """Keyword options the registered allocator's function names (for error messages)."""
+    ALLOCATORS, INFO = _registry()
+
+    fn = ALLOCATORS[method]
+    if INFO[method]["family"] == "cascade":          # its registered wrapper takes **kw
+        from fovea_core.cascade.allocator import cascade as fn
+    else:                                            # a registered variant wraps its function
+        fn = inspect.getclosurevars(fn).nonlocals.get("fn", fn)
+    params = inspect.signature(fn).parameters
+    skip = {"pyramid", "scores", "budget", "query", "kw", "kwargs", "params"}
+    return sorted(k for k, p in params.items() if k not in skip
+                  and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
+
+def unused_options(method: str, **options: Any) -> list[str]:
+    """The names among ``options`` that ``method`` accepts but does not read: ``scorer``
+    for a method that reads no score map (unless ``"none"``), and the shared keywords of
+    :data:`SHARED_OPTION_USERS` (``fixation``, ``seed``) for the methods that ignore them
+    (e.g. ``fixation`` for ``resize`` or the cascade, ``seed`` for every method but
+    ``random``)."""
+    _, INFO = _registry()
+
+    check_method(method)
+    out = [k for k, users in SHARED_OPTION_USERS.items() if k in options and method not in users]
+    if options.get("scorer") not in (None, "none") and not INFO[method]["uses_scores"]:
+        out.insert(0, "scorer")
+    return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What :func:`foveate` runs, from its arguments alone (before any page is read)."""
+
+    patch: int
+    scorer: str                   # the resolved scorer ("none": the method reads no map)
+    options: dict                 # what the allocator receives and the method reads
+    question_used: bool
+    notes: tuple[str, ...]        # FoveateWarning texts, in order
+
+
+def _prepare(method: str, question: str | None, options: Mapping) -> _Plan:
+    """Check ``method``, ``question`` and the options; resolve the scorer; drop (with a
+    note) the options the method does not read. Raises ``ValueError`` naming the argument
+    (``TypeError`` for a ``scorer`` that is not a string)."""
+    from fovea_core.allocators.base import check_seed
+    from fovea_core.importance import SCORERS
+
+    _, INFO = _registry()
+    check_method(method)
+    if question is not None and (not isinstance(question, str) or not question.strip()):
+        raise ValueError(f"question must be a non-empty string or None, got {question!r}")
+    opts = dict(options)
+    if "query" in opts:
+        raise ValueError("query: pass the question as foveate's `question` argument "
+                         "(the second one), not as an option")
+    patch = opts.pop("patch", 16)
+    if isinstance(patch, bool) or not isinstance(patch, (int, np.integer)) or patch < 1:
+        raise ValueError(f"patch must be an int >= 1 (pixels), got {patch!r}")
+    patch = int(patch)
+    scorer = opts.pop("scorer", None)
+    if scorer is not None and not isinstance(scorer, str):
+        raise TypeError(f"scorer must be a str, one of {sorted(SCORERS)}, or None; got "
+                        f"{scorer!r} ({type(scorer).__name__})")
+    if scorer is not None and scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r}; scorer must be one of {sorted(SCORERS)} "
+                         "or None")
+    if "seed" in opts:
+        opts["seed"] = check_seed(opts["seed"])
+    bad = sorted(set(opts) - set(_accepted_options(method)))
+    if bad:
+        raise ValueError(f"method {method!r} does not take option(s) {bad}; it takes: "
+                         f"{', '.join(_accepted_options(method) + ['scorer'])}")
+    notes = []
+    for name in unused_options(method, scorer=scorer, **opts):
+        value = scorer if name == "scorer" else opts.pop(name)
+        why = ("it reads no score map" if name == "scorer" else
+               "the cascade fixates the peak of its own localiser's map"
+               if name == "fixation" and INFO[method]["family"] == "cascade"
+               else "its tokens do not depend on it")
+        notes.append(f"method {method!r} does not use option {name}={value!r} ({why}): it is "
+                     "ignored and not recorded in Foveation.options")
+    scorer = _scorer_for(method, question, {"scorer": scorer})
+    if scorer in _query_scorers() and question is None:
+        raise ValueError(f"scorer {scorer!r} is query-aware: pass a question (or another scorer)")
+    if INFO[method]["uses_scores"] and scorer == "none":
+        notes.append(f"scorer='none' gives method {method!r} a flat map (all zeros): every "
+                     "patch ties, so wherever the method ranks the map its tie-break chooses "
+                     "(row-major: the top rows of the page first; for 'topk' that is the whole "
+                     "choice). The tokens say nothing about the page; pass a scorer, or use a "
+                     "method that reads no map ('resize')")
+    q_used = question is not None and uses_question(method, scorer=scorer, **opts)
+    if question is not None and not q_used:
+        notes.append(f"method {method!r} does not read the question (it is ignored)")
+    return _Plan(patch, scorer, opts, q_used, tuple(notes))
+
+
+def check_options(method: str, question: str | None = None, **options: Any) -> list[str]:
+    """Check what :func:`foveate` would be called with, before any page is read (the
+    command does, once for a whole folder): the method, the question and the options (the
+    names the method takes, ``patch``, ``scorer``, ``seed``). Returns the notes
+    :func:`foveate` would give as :class:`FoveateWarning` (an ignored question or option, a
+    flat map); raises the ``ValueError`` (or ``TypeError``) it would raise, naming the
+    argument."""
+    return list(_prepare(method, question, options).notes)
+
+
+def _page_budget(method: str, budget: Any, size: tuple[int, int], patch: int,
+                 options: Mapping) -> int:
+    """``budget`` for this page through the one budget check
+    (:func:`~fovea_core.allocators.base.check_budget`), with the range the method truly
+    runs at: ``[1, Gh*Gw]``, exactly ``Gh*Gw`` for ``full``, the cascade's
+    :func:`~fovea_core.cascade.allocator.budget_range`. ``None``: every level-0 patch."""
+    from fovea_core.allocators.base import check_budget
+
+    _, INFO = _registry()
+    h, w = size
+    gh, gw = math.ceil(h / patch), math.ceil(w / patch)
+    page = f"this {h}x{w} page ({gh}x{gw} patches of {patch} px)"
+    if budget is None:
+        budget = gh * gw
+    if INFO[method]["family"] == "cascade":
+        from fovea_core.cascade.allocator import check_cascade_budget
+
+        gist_budget = options.get("gist_budget", _cascade_defaults(method).get("gist_budget"))
+        return check_cascade_budget(budget, size, patch=patch, gist_budget=gist_budget,
+                                    name=None)
+    if method == "full":
+        return check_budget(budget, gh * gw, low=gh * gw,
+                            where=f" for method 'full', which keeps every patch of {page}; "
+                                  "None means all")
+    return check_budget(budget, gh * gw, where=f" for {page}")
+
+
+def foveate(image: Any, question: str | None = None, *, budget: int | None = 273,
+            method: str = DEFAULT_METHOD, **method_options: Any) -> Foveation:
+    """Foveate one page: exactly ``budget`` tokens, their patches, the view and the cost.
+
+    Args:
+        image: a path, a PIL image, a numpy array or a torch tensor (:func:`load_image`
+            says which values it accepts).
+        question: the question about the page, or ``None``. Methods that read it: the
+            cascade (its learned localiser embeds it) and the score-map methods with a
+            query-aware scorer (default ``query_saliency`` when a question is given: an OCR
+            outside the budget, labelled unbudgeted). A method that ignores it says so once
+            (a :class:`FoveateWarning`).
+        budget: N, an int in the method's range for this page (numpy integers accepted):
+            ``[1, Gh * Gw]`` (``Gh = ceil(H / patch)``) for most methods, exactly
+            ``Gh * Gw`` for ``"full"``, the gist plus at least one fovea token for a
+            cascade (:func:`~fovea_core.cascade.allocator.budget_range`); the message of a
+            budget outside it states the range. ``None``: every level-0 patch.
+        method: a name of :func:`method_names` (``"cascade"``, ``"resize"``, ``"topk"``,
+            ...); see ``python -m fovea_core foveate --help`` for one line on each.
+        **method_options: ``scorer=`` (a :data:`fovea_core.importance.SCORERS` name, for
+            methods that rank a score map), ``patch=`` (default 16), ``seed=`` (an int),
+            ``fixation=(x, y)``, and the allocator's own keywords (e.g. ``gist_budget=`` or
+            ``localiser=`` for the cascade, ``strata=`` for ``stratified``).
+
+    An option the method accepts but does not read (``fixation`` for ``resize`` or the
+    cascade, ``seed`` for every method but ``random``, ``scorer`` for a method that reads
+    no map; :func:`unused_options`) is said once (a :class:`FoveateWarning` naming the
+    option and the method), not passed on and not recorded in :attr:`Foveation.options`,
+    which holds only what the method used. ``scorer="none"`` with a method that ranks a map
+    (``topk``, ...) runs, with a warning: the flat map leaves the choice to the tie-break
+    (the top rows of the page), which a researcher would otherwise read as the method's.
+
+    Returns:
+        A :class:`Foveation` (tokens ``[1, N]``, patches ``[1, N, C, p, p]``, view
+        ``[C, H, W]``, cost).
+
+    Raises:
+        FileNotFoundError, TypeError, ValueError: a missing or unreadable image, an unknown
+        method (the message lists the registered ones), a page smaller than one patch, a
+        budget outside the page's range, a non-integer ``seed``, a ``scorer`` that is not a
+        scorer's name, an option the method does not take; each message names the argument
+        and the accepted values.
+    """
+    from fovea_core.methods import allocate
+
+    _, INFO = _registry()
+    from fovea_core.importance import score
+    from fovea_core.sample import render, sample
+
+    plan = _prepare(method, question, method_options)
+    for note in plan.notes:
+        warnings.warn(note, FoveateWarning, stacklevel=2)
+    patch, scorer, opts, q_used = plan.patch, plan.scorer, plan.options, plan.question_used
+
+    x = load_image(image)
+    _, _, h, w = x.shape
+    if min(h, w) < patch:
+        raise ValueError(f"image: a {h}x{w} page is smaller than one patch ({patch} px): "
+                         f"foveate needs H and W >= patch; pass a larger page or a smaller "
+                         f"patch=")
+    budget = _page_budget(method, budget, (h, w), patch, opts)
+
+    pyr = build_pyramid(x, patch=patch)
+    t0 = time.perf_counter()
+    scores = score(scorer, pyr.base, query=question if scorer in _query_scorers() else None,
+                   patch=patch)
+    side_ms = (time.perf_counter() - t0) * 1e3
+    call = dict(opts, patch=patch)
+    if question is not None and q_used:
+        call["query"] = question
+    side = None                         # a cascade's side cost, from the run that allocated
+    try:
+        if INFO[method]["family"] == "cascade":
+            from fovea_core.cascade.allocator import registered_parts
+
+            parts = registered_parts(method, pyr, scores, budget, **call)
+            tokens, side = parts.tokens, parts.side
+        else:
+            tokens = allocate(method, pyr, scores, budget, **call)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        bad = sorted(set(opts) - set(_accepted_options(method)))
+        raise ValueError(f"method {method!r} does not take option(s) {bad or list(opts)}; it "
+                         f"takes: {', '.join(_accepted_options(method))}") from None
+    except ValueError as err:
+        msg = str(err)
+        raise ValueError(msg if msg.startswith(method) else f"{method}: {msg}") from None
+    if not isinstance(tokens, TokenSet) or tokens.budget != budget:
+        got = tokens.budget if isinstance(tokens, TokenSet) else type(tokens).__name__
+        raise ValueError(f"method {method!r} with options {opts} returned {got} tokens, not "
+                         f"budget = {budget} (e.g. multi_fixation's mode='per_fixation'); "
+                         "foveate needs exactly N")
+    patches = sample(pyr, tokens)
+    view = render(tokens, patches, background=pyr)[0].clamp(0, 1)
+    cost = _cost(method, scorer, pyr, budget, side_ms, side)
+    return Foveation(tokens=tokens, patches=patches, view=view, cost=cost, method=method,
+                     options=dict(opts, patch=patch, **({"scorer": scorer}
+                                                        if scorer != "none" else {})),
+                     question=question, question_used=q_used,
+                     scores=scores if INFO[method]["uses_scores"] else None)
+
+
+# ----------------------------------------------------------------------------- figure
+def plot_foveation(f: Foveation, image: Any, *, title: str | None = None, width: float = 4.0):
+    """A figure of the page with the tokens by level (:func:`fovea_core.draw.overlay_tokens`),
+    by stage (when the method has stages, e.g. the cascade's gist and fovea) and the view.
+
+    ``image`` is the page (anything :func:`load_image` takes). Returns a
+    :class:`matplotlib.figure.Figure` drawn without pyplot (safe in worker processes).
+    """
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    from fovea_core.draw import _show_image, box_vertices, overlay_tokens, to_display
+
+    x = image if isinstance(image, torch.Tensor) and image.ndim == 4 else load_image(image)
+    t = f.tokens
+    staged = t.stage is not None and int(t.stage.unique().numel()) > 1
+    n = 3 if staged else 2
+    h, w = t.image_size
+    fig = Figure(figsize=(width * n, width * h / w + 0.8), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    overlay_tokens(axes[0], x, t, show_centers=t.budget <= 400)
+    axes[0].set_title(f"{t.budget} tokens by level")
+    if staged:
+        _show_image(axes[1], to_display(x))
+        verts = box_vertices(t.boxes()[0].numpy())
+        stage = t.stage[0].numpy()
+        colors = ("tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple")
+        handles = []
+        for k, s in enumerate(np.unique(stage)):                 # few stages, not tokens
+            sel = stage == s
+            c = colors[k % len(colors)]
+            axes[1].add_collection(PolyCollection(verts[sel], facecolors="none",
+                                                  edgecolors=[c], linewidth=0.6))
+            name = {0: "gist", 1: "fovea"}.get(int(s), f"stage {int(s)}") \
+                if f.method.startswith("cascade") else f"stage {int(s)}"
+            handles.append(Patch(facecolor="none", edgecolor=c, label=f"{name}: {int(sel.sum())}"))
+        axes[1].legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.8)
+        axes[1].set_xlim(0, w)
+        axes[1].set_ylim(h, 0)
+        axes[1].set_title("tokens by stage")
+    _show_image(axes[-1], to_display(f.view[None]))
+    axes[-1].set_title(f"what the model sees ({f.cost.label})")
+    q = f" | {f.question}" if f.question else ""
+    fig.suptitle(title or f"{f.method}, N = {t.budget}{q}", fontsize="medium")
+    return fig
+
+
+# ----------------------------------------------------------------------------- files
+#: the files :func:`save_foveation` writes per page, as suffixes of the page's stem
+OUTPUT_SUFFIXES = {"view": ".foveated.png", "figure": ".tokens.png", "json": ".foveation.json"}
+
+
+def save_foveation(f: Foveation, image: Any, out_dir: str | Path, stem: str, *,
+                   source: str | None = None, dpi: int = 110) -> dict[str, Path]:
+    """Write one page's reconstruction (PNG), its token figure (:func:`plot_foveation`, PNG)
+    and its JSON (:meth:`Foveation.to_json` plus ``source``) into ``out_dir`` as
+    ``<stem>`` + :data:`OUTPUT_SUFFIXES`.
+
+    All or nothing: each file is written under a temporary name and renamed at the end; if
+    any step fails, the temporary files are removed and no file of the page appears.
+    Returns ``{"view" | "figure" | "json": path}``.
+    """
+    import json
+    import os
+
+    from PIL import Image
+
+    out_dir = Path(out_dir)
+    final = {k: out_dir / f"{stem}{suf}" for k, suf in OUTPUT_SUFFIXES.items()}
+    tmp = {k: p.with_name(f".{p.name}.tmp{os.getpid()}") for k, p in final.items()}
+    try:
+        Image.fromarray(f.view_uint8()).save(tmp["view"], format="PNG")
+        fig = plot_foveation(f, image)
+        fig.savefig(tmp["figure"], format="png", dpi=dpi)
+        record = dict(f.to_json(), source=source)
+        tokens = record.pop("tokens")                   # one line per token, the rest indented
+        head = json.dumps(record, indent=1)[:-2]
+        body = ",\n  ".join(json.dumps(t) for t in tokens)
+        tmp["json"].write_text(f'{head},\n "tokens": [\n  {body}\n ]\n}}\n')
+        for k in ("view", "figure", "json"):            # the JSON last: it marks a whole page
+            os.replace(tmp[k], final[k])
+    except BaseException:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def _one_line(err: BaseException) -> str:
+    msg = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def worker_init() -> None:
+    """Initialiser of the command's worker processes: one torch thread each (the pool has
+    one process per core)."""
+    torch.set_num_threads(1)
+
+
+def run_page(job: Mapping) -> dict:
+    """Foveate one file and save it (the command's unit of work; picklable for a process
+    pool). ``job``: ``path, stem, out_dir, question, budget, method, options``. Returns
+    ``{"path", "stem", "status": "done" | "skipped" | "failed", "message", "seconds"}``:
+    *skipped* when the file is not a readable image, *failed* when foveating or writing it
+    raised (the message is the error's first line; no file of the page is left behind) or
+    when the file declares more pixels than the decompression-bomb limit
+    (:class:`ImageTooLargeError`)."""
+    t0 = time.perf_counter()
+    out = dict(path=str(job["path"]), stem=job.get("stem"), status="done", message="",
+               seconds=0.0)
+    try:
+        x = load_image(job["path"])
+    except ImageTooLargeError as err:        # an image, but one refused: the page failed
+        out.update(status="failed", message=_one_line(err))
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        out.update(status="skipped", message=_one_line(err))
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FoveateWarning)   # the command says it once
+                f = foveate(x, job.get("question"), budget=job.get("budget"),
+                            method=job["method"], **dict(job.get("options") or {}))
+                save_foveation(f, x, job["out_dir"], job["stem"], source=str(job["path"]))
+            out["message"] = (f"{f.budget} tokens, {f.cost.label}, "
+                              f"{f.cost.total_tokens:g} tokens in all")
+        except Exception as err:  # noqa: BLE001 - one line per page, never a traceback
+            out.update(status="failed", message=_one_line(err))
+    out["seconds"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,1 @@
+../../../cuda/fovea_kernels.cuh
