@@ -207,10 +207,29 @@ def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
         raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
     match_field("", [], max_nl=max_nl)                      # checks max_nl before any I/O
     root = dataset_path("sroie-dev") if root is None else Path(root).expanduser()
+    return load_receipt_folder(
+        root, lambda r, stem: load_receipt(r, stem, max_nl=max_nl, wording=wording),
+        limit=limit, skipped=skipped, log=log)
+
+
+def load_receipt_folder(root: Path, load_one: Callable[[Path, str], Document], *,
+                        limit: int | None = None,
+                        skipped: list[tuple[str, str]] | None = None,
+                        log: Callable[[str], object] = print,
+                        collection: str = "SROIE") -> list[Document]:
+    """The receipts of a folder laid out as SROIE's (``img/NNN.jpg``, ``box/NNN.csv``,
+    ``key/NNN.json``), each read by ``load_one(root, stem)``, sorted by stem (the first
+    ``limit``); a receipt without an image, a box file or a question is skipped, appended
+    to ``skipped`` and named in one ``log`` line (``collection``: the dataset's name in
+    messages). Shared by :func:`load_sroie` and the WildReceipt loader.
+
+    Raises:
+        DatasetNotFound: ``img/``, ``box/`` or ``key/`` is missing.
+    """
     for sub in ("img", "box", "key"):
         if not (root / sub).is_dir():
-            raise DatasetNotFound(f"SROIE folder {root} has no {sub}/; expected img/, box/, "
-                                  "key/ (set FOVEA_DATA or pass data_dir)")
+            raise DatasetNotFound(f"{collection} folder {root} has no {sub}/; expected img/, "
+                                  "box/, key/ (set FOVEA_DATA or pass data_dir)")
     skips: list[tuple[str, str]] = []
     docs = []
     for stem in sorted(p.stem for p in (root / "key").glob("*.json"))[:limit]:
@@ -219,7 +238,7 @@ def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
         elif not (root / "box" / f"{stem}.csv").exists():
             skips.append((f"box/{stem}.csv", "no box file"))
         else:
-            doc = load_receipt(root, stem, max_nl=max_nl, wording=wording)
+            doc = load_one(root, stem)
             if doc.questions:
                 docs.append(doc)
             else:
@@ -227,11 +246,12 @@ def load_sroie(root: str | Path | None = None, *, limit: int | None = None,
     if skipped is not None:
         skipped.extend(skips)
     if skips:
-        log(_skip_message(root.name, docs, skips))
+        log(_skip_message(root.name, docs, skips, collection))
     return docs
 
 
-def _skip_message(name: str, docs: list[Document], skips: list[tuple[str, str]]) -> str:
+def _skip_message(name: str, docs: list[Document], skips: list[tuple[str, str]],
+                  collection: str = "SROIE") -> str:
     """One line: what a load kept and what it skipped, by reason, naming the files."""
     words = {"no image": "receipts without an image", "no box file": "receipts without a box "
              "file", "no question": "receipts whose box rows match no field (no question)"}
@@ -242,5 +262,5 @@ def _skip_message(name: str, docs: list[Document], skips: list[tuple[str, str]])
             more = f" and {len(files) - SHOW_SKIPS} more" if len(files) > SHOW_SKIPS else ""
             parts.append(f"{len(files)} {text} ({', '.join(files[:SHOW_SKIPS])}{more})")
     n_q = sum(len(d.questions) for d in docs)
-    return (f"SROIE {name}: {len(docs)} receipts, {n_q} questions; skipped "
+    return (f"{collection} {name}: {len(docs)} receipts, {n_q} questions; skipped "
             + "; ".join(parts) + ".")

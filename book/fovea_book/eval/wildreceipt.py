@@ -81,7 +81,7 @@ import numpy as np
 
 from fovea_book.eval.documents import Box, Document, Question, reword
 from fovea_book.eval.metrics import anls, exact_match
-from fovea_book.eval.sroie import QUESTIONS, _skip_message, match_field, parse_box_file
+from fovea_book.eval.sroie import QUESTIONS, load_receipt_folder, match_field, parse_box_file
 from fovea_book.paths import DatasetNotFound, dataset_path
 
 __all__ = ["DATASET", "FIELDS", "FIELD_LABELS", "anls_without_spaces",
@@ -369,29 +369,11 @@ def load_wildreceipt(root: str | Path | None = None, *, data_dir: str | Path | N
         raise DatasetNotFound(f"WildReceipt folder {root} not found; pass a folder holding "
                               f"img/, box/ and key/, or set FOVEA_DATA (or data_dir) to the "
                               f"folder that holds {DATASET}/")
-    for sub in ("img", "box", "key"):
-        if not (root / sub).is_dir():
-            raise DatasetNotFound(f"WildReceipt folder {root} has no {sub}/; expected img/, "
-                                  "box/, key/ (set FOVEA_DATA or pass data_dir)")
-    skips: list[tuple[str, str]] = []
-    docs = []
-    for stem in sorted(p.stem for p in (root / "key").glob("*.json"))[:limit]:
-        if not (root / "img" / f"{stem}.jpg").exists():
-            skips.append((f"img/{stem}.jpg", "no image"))
-        elif not (root / "box" / f"{stem}.csv").exists():
-            skips.append((f"box/{stem}.csv", "no box file"))
-        else:
-            doc = load_wildreceipt_receipt(root, stem, max_nl=max_nl, wording=wording,
-                                           use_labels=use_labels, unmatched=unmatched)
-            if doc.questions:
-                docs.append(doc)
-            else:
-                skips.append((f"box/{stem}.csv", "no question"))
-    if skipped is not None:
-        skipped.extend(skips)
-    if skips:
-        log("WildReceipt" + _skip_message(root.name, docs, skips).removeprefix("SROIE"))
-    return docs
+    return load_receipt_folder(
+        root, lambda r, stem: load_wildreceipt_receipt(r, stem, max_nl=max_nl, wording=wording,
+                                                       use_labels=use_labels,
+                                                       unmatched=unmatched),
+        limit=limit, skipped=skipped, log=log, collection="WildReceipt")
 
 
 # ------------------------------------------------------------------------------ the chapter
