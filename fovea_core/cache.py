@@ -18,10 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["SETUP_TRIES", "SqliteCache"]
+__all__ = ["SETUP_TRIES", "CacheWarning", "SqliteCache"]
 
 #: attempts at a cache file's first set-up while another process holds its lock (~60 s in all)
 SETUP_TRIES = 75
+
+
+class CacheWarning(UserWarning):
+    """A cache file that cannot be used: the work goes on without it."""
 
 
 class SqliteCache:
@@ -31,7 +35,9 @@ class SqliteCache:
     Args:
         path: the SQLite file (created with its folder on the first read or write);
             ``None``: a cache that stores nothing (every :meth:`get` misses, :meth:`put`
-            does nothing).
+            does nothing). A path that cannot be created or written (a read-only folder, a
+            file where the folder should be) makes the cache store nothing from then on,
+            with one :class:`CacheWarning` naming the path: a cache never stops the work.
 
     Attributes:
         hits, misses: :meth:`get` calls that found / did not find their key (this object's).
@@ -65,12 +71,28 @@ class SqliteCache:
             self._conn = conn
         return self._conn
 
+    def _give_up(self, err: Exception) -> None:
+        """Store nothing from now on, and say so once (the path and the error)."""
+        import warnings
+
+        warnings.warn(f"cache {self.path} cannot be used ({type(err).__name__}: {err}); going "
+                      "on without it (set FOVEA_CACHE to a writable folder, or "
+                      "FOVEA_NO_DISK_CACHE=1)", CacheWarning, stacklevel=3)
+        if self._conn is not None:
+            self._conn.close()
+        self.path, self._conn = None, None
+
     def get(self, key: str) -> str | None:
         """The text stored under ``key``, or ``None`` (always ``None`` without a path)."""
         if self.path is None:
             return None
         with self._lock:
-            row = self._db().execute("SELECT text FROM ocr WHERE key = ?", (key,)).fetchone()
+            try:
+                row = self._db().execute("SELECT text FROM ocr WHERE key = ?",
+                                         (key,)).fetchone()
+            except (OSError, sqlite3.OperationalError) as err:
+                self._give_up(err)
+                return None
         self.hits += row is not None
         self.misses += row is None
         return None if row is None else row[0]
@@ -80,9 +102,12 @@ class SqliteCache:
         if self.path is None:
             return
         with self._lock:
-            db = self._db()
-            db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
-            db.commit()
+            try:
+                db = self._db()
+                db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
+                db.commit()
+            except (OSError, sqlite3.OperationalError) as err:
+                self._give_up(err)
 
     def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
         return {"path": self.path}

@@ -9,6 +9,8 @@ import pickle
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from fovea_core import cache as cache_module
 from fovea_core.cache import SqliteCache
 
@@ -52,3 +54,21 @@ def test_it_imports_nothing_of_fovea_core():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [n for n in names if n.startswith("fovea_core")]
+
+
+def test_an_unusable_path_warns_once_and_stores_nothing(tmp_path):
+    """A cache under a path that cannot be a folder (a read-only install's cache is the same
+    case for a user without root) never stops the work: one warning, then no cache."""
+    import warnings
+
+    from fovea_core.cache import CacheWarning, SqliteCache
+
+    (tmp_path / "file").write_text("not a folder")
+    cache = SqliteCache(tmp_path / "file" / "sub" / "c.sqlite")
+    with pytest.warns(CacheWarning, match="cannot be used"):
+        cache.put("k", "v")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # no second warning
+        assert cache.get("k") is None
+        cache.put("k", "v")
+    assert cache.path is None
