@@ -295,14 +295,19 @@ def test_compare_paired_difference(table):
 def test_code_fingerprint_follows_the_library_not_the_build_tool(tmp_path):
     from fovea_book.eval.evaluator import code_fingerprint
 
-    (tmp_path / "book").mkdir()
-    (tmp_path / "a.py").write_text("x = 1\n")
-    (tmp_path / "book" / "tool.py").write_text("y = 1\n")
+    for d in ("fovea_core", "fovea_book/build", "fovea_book/eval"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "fovea_core" / "a.py").write_text("x = 1\n")
+    (tmp_path / "fovea_book" / "eval" / "b.py").write_text("z = 1\n")
+    (tmp_path / "fovea_book" / "build" / "tool.py").write_text("y = 1\n")
     before = code_fingerprint.__wrapped__(tmp_path)
-    (tmp_path / "book" / "tool.py").write_text("y = 2\n")
-    assert code_fingerprint.__wrapped__(tmp_path) == before
-    (tmp_path / "a.py").write_text("x = 2\n")
-    assert code_fingerprint.__wrapped__(tmp_path) != before
+    (tmp_path / "fovea_book" / "build" / "tool.py").write_text("y = 2\n")
+    assert code_fingerprint.__wrapped__(tmp_path) == before          # the build tool: no
+    (tmp_path / "fovea_core" / "a.py").write_text("x = 2\n")
+    after_core = code_fingerprint.__wrapped__(tmp_path)
+    assert after_core != before                                      # the method: yes
+    (tmp_path / "fovea_book" / "eval" / "b.py").write_text("z = 2\n")
+    assert code_fingerprint.__wrapped__(tmp_path) != after_core      # the harness: yes
 
 
 def test_score_maps_are_cached_exactly(tmp_path, monkeypatch):

@@ -78,6 +78,7 @@ import platform
 import sys
 import time
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -313,7 +314,8 @@ def _scan(name: str, root: str) -> tuple[RealPage, ...]:
 
 
 def real_pages(real: tuple[str, ...], limit: int | None, valid_mod: int,
-               data_dir: str | None = None, allow_missing: bool = False
+               data_dir: str | None = None, allow_missing: bool = False,
+               only_ids: Mapping[str, Sequence[str]] | None = None
                ) -> tuple[tuple[RealPage, ...], tuple[RealPage, ...], dict]:
     """``(train pages, validation pages, report)`` of the real folders ``real`` (names of
     :data:`REAL_SOURCES`) under ``data_dir`` (default: :func:`~fovea_book.paths.data_dir`).
@@ -323,7 +325,9 @@ def real_pages(real: tuple[str, ...], limit: int | None, valid_mod: int,
     id when ``limit`` is set); pages without a question are left out. ``report[name]``
     names every page id and counts what each folder gives. A missing folder raises
     :class:`~fovea_book.paths.DatasetNotFound` saying where it was looked for, or with
-    ``allow_missing`` is recorded (``report[name]["missing"]``) and skipped."""
+    ``allow_missing`` is recorded (``report[name]["missing"]``) and skipped. ``only_ids``
+    (``{folder: page ids}``): use only those pages of a folder, e.g. a record's training and
+    validation ids, to reproduce its run after more pages arrived in the folder."""
     if valid_mod < 2:
         raise ValueError(f"real_valid_mod must be at least 2 (1 would hold out every page), "
                          f"got {valid_mod}")
@@ -348,6 +352,9 @@ def real_pages(real: tuple[str, ...], limit: int | None, valid_mod: int,
         pages = _scan(name, str(root))
         empty = sorted(p.doc_id for p in pages if not p.questions)
         pages = sorted((p for p in pages if p.questions), key=lambda p: p.doc_id)
+        if only_ids is not None and name in only_ids:
+            keep = set(only_ids[name])
+            pages = [p for p in pages if p.doc_id in keep]
         held = [p for p in pages if zlib.crc32(p.doc_id.encode()) % valid_mod == 0]
         fit = [p for p in pages if zlib.crc32(p.doc_id.encode()) % valid_mod != 0]
         used = fit if limit is None else fit[:limit]
@@ -374,11 +381,12 @@ class TrainingSet:
     (and of the real pages' sorted ids)."""
 
     def __init__(self, cfg: TrainConfig, *, data_dir: str | Path | None = None,
-                 allow_missing: bool = False):
+                 allow_missing: bool = False,
+                 only_ids: Mapping[str, Sequence[str]] | None = None):
         self.cfg = cfg
         self.real, self.valid, self.report = real_pages(
             tuple(cfg.real), cfg.real_pages, cfg.real_valid_mod,
-            None if data_dir is None else str(data_dir), allow_missing)
+            None if data_dir is None else str(data_dir), allow_missing, only_ids)
         self.specs = [self._spec(i) for i in range(len(self))]
 
     def __len__(self) -> int:
@@ -590,17 +598,26 @@ def embed_vocabulary(vocab: list[str]) -> dict[str, torch.Tensor]:
     return out
 
 
+def record_ids(record: Mapping) -> dict[str, list[str]]:
+    """``{real folder: training and validation page ids}`` of a training record (the JSON
+    beside the weights): the pages its run used, for :func:`train`'s ``only_ids``."""
+    return {name: list(src.get("page_ids", [])) + list(src.get("validation_ids", []))
+            for name, src in record["train"]["sources"].items() if name in REAL_SOURCES}
+
+
 def train(cfg: TrainConfig = TrainConfig(), *, max_steps: int | None = None,
           progress: bool = True, threads: int | None = 1, data_dir: str | Path | None = None,
-          allow_missing: bool = False) -> tuple[GistLocaliserNet, dict]:
+          allow_missing: bool = False, only_ids: Mapping[str, Sequence[str]] | None = None
+          ) -> tuple[GistLocaliserNet, dict]:
     """Train on ``cfg`` (deterministic). Returns ``(net, record)`` with the loss of every
     step in ``record["loss"]`` and what each source gave in ``record["sources"]``.
     ``max_steps`` stops early (the test re-runs the first steps of the committed run); only
     the pages those steps need are generated. ``data_dir`` and ``allow_missing``: where the
-    real folders are and whether a missing one may be left out (:func:`real_pages`)."""
+    real folders are and whether a missing one may be left out; ``only_ids``: the real pages
+    to use (:func:`real_pages`; :func:`record_ids` gives a record's)."""
     if threads:
         torch.set_num_threads(threads)
-    data = TrainingSet(cfg, data_dir=data_dir, allow_missing=allow_missing)
+    data = TrainingSet(cfg, data_dir=data_dir, allow_missing=allow_missing, only_ids=only_ids)
     torch.manual_seed(cfg.seed)
     net = GistLocaliserNet(width=cfg.width, maps=cfg.maps)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
