@@ -32,24 +32,86 @@ so the extension equals the stock model's ``rope_deltas`` rule. A transformers w
 ``generate`` does not accept ``position_ids`` for these models (4.x before the
 ``_prepare_position_ids_for_generation`` hook) would recompute them; this module is tested
 on the installed 5.x only.
+
+**Two fixations** (:meth:`FoveatedProcessor.two_fixations`): the N tokens in two looks, the
+second where the model itself says the answer is::
+
+    page --cascade at N1 = first_budget (default N / 2)--> fixation 1 (gist G1 + fovea)
+         --grounding prompt, model.generate--> reply --parse_grounding_box--> box or None
+    box --SecondFixationMap (area share per cell; None: the cascade's own localiser)-->
+         the cascade again, on fixation 1's gist --> fixation 2: N2 = N - N1 fovea tokens
+    fixation 1 + fixation 2 --encode(answer prompt)--> inputs: N image tokens, one image block
+
+The answer call re-reads fixation 1's tokens with fixation 2's: two prefills (``N1 + N``
+image tokens) and a short decode, all counted in :class:`FixationCounts`. Each token keeps
+the M-RoPE ids of its cell, so the union's positions are those each fixation has alone.
+
+*Box conventions.* Qwen2.5-VL grounds in absolute pixels of its input image, i.e. of the
+page as ``smart_resize`` (here :meth:`~FoveatedProcessor.resized_page`) made it: its report
+(Bai et al. 2025, arXiv 2502.13923, sec. 2.2.1) trains boxes in "coordinate values based on
+the actual dimensions of the input images". Qwen3-VL grounds in coordinates relative to the
+image, 0..1000: the Qwen3-VL cookbook (github.com/QwenLM/Qwen3-VL,
+``cookbooks/2d_grounding.ipynb``) states that its default coordinate system "has been
+changed from the absolute coordinates used in Qwen2.5-VL to relative coordinates ranging
+from 0 to 1000" and converts with ``x / 1000 * width``, as done here (Alibaba Cloud's API
+docs say 0..999: 0.1 % apart). Qwen2-VL, like Qwen-VL, writes
+``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` in thousandths of the image as well (Qwen-VL's
+README; ms-swift's grounding docs say the same of Qwen2-VL). :data:`GROUNDING_COORDS` holds
+the choice per family; the parser reads every form (that one, JSON ``bbox_2d``, bare lists,
+corner pairs) for every family, and only the scale follows the family. Not checked here
+against a pretrained checkpoint (none can be downloaded): the random-weight tests
+(``tests/test_vlm_two_fixations.py``) cover the mechanics, not whether the box is right.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fovea_core.vlm.positions import (QWEN_MERGE, QWEN_PATCH, merged_cell_px, merged_grid_shape,
-                                      mrope_positions)
+from fovea_core.tokens import TokenSet
+from fovea_core.vlm.positions import (QWEN_MERGE, QWEN_PATCH, merged_cell_px, merged_cells,
+                                      merged_grid_shape, mrope_positions)
 from fovea_core.vlm.qwen import PIXEL_NORM, family_of, pixel_values
 
-__all__ = ["FROM_TEXT", "FoveatedProcessor", "SUPPORTED_PROCESSORS", "offline_tokenizer",
+__all__ = ["FIRST_SHARE", "FROM_TEXT", "GROUNDING_COORDS", "GROUNDING_PROMPTS", "SEEN_WEIGHT",
+           "SUPPORTED_PROCESSORS", "FixationCounts", "FoveatedProcessor", "GroundingBox",
+           "SecondFixationMap", "TwoFixations", "offline_tokenizer", "parse_grounding_box",
            "processor_family", "stock_processor"]
 
 #: family -> the ``transformers`` processor class it wraps
 SUPPORTED_PROCESSORS = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor",
                         "qwen3-vl": "Qwen3VLProcessor"}
+
+#: where each family's grounding replies put a box (module docstring, "Two fixations"):
+#: ``"absolute"``, pixels of the resized input image (Qwen2.5-VL); ``"relative-1000"``,
+#: thousandths of its width and height (Qwen2-VL, Qwen3-VL)
+GROUNDING_COORDS = {"qwen2-vl": "relative-1000", "qwen2.5-vl": "absolute",
+                    "qwen3-vl": "relative-1000"}
+_JSON_PROMPT = ('Locate the text on this page that answers the question "{question}". '
+                'Output its bounding box in JSON format: {"bbox_2d": [x1, y1, x2, y2]}.')
+#: the grounding prompt per family (``{question}`` is replaced): Qwen2.5-VL and Qwen3-VL are
+#: asked for the JSON ``bbox_2d`` form of their cookbooks, Qwen2-VL with its referring tokens
+#: (it answers ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``). Defaults, not tuned.
+GROUNDING_PROMPTS = {
+    "qwen2-vl": ('Find <|object_ref_start|>the text that answers the question "{question}"'
+                 '<|object_ref_end|> and give its bounding box.'),
+    "qwen2.5-vl": _JSON_PROMPT,
+    "qwen3-vl": _JSON_PROMPT,
+}
+#: default share of N given to fixation 1 (a default, not tuned)
+FIRST_SHARE = 0.5
+#: weight kept in fixation 2's map by a cell that fixation 1's finest tokens covered (a
+#: default, not tuned; 1 keeps the map as it is, and fixation 2 then re-reads what fixation 1
+#: read wherever both maps agree, e.g. always on the fallback path)
+SEEN_WEIGHT = 0.01
+#: a box's smallest side in pixels of the resized page (smaller: degenerate)
+MIN_BOX_PX = 1.0
+#: ``TokenSet.stage`` of fixation 2's tokens in the union (0, 1: fixation 1's gist, fovea)
+STAGE_SECOND = 2
 
 
 class _FromText:
@@ -107,7 +169,7 @@ def offline_tokenizer(config: Any):
     ``<|endoftext|>``) at the ids of ``config`` (a Qwen-VL config or model). Meaningless
     for a pretrained checkpoint: use its own tokenizer there.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     cfg = getattr(config, "config", config)
@@ -124,6 +186,7 @@ def offline_tokenizer(config: Any):
     vocab.update(specials)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()                              # decode joins the characters
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
                                    eos_token="<|endoftext|>")
     fast.add_special_tokens({"additional_special_tokens": list(specials)})
@@ -307,22 +370,26 @@ class FoveatedProcessor:
             starts with ``image``), a budget outside ``[1, Hm * Wm]``, an unknown method or
             option, a prompt with several placeholders.
         """
-        from transformers import BatchFeature
-
-        from fovea_core.foveation import foveate
-
         if "patch" in method_options:
             raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
                              f"{self.family}); leave it out")
         prompt, templated = self._prompt(text)
         if isinstance(question, _FromText):
             question = text if not templated and text.strip() else None
-        page = self.resized_page(images)
+        fov = self._foveate(self.resized_page(images), question, budget, method, method_options)
+        return self.encode(fov, prompt)
+
+    def _foveate(self, page: torch.Tensor, question: str | None, budget: int | None,
+                 method: str, options: dict):
+        """:func:`fovea_core.foveate` of the resized page at the merged cell (a budget error
+        names the page's merged grid)."""
+        from fovea_core.foveation import foveate
+
         hr, wr = page.shape[-2:]
         hm, wm = hr // self.cell_px, wr // self.cell_px
         try:
-            fov = foveate(page, question, budget=budget, method=method, patch=self.cell_px,
-                          **method_options)
+            return foveate(page, question, budget=budget, method=method, patch=self.cell_px,
+                           **options)
         except ValueError as err:
             msg = str(err)
             if msg.startswith("budget"):
@@ -330,7 +397,33 @@ class FoveatedProcessor:
                                  f"{hm}x{wm} = {hm * wm} merged tokens of {self.cell_px} px)"
                                  ) from None
             raise
+
+    def encode(self, foveation, text: str):
+        """Inputs of ``model.generate`` / ``model`` for a foveation already made.
+
+        The second half of :meth:`__call__` (which is :meth:`resized_page`, then
+        :func:`fovea_core.foveate` at ``patch =`` :attr:`cell_px`, then this), for a
+        :class:`~fovea_core.foveation.Foveation` made elsewhere, e.g. the union of two
+        fixations (:meth:`two_fixations`). Its tokens must lie on the page as
+        :meth:`resized_page` gives it (``image_size = (Hm * f, Wm * f)``, ``patch = f``) and
+        its patches be ``[1, N, C, f, f]``; ``text`` is as in :meth:`__call__`. Returns the
+        same ``BatchFeature`` (``.foveation`` is ``foveation``).
+        """
+        from transformers import BatchFeature
+
+        prompt, _ = self._prompt(text)
+        fov = foveation
         tokens = fov.tokens
+        f = self.cell_px
+        hr, wr = tokens.image_size
+        if tokens.patch != f or hr % f or wr % f or tokens.batch_size != 1:
+            raise ValueError(f"foveation: its tokens are on a {hr}x{wr} page at patch "
+                             f"{tokens.patch} (batch {tokens.batch_size}); encode needs one page "
+                             f"as resized_page gives it (sides multiples of {f}) at patch {f}")
+        if tuple(fov.patches.shape[:2]) != (1, tokens.budget) or fov.patches.shape[-1] != f:
+            raise ValueError(f"foveation: patches {tuple(fov.patches.shape)} do not match "
+                             f"{tokens.budget} tokens of {f} px")
+        hm, wm = hr // f, wr // f
         n = tokens.budget
 
         # text: the placeholder repeated N times, as the stock processor repeats it Hm*Wm times
@@ -350,7 +443,6 @@ class FoveatedProcessor:
         patches = fov.patches[0, pos.order[0]]                            # [N, 3, 2p, 2p]
         if patches.shape[1] == 1:
             patches = patches.expand(-1, 3, -1, -1)
-        f = self.cell_px
         strip = patches.permute(1, 2, 0, 3).reshape(1, 3, f, n * f)        # tokens side by side
         pv, _ = pixel_values(strip, self.family, grid_hw=(1, n))           # [4N, 3*2*p*p]
         full = (n == hm * wm and bool((tokens.levels == 0).all())
@@ -367,5 +459,429 @@ class FoveatedProcessor:
         out.foveation = fov
         return out
 
+    # ------------------------------------------------------------------------- two fixations
+    def two_fixations(self, model: Any, images: Any, question: str, *, budget: int = 273,
+                      first_budget: int | None = None, method: str = "cascade",
+                      max_new_tokens: int = 64, grounding_prompt: str | None = None,
+                      answer_prompt: str = "{question}", chat: bool | None = None,
+                      seen_weight: float = SEEN_WEIGHT, generate_kwargs: dict | None = None,
+                      **method_options: Any) -> TwoFixations:
+        """Two fixations of one page: look, ask the model where the answer is, look there.
+
+        1. **Fixation 1**: the cascade (``method``) at ``N1 = first_budget`` tokens (default
+           ``round(FIRST_SHARE * N)``, half: a default, not tuned), encoded with the
+           grounding prompt (:data:`GROUNDING_PROMPTS`; ``{question}`` is replaced), and
+           ``model.generate`` (greedy, ``max_new_tokens``) for the model's box.
+        2. **The box**: :func:`parse_grounding_box` of the reply, in the family's convention
+           (:data:`GROUNDING_COORDS`). No usable box (garbage, no box, NaN, a degenerate box,
+           one outside the page): fixation 2 falls back to the cascade's own localiser
+           (``localiser=`` of ``method_options``, else the one ``method`` binds).
+        3. **Fixation 2**: ``N2 = N - N1`` fovea tokens placed by the same cascade with the
+           localiser :class:`SecondFixationMap` (the box's area share per cell, or the
+           fallback's map; cells that fixation 1's finest tokens already cover weighted by
+           ``seen_weight``, so fixation 2 reads first what fixation 1 did not read finely).
+           It is run with fixation 1's gist (``gist_budget`` = the gist's ``G1`` tokens; the
+           same tokens, checked) and only its ``N2`` fovea tokens are kept: the gist is
+           already among fixation 1's tokens.
+        4. **Answer inputs**: one image block holding both fixations' tokens (exactly
+           ``N`` image tokens, raster order of their cells; fixation 2's tokens carry
+           ``TokenSet.stage`` 2) with ``answer_prompt``. A token's M-RoPE ids depend only on
+           its cell and the image's start (:func:`~fovea_core.vlm.positions.mrope_positions`),
+           so each fixation's tokens keep the ids they have in a prompt of their own.
+
+        Cost: two prefills. The grounding call reads ``N1`` image tokens (plus its text) and
+        generates the reply; the answer call re-reads those ``N1`` with the ``N2`` new ones
+        (no KV cache is shared: the prompts differ). :attr:`TwoFixations.counts` has both;
+        compare with ``resize`` at the same ``total = N`` knowing that the vision tower and
+        the prefill saw ``N1 + N`` image tokens and the model decoded the reply.
+
+        Args:
+            model: a Qwen-VL ``...ForConditionalGeneration`` of this processor's family.
+            images: one page (:meth:`__call__`).
+            question: the question (a non-empty str); both fixations' cascades read it.
+            budget: N, image tokens of the answer prompt (``N1 + N2``).
+            first_budget: ``N1`` in ``[1, N - 1]`` (and in the cascade's range for the page);
+                ``None``: ``round(FIRST_SHARE * N)``.
+            method: a registered cascade (``"cascade"``, ``"cascade_text"``, ...).
+            max_new_tokens: the grounding reply's length limit.
+            grounding_prompt, answer_prompt: prompts with ``{question}`` (replaced, no other
+                braces read); ``None`` grounding prompt: the family's default.
+            chat: wrap each prompt in the processor's chat template (one user turn: the image,
+                then the prompt; generation prompt added); ``None``: when it has one.
+            seen_weight: weight in ``(0, 1]`` kept in fixation 2's map by a cell that fixation
+                1's finest tokens cover (1: no discount; default :data:`SEEN_WEIGHT`, not
+                tuned). Near copies that remain are counted in ``counts.repeated``.
+            generate_kwargs: more keywords of the grounding call's ``model.generate`` (e.g.
+                ``output_logits=True, return_dict_in_generate=True``).
+            **method_options: the cascade's keywords, for both fixations (not ``patch``;
+                fixation 2's ``localiser`` and ``gist_budget`` are set as above).
+
+        Returns:
+            :class:`TwoFixations`: ``inputs`` (``input_ids [1, S2]`` with N image tokens,
+            ``pixel_values [4N, 3 * 2 * p * p]``, ``image_grid_thw [N, 3]``, ``position_ids
+            [3, 1, S2]``, ...; ``inputs.foveation`` the union), ``first_inputs`` (the same for
+            the grounding prompt, ``N1`` image tokens), both foveations, the reply, the parsed
+            box and the token counts.
+
+        Raises:
+            ValueError: a bad question, budget (``N`` in ``[2, Hm * Wm]``), first_budget,
+                method, seen_weight or option.
+        """
+        from dataclasses import replace
+
+        from fovea_core.cascade.allocator import REGISTERED
+        from fovea_core.cascade.core import STAGE_GIST
+        from fovea_core.pyramid import build_pyramid
+        from fovea_core.sample import render
+
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty str, got {question!r}")
+        if method not in REGISTERED:
+            raise ValueError(f"method must be a registered cascade ({', '.join(REGISTERED)}), "
+                             f"got {method!r}")
+        if "patch" in method_options:
+            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
+                             f"{self.family}); leave it out")
+        n = _int_in("budget", budget, 2, None)
+        n1 = _int_in("first_budget", max(1, round(FIRST_SHARE * n)) if first_budget is None
+                     else first_budget, 1, n - 1)
+        n2 = n - n1
+        _int_in("max_new_tokens", max_new_tokens, 1, None)
+        if isinstance(seen_weight, bool) or not isinstance(seen_weight, (int, float)) or \
+                not 0 < float(seen_weight) <= 1:
+            raise ValueError(f"seen_weight must be in (0, 1], got {seen_weight!r}")
+        if grounding_prompt is None:
+            grounding_prompt = GROUNDING_PROMPTS[self.family]
+        ground_text = self._chat(grounding_prompt.replace("{question}", question), chat)
+        answer_text = self._chat(answer_prompt.replace("{question}", question), chat)
+
+        page = self.resized_page(images)
+        hr, wr = page.shape[-2:]
+        f = self.cell_px
+        cells = (hr // f) * (wr // f)
+        if n > cells:
+            raise ValueError(f"budget must be in [2, {cells}] (the processor resizes this page to "
+                             f"{hr}x{wr} px: {hr // f}x{wr // f} = {cells} merged tokens of {f} "
+                             f"px), got {n}")
+
+        # ---- fixation 1 and the grounding call
+        fov1 = self._foveate(page, question, n1, method, dict(method_options))
+        stage1 = fov1.tokens.stage
+        if stage1 is None:
+            raise RuntimeError(f"method {method!r} returned tokens without stages")
+        gist1 = stage1[0] == STAGE_GIST
+        g1 = int(gist1.sum())
+        first_inputs = self.encode(fov1, ground_text)
+        gen = {"max_new_tokens": int(max_new_tokens), "do_sample": False,
+               **(generate_kwargs or {})}
+        dev = getattr(model, "device", None)
+        feed = {k: v.to(dev) if dev is not None else v for k, v in first_inputs.items()}
+        with torch.no_grad():
+            output = model.generate(**feed, **gen)
+        _forget_rope_deltas(model)
+        seq = output.sequences if hasattr(output, "sequences") else output
+        new = seq[0, first_inputs["input_ids"].shape[1]:].cpu()
+        reply = self.processor.tokenizer.decode(new, skip_special_tokens=False)
+        box = parse_grounding_box(reply, (hr, wr), GROUNDING_COORDS[self.family])
+
+        # ---- fixation 2: the box's cells (or the cascade's own map), fixation 1's gist
+        fallback = method_options.get("localiser", REGISTERED[method].get("localiser",
+                                                                          "learned"))
+        lv = fov1.tokens.levels[0]
+        core1 = ~gist1 & (lv <= lv[~gist1].min() + 0.25)          # fixation 1's finest tokens
+        loc = SecondFixationMap(box.box, fallback, _select(fov1.tokens, core1), seen_weight)
+        both = self._foveate(page, question, n2 + g1, method,
+                             {**method_options, "localiser": loc, "gist_budget": g1})
+        gist2 = both.tokens.stage[0] == STAGE_GIST
+        if not (int(gist2.sum()) == g1 and torch.equal(both.tokens.centers[:, gist2],
+                                                       fov1.tokens.centers[:, gist1])
+                and torch.equal(both.tokens.levels[:, gist2], fov1.tokens.levels[:, gist1])):
+            raise RuntimeError("two_fixations: the second cascade's gist differs from the first's")
+        pyr = build_pyramid(page, patch=f)
+        t2, p2 = _select(both.tokens, ~gist2), both.patches[:, ~gist2]
+        fov2 = replace(both, tokens=t2, patches=p2,
+                       view=render(t2, p2, background=pyr)[0].clamp(0, 1),
+                       cost=replace(both.cost, tokens=n2,
+                                    total_tokens=both.cost.total_tokens - g1))
+
+        # ---- the answer: both fixations in one image block
+        t2u = replace(t2, stage=torch.full_like(t2.stage, STAGE_SECOND))
+        t1 = fov1.tokens
+        tu = TokenSet(torch.cat([t1.centers, t2u.centers], 1),
+                      torch.cat([t1.levels, t2u.levels], 1), torch.cat([t1.scores, t2u.scores], 1),
+                      torch.cat([t1.fixations, t2u.fixations], 1), t1.image_size, t1.patch,
+                      torch.cat([t1.stage, t2u.stage], 1))
+        pu = torch.cat([fov1.patches, p2], 1)
+        union = replace(fov1, tokens=tu, patches=pu,
+                        view=render(tu, pu, background=pyr)[0].clamp(0, 1),
+                        cost=_union_cost(fov1.cost, both.cost, n),
+                        options={**fov1.options, "first_budget": n1, "second_localiser": loc})
+        inputs = self.encode(union, answer_text)
+        repeated = _repeated(t1, t2, (hr // f, wr // f))
+        counts = FixationCounts(first=n1, second=n2, total=n, repeated=repeated,
+                                prefill_image_tokens=n1 + n,
+                                prefill_tokens=int(first_inputs["input_ids"].shape[1]
+                                                   + inputs["input_ids"].shape[1]),
+                                reply_tokens=int(new.numel()))
+        return TwoFixations(inputs=inputs, first_inputs=first_inputs, first=fov1, second=fov2,
+                            reply=reply, grounding=box, counts=counts, output=output)
+
+    def _chat(self, text: str, chat: bool | None) -> str:
+        """``text`` as one user turn (the image, then ``text``) of the processor's chat
+        template with the generation prompt; ``chat=None``: only if it has a template."""
+        template = getattr(self.processor, "chat_template", None)
+        if chat is None:
+            chat = bool(template)
+        if not chat:
+            return text
+        if not template:
+            raise ValueError("chat=True but the processor has no chat template")
+        turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        return self.processor.apply_chat_template(turn, tokenize=False,
+                                                  add_generation_prompt=True)
+
     def __repr__(self) -> str:
         return f"FoveatedProcessor({type(self.processor).__name__}, family={self.family!r})"
+
+
+# ----------------------------------------------------------------------------- two fixations
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf(?:inity)?)"
+_N = rf"\s*({_NUM})\s*"
+#: the forms a reply may give a box in, in the order they are tried
+_BOX_FORMS = (
+    ("box tokens", re.compile(rf"<\|box_start\|>\s*\({_N},{_N}\)\s*,?\s*\({_N},{_N}\)\s*"
+                              r"<\|box_end\|>", re.IGNORECASE)),
+    ("bbox_2d", re.compile(rf"bbox_2d[\"']?\s*:\s*\[{_N},{_N},{_N},{_N}\]", re.IGNORECASE)),
+    ("corner pairs", re.compile(rf"\({_N},{_N}\)\s*,?\s*\({_N},{_N}\)", re.IGNORECASE)),
+    ("list", re.compile(rf"\[{_N},{_N},{_N},{_N}\]", re.IGNORECASE)),
+)
+
+
+@dataclass(frozen=True)
+class GroundingBox:
+    """What :func:`parse_grounding_box` made of a reply.
+
+    Attributes:
+        box: ``(x1, y1, x2, y2)`` in pixels of the resized page (``x1 < x2``, ``y1 < y2``,
+            clipped to the page), or ``None``: no usable box.
+        reason: ``None`` with a box; else why none: ``"no box in the reply"``,
+            ``"not finite"`` (NaN / inf), ``"degenerate"`` (a side under
+            :data:`MIN_BOX_PX`), ``"outside the page"`` (less than that left after clipping).
+        raw: the four numbers of the box used (or of the first one tried), as written.
+        form: the form they were written in (``"box tokens"``, ``"bbox_2d"``,
+            ``"corner pairs"``, ``"list"``), or ``None``.
+    """
+
+    box: tuple[float, float, float, float] | None
+    reason: str | None
+    raw: tuple[float, float, float, float] | None = None
+    form: str | None = None
+
+
+def parse_grounding_box(reply: str | None, image_size: tuple[int, int],
+                        coords: str = "absolute") -> GroundingBox:
+    """The first usable box of a grounding reply, in pixels of the resized page.
+
+    Forms tried, in this order (each anywhere in the reply, case-insensitive, numbers with
+    signs, decimals, exponents): Qwen's ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>``; JSON
+    ``"bbox_2d": [x1, y1, x2, y2]`` (alone or in a list of objects); ``(x1,y1),(x2,y2)``;
+    a bare ``[x1, y1, x2, y2]``. Each candidate is converted from ``coords``
+    (``"absolute"``: pixels of the ``(H, W) = image_size`` page; ``"relative-1000"``:
+    ``x * W / 1000``, ``y * H / 1000``), its corners put in order (a box written
+    bottom-right first is the same box), and clipped to the page. The first candidate with
+    four finite numbers, both sides at least :data:`MIN_BOX_PX` and that much left on the
+    page wins; otherwise the reason of the first candidate (or ``"no box in the reply"``).
+    Never raises for a reply, whatever it holds (``None`` counts as empty).
+    """
+    if coords not in ("absolute", "relative-1000"):
+        raise ValueError(f"coords must be 'absolute' or 'relative-1000', got {coords!r}")
+    h, w = (float(v) for v in image_size)
+    text = reply if isinstance(reply, str) else ""
+    first = None
+    for form, pattern in _BOX_FORMS:
+        for m in pattern.finditer(text):
+            raw = tuple(float(g) for g in m.groups())
+            box, why = _check_box(raw, h, w, coords)
+            if box is not None:
+                return GroundingBox(box, None, raw, form)
+            first = first or GroundingBox(None, why, raw, form)
+    return first or GroundingBox(None, "no box in the reply")
+
+
+def _check_box(raw: tuple[float, ...], h: float, w: float, coords: str):
+    if not all(math.isfinite(v) for v in raw):
+        return None, "not finite"
+    sx, sy = (w / 1000, h / 1000) if coords == "relative-1000" else (1.0, 1.0)
+    x1, x2 = sorted((raw[0] * sx, raw[2] * sx))
+    y1, y2 = sorted((raw[1] * sy, raw[3] * sy))
+    if x2 - x1 < MIN_BOX_PX or y2 - y1 < MIN_BOX_PX:
+        return None, "degenerate"
+    x1, y1, x2, y2 = max(x1, 0.0), max(y1, 0.0), min(x2, w), min(y2, h)
+    if x2 - x1 < MIN_BOX_PX or y2 - y1 < MIN_BOX_PX:
+        return None, "outside the page"
+    return (x1, y1, x2, y2), None
+
+
+class SecondFixationMap:
+    """Fixation 2's localiser: a callable ``(gist, question) -> [B, Gh, Gw]`` for the cascade.
+
+    With a ``box`` (pixels of the page): the share of each level-0 cell's area inside it,
+    as :class:`~fovea_core.cascade.localisers.OracleLocaliser` makes its map from answer
+    boxes (:func:`~fovea_core.cascade.localisers.answer_mass`); the question is not read.
+    Without (``None``): the ``fallback`` localiser's map (a name of
+    :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable). Either is multiplied
+    by ``1 - (1 - seen_weight) * covered``, ``covered`` the share of each cell under the
+    ``seen`` tokens (in :meth:`FoveatedProcessor.two_fixations`, fixation 1's finest ones;
+    :func:`~fovea_core.cascade.allocator.covered_share`), so fixation 2 reads first what
+    fixation 1 did not (``seen_weight = 1``: the map as it is).
+    """
+
+    def __init__(self, box, fallback="learned", seen: TokenSet | None = None,
+                 seen_weight: float = SEEN_WEIGHT):
+        self.box = None if box is None else tuple(float(v) for v in box)
+        self.fallback = fallback
+        self.seen = seen
+        self.seen_weight = float(seen_weight)
+
+    def __repr__(self) -> str:
+        where = (f"box=({', '.join(f'{v:.1f}' for v in self.box)})" if self.box is not None
+                 else f"fallback={self.fallback!r}")
+        return f"SecondFixationMap({where}, seen_weight={self.seen_weight:g})"
+
+    def __call__(self, g, query: str | None) -> torch.Tensor:
+        from fovea_core.cascade.allocator import covered_share
+        from fovea_core.cascade.localisers import answer_mass, get_localiser
+
+        h, w = g.image_size
+        grid = (math.ceil(h / g.patch), math.ceil(w / g.patch))
+        b = g.tokens.batch_size
+        if self.box is not None:
+            m = answer_mass([self.box], g.image_size, g.patch)[None].expand(b, *grid)
+        else:
+            m = get_localiser(self.fallback)(g, query).float()
+        if self.seen is not None and self.seen_weight < 1:
+            cov = covered_share(self.seen, grid, g.patch).to(m)
+            m = m * (1 - (1 - self.seen_weight) * cov)
+        return m.contiguous()
+
+
+@dataclass(frozen=True)
+class FixationCounts:
+    """Token counts of :meth:`FoveatedProcessor.two_fixations`.
+
+    Attributes:
+        first: ``N1``, fixation 1's tokens (gist and fovea).
+        second: ``N2 = N - N1``, fixation 2's (fovea only).
+        total: ``N = N1 + N2``, the image tokens of the answer prompt (compare with a
+            single fixation, e.g. ``resize``, at this N).
+        repeated: fixation 2's tokens on the merged cell of one of fixation 1's (the same
+            M-RoPE ids) at a level within a quarter octave of it: near copies.
+        prefill_image_tokens: ``N1 + N``, image tokens through the vision tower and the LM
+            prefill over both calls (fixation 1's are read twice).
+        prefill_tokens: LM prefill tokens of both calls, text included.
+        reply_tokens: tokens the grounding call generated.
+    """
+
+    first: int
+    second: int
+    total: int
+    repeated: int
+    prefill_image_tokens: int
+    prefill_tokens: int
+    reply_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class TwoFixations:
+    """The result of :meth:`FoveatedProcessor.two_fixations`.
+
+    Attributes:
+        inputs: the answer prompt's ``BatchFeature`` for ``model.generate(**inputs)``: N
+            image tokens of both fixations; ``inputs.foveation`` is their union (a
+            :class:`~fovea_core.foveation.Foveation`, ``tokens.stage`` 0 / 1 / 2 for
+            fixation 1's gist, its fovea and fixation 2). Its ``cost`` counts what the
+            allocators read (both calls); the grounding call's model compute is in
+            ``counts``.
+        first_inputs: the grounding prompt's ``BatchFeature`` (``N1`` image tokens).
+        first: fixation 1's Foveation (``N1`` tokens).
+        second: fixation 2's Foveation (its ``N2`` fovea tokens; the gist it shared with
+            fixation 1 left out, and from its cost).
+        reply: the grounding reply as decoded (special tokens kept).
+        grounding: the :class:`GroundingBox` parsed from it.
+        counts: :class:`FixationCounts`.
+        output: what the grounding call's ``model.generate`` returned.
+    """
+
+    inputs: Any
+    first_inputs: Any
+    first: Any
+    second: Any
+    reply: str
+    grounding: GroundingBox
+    counts: FixationCounts
+    output: Any
+
+    @property
+    def box(self) -> tuple[float, float, float, float] | None:
+        """The box fixation 2 read (pixels of the resized page), or ``None``."""
+        return self.grounding.box
+
+    @property
+    def path(self) -> str:
+        """``"box"`` (fixation 2 read the model's box) or ``"fallback"`` (the cascade's map)."""
+        return "box" if self.grounding.box is not None else "fallback"
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why there was no box (:attr:`GroundingBox.reason`), or ``None``."""
+        return self.grounding.reason
+
+
+def _int_in(name: str, value: Any, low: int, high: int | None) -> int:
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or \
+            value < low or (high is not None and value > high):
+        where = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an int {where}, got {value!r}")
+    return int(value)
+
+
+def _select(t: TokenSet, keep: torch.Tensor) -> TokenSet:
+    """The tokens of a one-image TokenSet where ``keep [N]`` is True."""
+    return TokenSet(t.centers[:, keep], t.levels[:, keep], t.scores[:, keep], t.fixations,
+                    t.image_size, t.patch, None if t.stage is None else t.stage[:, keep])
+
+
+def _repeated(t1: TokenSet, t2: TokenSet, grid_hw: tuple[int, int]) -> int:
+    """Tokens of ``t2`` on the merged cell of a ``t1`` token (so with its M-RoPE ids) at a
+    level within a quarter octave of it: near copies of a token the model already has."""
+    c1 = merged_cells(t1, grid_hw)[0]
+    c2 = merged_cells(t2, grid_hw)[0]
+    same = (c2[:, None] == c1[None]).all(-1)                                  # [N2, N1]
+    near = (t2.levels[0][:, None] - t1.levels[0][None]).abs() <= 0.25
+    return int((same & near).any(1).sum())
+
+
+def _forget_rope_deltas(model: Any) -> None:
+    """Drop the ``rope_deltas`` a Qwen-VL model keeps from its last generate (the next
+    call then starts from its own inputs)."""
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "rope_deltas"):
+        inner.rope_deltas = None
+
+
+def _union_cost(c1, c2, n: int):
+    """The cost record of both fixations' tokens: N tokens, what both allocators read."""
+    from fovea_core.foveation import LABELS, Cost
+
+    extra = c1.scorer_tokens + c1.alloc_read_tokens + c2.scorer_tokens + c2.alloc_read_tokens
+    flops = (None if c1.side_flops is None and c2.side_flops is None
+             else (c1.side_flops or 0.0) + (c2.side_flops or 0.0))
+    return Cost(tokens=n, scorer=c1.scorer, scorer_tokens=c1.scorer_tokens + c2.scorer_tokens,
+                alloc_read_tokens=c1.alloc_read_tokens + c2.alloc_read_tokens,
+                total_tokens=float(n + extra), side_pixels=c1.side_pixels + c2.side_pixels,
+                side_ms=c1.side_ms + c2.side_ms, side_flops=flops,
+                reads_text=c1.reads_text or c2.reads_text,
+                label=max(c1.label, c2.label, key=LABELS.index))
