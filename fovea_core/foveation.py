@@ -507,7 +507,15 @@ def _accepted_options(method: str) -> list[str]:
 
     fn = ALLOCATORS[method]
     if INFO[method]["family"] == "cascade":          # its registered wrapper takes **kw
-        from fovea_core.cascade.allocator import cascade as fn
+        from fovea_core.cascade.allocator import RUNNERS, cascade, cascade_parts
+
+        run = RUNNERS.get(method)                    # a cascade with stages of its own
+        params = set(inspect.signature(cascade).parameters)
+        if run is not None:
+            params |= set(inspect.signature(run).parameters) - set(
+                inspect.signature(cascade_parts).parameters)
+        skip = {"pyramid", "scores", "budget", "query", "kw", "kwargs", "params", "gist_obj"}
+        return sorted(params - skip)
     else:                                            # a registered variant wraps its function
         fn = inspect.getclosurevars(fn).nonlocals.get("fn", fn)
     params = inspect.signature(fn).parameters

@@ -26,3 +26,4 @@ from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_local
 __all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "place_fovea",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
            "OracleLocaliser", "get_localiser"]
+import fovea_core.cascade.reading  # noqa: E402,F401  (registers "cascade_read")

@@ -40,7 +40,7 @@ from fovea_core.tokens import TokenSet
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
            "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
            "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
-           "REGISTERED", "registered_parts"]
+           "REGISTERED", "RUNNERS", "registered_parts"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -503,6 +503,11 @@ def _check_fixation(pyramid: Pyramid, fixation) -> None:
 
 #: the keyword defaults of each registered cascade (``{name: {"localiser": ..., ...}}``)
 REGISTERED: dict[str, dict] = {}
+#: registered cascades that run their own stages instead of :func:`cascade_parts`
+#: (``{name: parts function}``, called as :func:`registered_parts` calls
+#: :func:`cascade_parts`; what it returns has :class:`CascadeParts`' fields first), e.g. the
+#: read-then-look cascade ``"cascade_read"`` of :mod:`fovea_core.cascade.reading`
+RUNNERS: dict[str, Callable] = {}
 
 
 def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixation=None,
@@ -512,7 +517,8 @@ def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixati
     ``allocate(name, ...)`` does and return every intermediate, its side cost included
     (:attr:`CascadeParts.side`), so that a caller that needs the cost gets it from the run
     that made the tokens. ``scores``, ``fixation`` and ``seed`` are held to the shared rules
-    and otherwise ignored, as in :func:`cascade`."""
+    and otherwise ignored, as in :func:`cascade`. A name in :data:`RUNNERS` runs its own
+    stages (e.g. ``"cascade_read"``) and returns its own parts."""
     if name not in REGISTERED:
         raise ValueError(f"{name!r} is not a registered cascade; registered: "
                          f"{', '.join(REGISTERED)}")
@@ -521,8 +527,8 @@ def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixati
 
         _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
     _check_fixation(pyramid, fixation)
-    return cascade_parts(pyramid, budget, query=query, patch=patch,
-                         **{**REGISTERED[name], **kw})
+    run = RUNNERS.get(name, cascade_parts)
+    return run(pyramid, budget, query=query, patch=patch, **{**REGISTERED[name], **kw})
 
 
 def _registered(name: str, **defaults):

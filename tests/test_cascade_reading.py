@@ -1,0 +1,376 @@
+"""The read-then-look cascade (:mod:`fovea_core.cascade.reading`, registered ``"cascade_read"``).
+
+One synthetic page of 768 px (:func:`fovea_book.eval.documents.make_document`) is read once
+by the OCR (the read is cached by the view's hash, in memory and on disk); every other test
+reads hand-made lines or a reader replaced by the test. The localiser of the page tests is
+a map on the table's "Total" label (the question's key is then legible in fixation 1's view
+by construction), so what is tested is the reading and the second look, not the localiser.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from fovea_core import build_pyramid
+from fovea_core.cascade import reading
+from fovea_core.cascade.allocator import cascade_parts, covered_share
+from fovea_core.cascade.localisers import answer_mass
+from fovea_core.cascade.reading import (DEFAULT_GEOMETRY, NAME, STAGE_SECOND, AnswerGeometry,
+                                        Rect, best_matches, match_lines, question_cues,
+                                        read_map, reading_parts, split_budget)
+from fovea_core.importance.text import TextRead
+from fovea_core.tokens import TokenSet
+
+N = 273
+QUESTION = "What is the total in the table?"
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def page():
+    """``(document, pyramid, label localiser, answer boxes)`` of one 768 px paper page."""
+    from fovea_book.eval.documents import make_document
+    from fovea_core.foveation import load_image
+
+    doc = make_document(0, width=768, height=768)
+    label = next(e for e in doc.elements if e.text == "Total")
+    q = next(q for q in doc.questions if q.field == "total")
+    assert q.question == QUESTION
+    pyr = build_pyramid(load_image(doc.image))         # as foveate() builds it
+
+    def at_label(g, query):                             # the key, where fixation 1 reads
+        return answer_mass([label.box], g.image_size)[None]
+
+    return doc, pyr, at_label, q.boxes
+
+
+@pytest.fixture(scope="module")
+def run(page):
+    """The page read once (the only OCR call of this file; cached by the view's hash)."""
+    _, pyr, at_label, _ = page
+    return reading_parts(pyr, N, query=QUESTION, localiser=at_label)
+
+
+def _share(tokens: TokenSet, stages, boxes) -> float:
+    """Share of the answer boxes' area under the footprints of the tokens of ``stages``."""
+    sel = torch.isin(tokens.stage[0], torch.tensor(stages))
+    sub = TokenSet(tokens.centers[:, sel], tokens.levels[:, sel], tokens.scores[:, sel],
+                   tokens.fixations, tokens.image_size, tokens.patch)
+    ans = answer_mass(boxes, tokens.image_size, tokens.patch)
+    cov = covered_share(sub, tuple(ans.shape), tokens.patch)[0]
+    return float((cov * ans).sum() / ans.sum())
+
+
+def _lines(*rows) -> TextRead:
+    """A hand-made read: ``(text, (x0, y0, x1, y1)[, conf])`` per line."""
+    texts = tuple(r[0] for r in rows)
+    boxes = np.array([r[1] for r in rows], np.float32).reshape(-1, 4)
+    conf = np.array([r[2] if len(r) > 2 else 0.99 for r in rows], np.float32)
+    return TextRead(boxes, texts, conf)
+
+
+def _no_ocr(view):
+    raise AssertionError("the OCR should not run here")
+
+
+# ----------------------------------------------------------------------------- the page
+def test_exactly_n_distinct_tokens_in_three_labelled_stages(run):
+    t = run.tokens
+    assert t.budget == N and t.batch_size == 1 and bool(t.is_distinct()[0])
+    n_first, n_second = split_budget(N, run.gist.budget, reading.FIRST_SHARE)
+    counts = {s: int((t.stage[0] == s).sum()) for s in (0, 1, STAGE_SECOND)}
+    assert counts == {0: run.gist.budget, 1: n_first, STAGE_SECOND: n_second}
+    assert sum(counts.values()) == N and n_first >= 1 and n_second >= 1
+    # fixation 2 is read at its recorded level; fixation 1's tokens are the cascade's own
+    assert torch.allclose(t.levels[0][t.stage[0] == STAGE_SECOND], run.levels[0])
+    assert torch.equal(t.centers[:, :run.gist.budget + n_first], run.first.tokens.centers)
+    assert t.fixations.shape == (1, 2, 2)                 # one fixation per look
+    assert run.side is None
+
+
+def test_the_key_read_in_fixation_one_sends_fixation_two_to_the_answer(page, run):
+    _, pyr, at_label, boxes = page
+    r = run.readings[0]
+    assert run.paths == ("read",) and r.reason == ""
+    assert r.matches and r.matches[0].kind == "key" and r.matches[0].cue == "total"
+    assert r.ocr_ms > 0 and r.view_pixels == 768 * 768 and r.first_tokens == N - (
+        run.tokens.stage[0] == STAGE_SECOND).sum()
+    first, second = _share(run.tokens, [1], boxes), _share(run.tokens, [STAGE_SECOND], boxes)
+    one = cascade_parts(pyr, N, query=QUESTION, localiser=at_label)       # one fixation
+    alone = _share(one.tokens, [1], boxes)
+    assert second >= 0.9, (first, second, alone)
+    assert second > first + 0.5 and second > alone + 0.5, (first, second, alone)
+    # the read map's mass lies to the key's right, on its row
+    m = run.read_maps[0]
+    key = r.matches[0].span
+    rows = torch.nonzero(m.sum(1) == m.sum(1).max()).flatten() * 16
+    assert float(key[1]) - 16 <= float(rows[0]) <= float(key[3])
+    cols = (m.sum(0) * (torch.arange(m.shape[1]) * 16 + 8)).sum() / m.sum()
+    assert float(cols) > key[2]
+
+
+def test_foveate_runs_it_and_labels_it_budgeted(page, run):
+    from fovea_core.foveation import foveate, uses_question
+
+    doc, _, at_label, _ = page
+    assert uses_question(NAME)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = foveate(doc.image, QUESTION, budget=N, method=NAME, localiser=at_label)
+    assert f.cost.label == "budgeted"
+    assert f.cost.alloc_read_tokens == 0 and f.cost.total_tokens == N and f.cost.side_ms == 0
+    assert torch.equal(f.tokens.centers, run.tokens.centers)      # the same run (cached read)
+    assert torch.equal(f.tokens.stage, run.tokens.stage)
+
+
+# ----------------------------------------------------------------------------- fallback
+def _second_centre(t: TokenSet) -> tuple[float, float]:
+    """Mean centre (base pixels) of the second fixation's tokens."""
+    xy = t.centers_px()[0][t.stage[0] == STAGE_SECOND].mean(0)
+    return float(xy[0]), float(xy[1])
+
+
+def _centre(localiser, pyr) -> tuple[float, float]:
+    """Mass centre (base pixels) of a localiser's map on the page."""
+    from fovea_core.cascade.core import gist
+
+    m = localiser(gist(pyr, 64), None)[0]
+    ys = (torch.arange(m.shape[0]) + 0.5) * 16
+    xs = (torch.arange(m.shape[1]) + 0.5) * 16
+    return float((m.sum(0) * xs).sum() / m.sum()), float((m.sum(1) * ys).sum() / m.sum())
+
+
+def test_nothing_read_falls_back_to_the_localiser_and_says_so(page, run, monkeypatch):
+    _, pyr, at_label, _ = page
+    empty = TextRead(np.zeros((0, 4), np.float32), (), np.zeros(0, np.float32))
+    monkeypatch.setattr(reading, "read_view", lambda view: empty)
+    p = reading_parts(pyr, N, query=QUESTION, localiser=at_label)
+    assert p.paths == ("localiser",) and p.readings[0].reason == "nothing read"
+    assert p.readings[0].matches == () and float(p.read_maps.abs().sum()) == 0
+    t = p.tokens
+    assert t.budget == N and bool(t.is_distinct()[0])
+    assert set(t.stage[0].tolist()) == {0, 1, STAGE_SECOND}
+    # fixation 2 follows the localiser's map: around the label it points at (fixation 1
+    # read the label itself), where the read path goes to the label's right
+    lx, ly = (page_label_centre := _centre(at_label, pyr))
+    cx, cy = _second_centre(t)
+    assert abs(cx - lx) < 60 and abs(cy - ly) < 60, ((cx, cy), page_label_centre)
+    assert _second_centre(run.tokens)[0] > lx + 150
+    # a read that matches nothing: the same fallback, another reason
+    other = _lines(("Annals of Token Allocation", (108, 24, 273, 47)))
+    monkeypatch.setattr(reading, "read_view", lambda view: other)
+    q = reading_parts(pyr, N, query=QUESTION, localiser=at_label)
+    assert q.paths == ("localiser",) and q.readings[0].reason == "no match"
+    assert torch.equal(q.tokens.centers, t.centers)
+    # no question: no reading at all
+    monkeypatch.setattr(reading, "read_view", _no_ocr)
+    r = reading_parts(pyr, N, query=None, localiser=at_label)
+    assert r.paths == ("localiser",) and r.readings[0].reason == "no question"
+    assert r.readings[0].ocr_ms == 0 and r.readings[0].view_pixels == 0
+    # a question with nothing to look for (no key, word or pattern): not read either
+    r = reading_parts(pyr, N, query="What is the title?", localiser=at_label)
+    assert r.paths == ("localiser",) and r.readings[0].reason == "no cue"
+    assert torch.equal(r.tokens.centers, t.centers)
+
+
+# ----------------------------------------------------------------------------- match rules
+def test_cues_of_a_question():
+    c = question_cues("What is the total amount for Sensors?")
+    assert c.keys == ("total", "amount") and c.words == ("sensors",)
+    assert c.patterns == ("amount",)
+    assert question_cues("When was this issue published?").patterns == ("date",)
+    assert not question_cues("Who is the first author?").patterns
+    assert not question_cues(None) and not question_cues("")
+
+
+def test_a_key_on_its_line_and_the_amount_to_its_right():
+    size = (400, 300)
+    read = _lines(("SUB-TOTAL", (10, 100, 80, 112)), ("11.00", (240, 100, 280, 112)),
+                  ("TOTAL:", (10, 120, 60, 132)), ("12.50", (240, 120, 280, 132)),
+                  ("CASH 20.00", (10, 160, 280, 172)))
+    m = match_lines("What is the total?", read, size)
+    kept = best_matches(m)
+    # the TOTAL label and the amount on its row lead; SUB-TOTAL's "TOTAL" is not a label
+    assert (kept[0].kind, kept[0].line) == ("key", 2) and kept[0].score == 1.0
+    assert (kept[1].kind, kept[1].cue, kept[1].line) == ("pattern", "amount", 3)
+    assert kept[1].score == pytest.approx(1.0)
+    # the amount beside SUB-TOTAL comes next (its key is in running text: half the weight)
+    half = reading.PATTERN_ALONE + (1 - reading.PATTERN_ALONE) * reading.RUNNING_TEXT
+    assert [(k.line, round(k.score, 6)) for k in kept[2:]] == [(1, half)]
+    sub = next(x for x in m if x.line == 0)
+    assert sub.kind == "key" and sub.score == pytest.approx(reading.RUNNING_TEXT)
+    cash = next(x for x in m if x.line == 4)
+    assert cash.kind == "pattern" and cash.score == pytest.approx(reading.PATTERN_ALONE)
+    # the map: mass on the key's row to its right and on the amount, none far above
+    mp = read_map(kept, read, size, patch=16)
+    assert mp.shape == (25, 19)
+    assert float(mp[7, 15]) > float(mp[7, 10]) > 0          # row of y = 120: the amount's
+    assert float(mp[7, :3].sum()) == 0                       # cell stands out; the key and
+    assert float(mp[:5].sum()) == 0                          # what lies left of it, above: 0
+
+
+def test_a_key_inside_a_line_points_at_the_rest_of_the_line():
+    read = _lines(("DATE:12/03/2019 10:15", (10, 40, 230, 52)))
+    m = best_matches(match_lines("What is the date?", read, (300, 240)))
+    assert [x.kind for x in m] == ["key", "pattern"]
+    key, pat = m
+    assert key.span[2] < pat.span[0] + 1                       # the date lies right of DATE
+    assert pat.text[int(round((pat.span[0] - 10) / 220 * len(pat.text))):].startswith("12/03")
+
+
+@pytest.mark.parametrize("text", ["12/03/2019", "2019-03-12", "12.03.19", "12 MAR 2019",
+                                  "March 12, 2019", "July 8, 2004"])
+def test_a_date_pattern(text):
+    read = _lines(("INV NO: 4411", (10, 10, 120, 22)), (text, (10, 40, 130, 52)))
+    m = best_matches(match_lines("When was this issued?", read, (200, 200)))
+    assert [(x.kind, x.cue, x.line) for x in m] == [("pattern", "date", 1)]
+    assert m[0].regions and m[0].regions[0][0] < 10 + 1e-6 + DEFAULT_GEOMETRY.pattern_pad * 12
+
+
+@pytest.mark.parametrize("text,hit", [("3,215.99", True), ("RM 12.50", True), ("12,50", True),
+                                      ("12.03.2019", False), ("2004", False), ("Qty 12", False)])
+def test_an_amount_pattern(text, hit):
+    read = _lines((text, (10, 40, 130, 52)))
+    m = match_lines("How much does it cost?", read, (200, 200))
+    assert bool(m) == hit and all(x.kind == "pattern" and x.cue == "amount" for x in m)
+
+
+def test_a_word_of_the_question_and_an_ocr_slip():
+    read = _lines(("Item", (10, 10, 40, 22)), ("Sensors", (10, 40, 70, 52)),
+                  ("Lenses", (10, 60, 70, 72)), ("216.81", (200, 40, 250, 52)),
+                  ("99.10", (200, 60, 250, 72)))
+    m = best_matches(match_lines("What is the price of Sensors?", read, (100, 300)))
+    assert (m[0].kind, m[0].cue, m[0].line) == ("pattern", "amount", 3)   # on Sensors' row
+    assert any((x.kind, x.cue, x.line) == ("word", "sensors", 1) for x in m)
+    assert all(x.line not in (2, 4) for x in m)
+    slip = match_lines("What is the total?", _lines(("TOTAI", (10, 10, 60, 22))), (50, 100))
+    assert [(x.kind, x.cue) for x in slip] == [("key", "total")]
+    faint = match_lines("What is the total?", _lines(("TOTAL", (10, 10, 60, 22), 0.3)), (50, 100))
+    assert faint == []                                        # below MATCH_MIN_CONF
+
+
+def test_no_match_gives_no_map():
+    read = _lines(("TOTAL", (10, 10, 60, 22)), ("12.50", (200, 10, 250, 22)))
+    assert match_lines("Who is the first author?", read, (100, 300)) == []
+    assert match_lines(None, read, (100, 300)) == []
+    assert float(read_map([], read, (100, 300)).sum()) == 0
+    # a question word in running text is matched but does not lead a second look alone
+    prose = _lines(("the first results of the study", (10, 40, 250, 52)))
+    m = match_lines("Who is the first author?", prose, (100, 300))
+    assert [(x.kind, x.cue) for x in m] == [("word", "first")] and best_matches(m) == []
+
+
+def test_the_geometry_is_a_parameter():
+    read = _lines(("TOTAL", (10, 100, 60, 112)))
+    below = AnswerGeometry((Rect("left", 0.0, 10.0, 1.0, 2.0),), presence_floor=1.0)
+    m = best_matches(match_lines("What is the total?", read, (300, 300), geometry=below))
+    (x0, y0, x1, y1, w), = m[0].regions
+    assert (x0, y0, x1, y1, w) == pytest.approx((10, 112, 130, 124, 1.0))
+    mp = read_map(m, read, (300, 300), geometry=below)
+    assert float(mp[7].sum()) > 0 and float(mp[6].sum()) == 0 and float(mp[:, 9:].sum()) == 0
+    with pytest.raises(ValueError, match="anchor"):
+        Rect("above", 0, 1, 0, 1)
+    with pytest.raises(ValueError, match="presence_floor"):
+        AnswerGeometry((Rect("left", 0, 1, 0, 1),), presence_floor=2.0)
+
+
+# ----------------------------------------------------------------------------- small pages
+@pytest.fixture(scope="module")
+def small():
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(2, 3, 128, 160, generator=g) * 0.2 + 0.8
+    img[:, :, 40:50, 20:140] = 0.1                             # a line of "text"
+    return build_pyramid(img)
+
+
+def test_a_batch_is_read_page_by_page(small, monkeypatch):
+    """A batch of two pages equals each page run alone (images loop; tokens do not)."""
+    line = _lines(("TOTAL", (20, 40, 50, 50)), ("9.90", (120, 40, 140, 50)))
+    monkeypatch.setattr(reading, "read_view", lambda view: line)
+    kw = dict(query="What is the total?", localiser="uniform")
+    both = reading_parts(small, 48, **kw)
+    assert both.paths == ("read", "read") and both.tokens.batch_size == 2
+    for i in range(2):
+        one = reading_parts(build_pyramid(small.base[i:i + 1]), 48, **kw)
+        assert torch.allclose(both.tokens[i].centers, one.tokens.centers)
+        assert torch.equal(both.tokens[i].levels, one.tokens.levels)
+        assert bool(one.tokens.is_distinct()[0])
+
+
+def test_the_smallest_budget_reads_the_gist_alone(small, monkeypatch):
+    monkeypatch.setattr(reading, "read_view", _no_ocr)
+    one = build_pyramid(small.base[:1])
+    low = reading_parts(one, 5, localiser="uniform")        # gist of 4 + one token
+    assert low.tokens.budget == 5 and bool(low.tokens.is_distinct()[0])
+    assert sorted(low.tokens.stage[0].tolist()) == [0, 0, 0, 0, STAGE_SECOND]
+    assert split_budget(5, 4, 0.5) == (0, 1) and split_budget(20, 4, 0.5) == (6, 10)
+    assert split_budget(20, 4, 0.01) == (1, 15) and split_budget(20, 4, 0.99) == (15, 1)
+
+
+def test_bad_arguments_name_the_argument(small):
+    one = build_pyramid(small.base[:1])
+    for bad in (0, 1, 1.5, -0.2, float("nan"), "0.5", True):
+        with pytest.raises(ValueError, match="first_share"):
+            reading_parts(one, 48, first_share=bad, localiser="uniform")
+    for budget in (4, 3, 0, 10_000):                         # no token after the gist of 4
+        with pytest.raises(ValueError, match="budget"):
+            reading_parts(one, budget, localiser="uniform")
+    with pytest.raises(ValueError, match="budget.*two fixations"):
+        split_budget(4, 4, 0.5)
+    with pytest.raises(ValueError, match="side"):
+        reading_parts(one, 48, localiser="uniform", side="text")
+
+
+# ----------------------------------------------------------------------------- registry
+def test_it_is_registered_listed_and_budgeted(small):
+    from fovea_core.cost import alloc_read_tokens, side_compute, uses_scores
+    from fovea_core.foveation import method_names
+    from fovea_core.methods import ALLOCATORS, INFO, allocate
+
+    assert NAME == "cascade_read" and NAME in ALLOCATORS and NAME in method_names()
+    info = INFO[NAME]
+    assert info["family"] == "cascade" and info["kind"] == "fixed"
+    assert not uses_scores(NAME) and not side_compute(NAME)
+    assert alloc_read_tokens(NAME, small) == 0 and info["reads"](small) == 0
+    t = allocate(NAME, small, None, 40, localiser="uniform")  # no question: no reading
+    assert t.budget == 40 and bool(t.is_distinct().all())
+    assert set(t.stage.unique().tolist()) == {0, 1, STAGE_SECOND}
+    assert math.isclose(float(reading.FIRST_SHARE), 0.5)
+
+
+@pytest.mark.parametrize("size", [(128, 128), (96, 160), (200, 136)])
+def test_the_allocator_contract_from_the_smallest_to_the_largest_budget(size):
+    """As ``tests/test_allocators.py`` holds every method: exactly N distinct tokens in the
+    page, the same for any score map and on a second run, at the cascade's smallest budget
+    (its gist plus one token), a middle one and every level-0 cell (no question; the
+    localiser is the gist's ink, a map with structure that loads no network)."""
+    from fovea_core.cascade.allocator import budget_range
+    from fovea_core.cascade.core import gist_to_grid
+    from fovea_core.methods import allocate
+
+    def ink(g, query):
+        return gist_to_grid(1 - g.image.mean(1), g, mode="mean")
+
+    g = torch.Generator().manual_seed(size[0])
+    pyr = build_pyramid(torch.rand(2, 3, *size, generator=g))
+    lo, hi = budget_range(size, num_levels=pyr.num_levels)
+    gh, gw = pyr.grid_shape(16, 0)
+    for n in (lo, (lo + hi) // 2, hi):
+        t = allocate(NAME, pyr, torch.rand(2, gh, gw, generator=g), n, localiser=ink)
+        assert t.budget == n and bool(t.is_distinct().all()), n
+        assert bool((t.levels >= 0).all()) and float(t.levels.max()) <= pyr.num_levels - 1
+        again = allocate(NAME, pyr, torch.rand(2, gh, gw, generator=g), n, localiser=ink)
+        assert torch.equal(t.centers, again.centers) and torch.equal(t.levels, again.levels)
+
+
+def test_foveate_accepts_the_read_cascades_own_options_and_only_for_it():
+    from fovea_core.foveation import _accepted_options
+
+    assert {"first_share", "geometry"} <= set(_accepted_options("cascade_read"))
+    assert not {"first_share", "geometry"} & set(_accepted_options("cascade"))
+    assert set(_accepted_options("cascade")) < set(_accepted_options("cascade_read"))
