@@ -59,7 +59,7 @@ __all__ = ["BOOK_DOCS", "N_REF", "book_datasets", "chapter_sweep", "family_text"
 SYNTHETIC_SEED = 1000
 #: documents per dataset in each profile, ``(synthetic pages, SROIE receipts)``: the
 #: published (default) book evaluates all 40 dev receipts and 60 synthetic pages, so every
-#: verdict rests on at least ``stats.MIN_DOCS`` = 20 documents per dataset (PROTOCOL.md)
+#: verdict rests on at least ``stats.MIN_DOCS`` = 20 documents per dataset (the evaluation protocol, ``book/protocol.md``)
 BOOK_DOCS = {"smoke": (3, 2), "default": (60, 40), "full": (200, 40)}
 #: the reference budget the seeds' numbers refer to
 N_REF = 273

@@ -37,7 +37,7 @@ __all__ = ["MIN_DOCS", "N_BOOT", "ALPHA", "too_few", "target_row", "target_verdi
            "family_with_chosen", "curve_kept_at",
            "curve_budget_at", "saving_factor", "prefill_flops"]
 
-#: fewest documents behind any verdict word (PROTOCOL.md)
+#: fewest documents behind any verdict word (the evaluation protocol, ``book/protocol.md``)
 MIN_DOCS = 20
 #: bootstrap resamples of every CI
 N_BOOT = 2000

@@ -313,7 +313,7 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "allocator", "bu
     return pd.DataFrame(out)
 
 
-#: the baselines every ranked table starts with (PROTOCOL.md): the ceiling and the plain resize
+#: the baselines every ranked table starts with (the evaluation protocol, ``book/protocol.md``): the ceiling and the plain resize
 BASELINES = ("full", "resize")
 
 
