@@ -150,7 +150,7 @@ def test_a_corrupted_file_names_the_file_and_leaves_nothing(mirror) -> None:
     entry = next(f for f in ds.files if f.dest == "box/000.csv")
     message = str(err.value)
     assert "sroie-dev/box/000.csv" in message and "data/box/000.csv" in message
-    assert entry.sha256 in message and F._file_sha256(bad) in message
+    assert entry.sha256 in message and F.file_digest(bad) in message
     assert leftovers(dest) == []
 
 

@@ -134,6 +134,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from fovea_book.paths import data_dir
+from fovea_core.paths import file_digest
 
 __all__ = [
     "BASE_URL_ENV", "DEFAULT_BASE_URL", "IMAGES_ENV", "MANIFEST_PATH", "ChecksumError",
@@ -378,14 +379,6 @@ def _download(url: str, target: Path, retries: int = RETRIES) -> tuple[str, int]
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_folder(dataset: Dataset, folder: str | Path) -> list[str]:
     """Problems of an existing dataset folder: one line per missing or differing file.
 
@@ -402,7 +395,7 @@ def check_folder(dataset: Dataset, folder: str | Path) -> list[str]:
         if f.size is not None and p.stat().st_size != f.size:
             problems.append(f"{f.dest}: {p.stat().st_size} bytes, expected {f.size}")
             continue
-        actual = _file_sha256(p)
+        actual = file_digest(p)
         if actual != f.sha256:
             problems.append(f"{f.dest}: SHA-256 {actual}, expected {f.sha256}")
     return problems

@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fovea_core.paths import file_digest  # noqa: F401  (re-exported for the book's modules)
-
 
 class DatasetNotFound(FileNotFoundError):
     """An external dataset is not where ``FOVEA_DATA`` says; the message says how to fix it."""
