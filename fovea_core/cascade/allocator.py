@@ -9,6 +9,9 @@ Registered names (all take the keyword parameters of :func:`cascade`):
 ``cascade_prior``         the learned localiser without the question (query-agnostic)
 ``cascade_text``          the learned localiser with the text detector as side compute
                           (:mod:`fovea_core.cascade.side`: where text is and how tall)
+``cascade_paper``         the learned localiser on the sheet of paper it finds in the gist
+                          (:func:`~fovea_core.cascade.learned.paper_region`: a photograph's
+                          receipt on a table is localised as if it filled the frame)
 ========================  ===================================================================
 
 The allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
@@ -26,7 +29,7 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.base import check_budget
-from fovea_core.allocators.grid import resize_grid, resize_scales
+from fovea_core.allocators.grid import resize, resize_grid, resize_scales
 from fovea_core.allocators.registry import register
 from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, place_fovea,
                                      foveate_regions, gist, gist_to_grid, look_ink,
@@ -286,10 +289,11 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
                   context_weight: float = 0.5, patch: int = 16,
                   gist_obj: Gist | None = None, side: str | None = None,
-                  fovea: str = "core") -> CascadeParts:
+                  fovea: str = "core", resize_within: float | None = None) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
-    page share it)."""
+    page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
+    parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level."""
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     if fovea not in FOVEAE:
@@ -314,8 +318,10 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     if rest < 1:
         raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "
                          "none for the fovea; use a smaller gist_budget")
-    loc = get_localiser(localiser)(g, query).float()
     gh, gw = pyramid.grid_shape(patch, 0)
+    if resize_within is not None and gh * gw <= _check_within(resize_within) * budget:
+        return _as_resize(pyramid, g, budget, patch)
+    loc = get_localiser(localiser)(g, query).float()
     if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
         raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
                          f"{(pyramid.batch_size, gh, gw)}")
@@ -381,6 +387,27 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     return CascadeParts(tokens, g, loc, levels, cost)
 
 
+def _check_within(resize_within) -> float:
+    """``resize_within`` as a float: a finite number >= 0 (0: never spend like ``resize``)."""
+    if not _is_number(resize_within) or not (math.isfinite(float(resize_within))
+                                             and float(resize_within) >= 0):
+        raise ValueError(f"cascade: resize_within must be None or a finite number >= 0 (a "
+                         f"multiple of the budget), got {resize_within!r}")
+    return float(resize_within)
+
+
+def _as_resize(pyramid: Pyramid, g: Gist, budget: int, patch: int) -> CascadeParts:
+    """The budget spent as :func:`~fovea_core.allocators.grid.resize` spends it, as
+    :class:`CascadeParts`: the page's gist (already computed; its tokens are not used), the
+    resize's ``budget`` tokens (all stage 0), a flat map (the resize favours no cell) and
+    the resize's level for every image."""
+    gh, gw = pyramid.grid_shape(patch, 0)
+    flat = torch.full((pyramid.batch_size, gh, gw), 1.0 / (gh * gw))
+    tokens = resize(pyramid, flat, budget, patch=patch)
+    level = resize_grid(pyramid.image_size, budget, patch)[2]
+    return CascadeParts(tokens, g, flat, torch.full((pyramid.batch_size,), float(level)))
+
+
 def _image(pyramid: Pyramid, b: int) -> Pyramid:
     """Image ``b`` of ``pyramid`` as a pyramid of one (the pyramid itself when it holds one,
     so that what is cached on it, such as the area sampler's table, is reused)."""
@@ -425,7 +452,8 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             level: float | str = "auto", legible_px: float = LEGIBLE_PX,
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
-            patch: int = 16, side: str | None = None, fovea: str = "core") -> TokenSet:
+            patch: int = 16, side: str | None = None, fovea: str = "core",
+            resize_within: float | None = None) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
@@ -463,6 +491,13 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     token counts and levels are those of ``"core"``; where the page leaves no room for a
     surround the saccade is the core alone.
 
+    ``resize_within`` (a number >= 0, default ``None``: never): on a page whose level-0 grid
+    holds at most ``resize_within * budget`` cells the budget is spent as
+    :func:`~fovea_core.allocators.grid.resize` spends it (a small page, which a resize
+    already reads near its native resolution). :mod:`fovea_book.eval.resize_rule` fits it
+    on training pages; its fit chose 0 (the cascade read at least as well as ``resize`` at
+    every page size there).
+
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
     held to the shared rule, :func:`~fovea_core.allocators.base.resolve_fixation`: finite,
@@ -488,7 +523,8 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
-                         patch=patch, side=side, fovea=fovea).tokens
+                         patch=patch, side=side, fovea=fovea,
+                         resize_within=resize_within).tokens
 
 
 def _check_fixation(pyramid: Pyramid, fixation) -> None:
@@ -558,7 +594,8 @@ def reads_nothing_else(pyramid: Pyramid) -> int:
 
 for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_gist_query", "gist_query", False),
-                              ("cascade_prior", "learned_prior", True)):
+                              ("cascade_prior", "learned_prior", True),
+                              ("cascade_paper", "learned_paper", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
              reads=reads_nothing_else, uses_scores=False)(_registered(_name, localiser=_loc))
 register("cascade_text", family="cascade", version="cascade", content=True, learned=True,

@@ -1,0 +1,222 @@
+"""When should the cascade spend its budget like ``resize``? A rule fitted on training pages.
+
+The cascade wins where a page is large for its budget: ``resize`` then reads the text too
+small and the fovea zooms in. On a page whose native patch grid is only a few times N,
+``resize`` already reads near native resolution, and a fovea that looks in the wrong place
+loses what the resize would have read. The rule: spend the budget like ``resize`` when the
+page's level-0 grid holds at most ``resize_within * N`` cells
+(:func:`fovea_core.cascade.allocator.cascade_parts`' ``resize_within``).
+
+**Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of ``sroie-train``
+and ``funsd-train`` the localiser was not trained on (its record's held-out fifth and pages
+added to the folders since; :func:`unseen_training_pages`) and synthetic validation pages
+(seeds from :data:`fovea_book.train.VALID_SEED`), each at the scales :data:`SCALES` and
+re-encoded as JPEG (:func:`~fovea_book.eval.photo.photo_like`: a smaller, compressed page, as a phone photograph
+of the same receipt would be), so that the fit sees pages from a few to tens of times N.
+Both ``resize`` and the learned cascade read every page with the book's reader; the chosen
+threshold (:func:`fit_threshold`) maximises the mean over pages of the rule's ANLS among
+:data:`THRESHOLDS` (ties go to the smaller threshold: the cascade unless the data say
+otherwise). No dev page is read.
+
+``python -m fovea_book.eval.resize_rule [--out PATH] [--data-dir DIR]`` runs the fit and
+writes the record (default ``data/models/resize_rule.json``): the pages, the scales, the
+curve (rule ANLS against threshold) and the chosen value, with the commit and versions.
+The record of this repository's fit chose 0 (never resize): on the training pages the
+cascade reads at least as well as ``resize`` at every page size; chapter 14.5 shows the
+curve. ``resize_within`` therefore stays an option of the cascade, not a registered method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fovea_book.eval.document_types import Document
+from fovea_book.eval.photo import JPEG_QUALITY, photo_like
+
+__all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "unseen_training_pages", "grid_ratio", "rule_curve", "fit_threshold",
+           "default_record_path", "read_record", "main"]
+
+#: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
+SCALES = (1.0, 0.5, 0.25)
+#: candidate thresholds (multiples of N; 0 = never resize, the plain cascade)
+THRESHOLDS = (0.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+#: a rescaled page must hold at least this many times N cells (the cascade needs its gist
+#: and a fovea; ``resize`` at N needs N cells)
+MIN_RATIO = 1.05
+
+
+def grid_ratio(doc: Document, budget: int = 273, patch: int = 16) -> float:
+    """The page's level-0 patch grid ``ceil(H / patch) * ceil(W / patch)`` over ``budget``:
+    the quantity the rule thresholds."""
+    h, w = doc.size
+    return math.ceil(h / patch) * math.ceil(w / patch) / budget
+
+
+def unseen_training_pages(record: Mapping, *, data_dir=None, synthetic: int = 12,
+                          forms: int | None = 12) -> dict[str, list[Document]]:
+    """Training pages the localiser of ``record`` (its training record, the JSON beside the
+    weights) never trained on: ``{"sroie-train": [...], "funsd-train": [...],
+    "synthetic": [...]}``.
+
+    Real pages: every page of the folder that is not among the record's training
+    ``page_ids`` (so its held-out fifth and pages added since), sorted by id; ``forms``
+    caps the FUNSD pages (the first by ``crc32`` of their id; forms ask many questions
+    each). Synthetic pages: ``synthetic`` pages from the validation seeds
+    (:data:`fovea_book.train.VALID_SEED`), alternating the receipt and paper layouts.
+    A missing folder raises :class:`~fovea_book.paths.DatasetNotFound`."""
+    from fovea_book.eval.funsd import load_funsd
+    from fovea_book.eval.layouts import make_document
+    from fovea_book.eval.sroie import load_sroie
+    from fovea_book.paths import dataset_path
+    from fovea_book.train import VALID_SEED
+
+    sources = record["train"]["sources"]
+    trained = {name: set(sources.get(name, {}).get("page_ids", ()))
+               for name in ("sroie-train", "funsd-train")}
+    root = None if data_dir is None else Path(data_dir)
+    sroie = load_sroie(dataset_path("sroie-train") if root is None else root / "sroie-train",
+                       wording="train", log=lambda _: None)
+    funsd = load_funsd("funsd-train", data_dir=data_dir, wording="train", log=lambda _: None)
+    out = {"sroie-train": [d for d in sroie if d.doc_id not in trained["sroie-train"]]}
+    unseen_forms = sorted((d for d in funsd if d.doc_id not in trained["funsd-train"]),
+                          key=lambda d: zlib.crc32(d.doc_id.encode()))
+    out["funsd-train"] = unseen_forms[:forms] if forms is not None else unseen_forms
+    out["synthetic"] = [make_document(VALID_SEED + i, layout=("receipt", "paper")[i % 2])
+                        for i in range(synthetic)]
+    return out
+
+
+def rule_curve(table: pd.DataFrame, ratios: Mapping[str, float],
+               thresholds: Sequence[float] = THRESHOLDS, *, cascade: str = "cascade | learned",
+               resize: str = "resize") -> pd.DataFrame:
+    """Mean over documents of the rule's ANLS at each threshold.
+
+    ``table``: evaluator rows (``doc_id``, ``qid``, ``allocator``, ``anls``) with both
+    ``cascade`` and ``resize``; ``ratios``: ``{doc_id: grid_ratio}``. The rule reads a
+    document with ``resize`` when its ratio is ``<= threshold``, else with the cascade.
+    Returns one row per threshold: ``threshold``, ``anls`` (the rule), ``resized`` (share of
+    documents sent to ``resize``) and ``n_docs``; ``attrs["cascade"]`` and
+    ``attrs["resize"]`` hold the two methods' own means."""
+    per_doc = (table[table.allocator.isin([cascade, resize])]
+               .groupby(["doc_id", "allocator"]).anls.mean().unstack())
+    missing = {cascade, resize} - set(per_doc.columns)
+    if missing:
+        raise ValueError(f"table has no rows of {sorted(missing)}")
+    per_doc = per_doc.dropna()
+    unknown = set(per_doc.index) - set(ratios)
+    if unknown:
+        raise ValueError(f"no grid ratio for {len(unknown)} documents, e.g. {sorted(unknown)[:3]}")
+    r = np.array([ratios[d] for d in per_doc.index])                         # [D]
+    t = np.asarray(thresholds, dtype=float)                                  # [T]
+    use_resize = r[None, :] <= t[:, None]                                    # [T, D]
+    rule = np.where(use_resize, per_doc[resize].to_numpy()[None], per_doc[cascade].to_numpy()[None])
+    out = pd.DataFrame(dict(threshold=t, anls=rule.mean(1), resized=use_resize.mean(1),
+                            n_docs=len(per_doc)))
+    out.attrs.update(cascade=float(per_doc[cascade].mean()), resize=float(per_doc[resize].mean()))
+    return out
+
+
+def fit_threshold(curve: pd.DataFrame, *, tol: float = 1e-9) -> float:
+    """The threshold of ``curve`` (:func:`rule_curve`) with the highest rule ANLS; among
+    thresholds within ``tol`` of it, the smallest (the cascade unless the data say
+    otherwise)."""
+    if curve.empty:
+        raise ValueError("empty curve: no document to fit on")
+    best = curve.anls.max()
+    return float(curve.threshold[curve.anls >= best - tol].min())
+
+
+def default_record_path() -> Path:
+    """``data/models/resize_rule.json`` of the repository."""
+    from fovea_book.paths import project_root
+
+    return project_root() / "data" / "models" / "resize_rule.json"
+
+
+def read_record(path: str | Path | None = None) -> dict:
+    """The fit's record (:func:`main` writes it)."""
+    p = default_record_path() if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no record of the resize rule's fit; run "
+                                "`python -m fovea_book.eval.resize_rule`")
+    return json.loads(p.read_text())
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fit the rule (see the module docstring) and write its record."""
+    import torch
+
+    from fovea_book.eval.cascade import Method, cascade_method, evaluate
+    from fovea_book.eval.reader import Reader
+    from fovea_core.cascade.learned import weights_path
+
+    ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.resize_rule",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="record path (default "
+                    "data/models/resize_rule.json)")
+    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
+                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
+    ap.add_argument("--synthetic", type=int, default=12)
+    ap.add_argument("--forms", type=int, default=12)
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    record = json.loads(weights_path().with_suffix(".json").read_text())
+    pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
+                                  forms=args.forms)
+    sets: dict[str, list[Document]] = {}
+    for name, docs in pages.items():
+        scaled = [photo_like(d, s) for d in docs for s in SCALES]
+        sets[name] = [d for d in scaled if grid_ratio(d) >= MIN_RATIO]
+        print(f"{name}: {len(docs)} pages, {len(sets[name])} at {len(SCALES)} scales "
+              f"(grid >= {MIN_RATIO} N)", flush=True)
+    methods = [Method("resize", "resize", scorer="none", query_aware=False),
+               cascade_method("cascade | learned", "learned")]
+    table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)
+    ratios = {d.doc_id: grid_ratio(d) for docs in sets.values() for d in docs}
+    curve = rule_curve(table, ratios)
+    chosen = fit_threshold(curve)
+    by_set = {name: rule_curve(table[table.dataset == name], ratios).to_dict("list")
+              for name in sets}
+    out = dict(
+        rule="spend the budget like resize when the level-0 grid holds <= resize_within * N "
+             "cells",
+        resize_within=chosen, budget=273, scales=list(SCALES), jpeg_quality=JPEG_QUALITY,
+        min_ratio=MIN_RATIO, thresholds=list(THRESHOLDS), objective="mean over pages of "
+        "the rule's ANLS (rapidocr); ties to the smaller threshold",
+        curve=curve.to_dict("list"), cascade_anls=curve.attrs["cascade"],
+        resize_anls=curve.attrs["resize"], by_set=by_set,
+        pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
+        localiser_sha256=record["sha256"], commit=_commit(), seconds=time.perf_counter() - t0,
+        environment=dict(python=platform.python_version(), torch=torch.__version__,
+                         machine=platform.machine()))
+    path = default_record_path() if args.out is None else args.out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(curve.to_string(index=False))
+    print(f"resize_within = {chosen:g} (wrote {path}, {out['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
