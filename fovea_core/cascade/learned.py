@@ -46,7 +46,7 @@ from fovea_core.cascade.core import Gist, gist_to_grid
 from fovea_core.paths import file_digest as file_sha256  # (SHA-256; a name of this module's API)
 from fovea_core.paths import resource
 
-__all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "GistLocaliserNet", "question_embedding",
+__all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "paper_region", "PAPER_MIN", "PAPER_MAX", "GistLocaliserNet", "question_embedding",
            "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "answer_targets", "target_map",
            "pool_target", "encode_gist"]
 
@@ -66,16 +66,23 @@ def _percentile_extent(profile: torch.Tensor, lo: float = 0.02, hi: float = 0.98
     return idx[:, 0].to(profile.dtype), idx[:, 1].to(profile.dtype) + 1
 
 
-def gist_features(g: Gist) -> torch.Tensor:
+def gist_features(g: Gist, region: torch.Tensor | None = None) -> torch.Tensor:
     """The network's input ``[B, 7, rows*p, cols*p]`` from a gist (see the module docstring).
 
     Channels: 0 ink in [0, 1]; 1-2 page position ``x / W``, ``y / H``; 3-4 position within
     the inked extent (0 at its 2nd percentile, 1 at its 98th); 5 page mask (1 on the page);
     6 ``log(H / W)``. Pixels off the page have ink 0.
+
+    ``region``: ``[B, rows*p, cols*p]`` bool, a rectangle of gist pixels per image to treat
+    as the page (:func:`paper_region`: the sheet of paper in a photograph). Pixels outside
+    it are off the page; positions, the paper tone and the aspect ratio are the rectangle's,
+    so the network sees the sheet as it saw its training pages, which filled their frame.
+    ``None``: the whole page (the features the committed weights were trained on).
     """
+    if region is not None:
+        return _region_features(g, region)
     img = g.image.float()
-    luma = (img * img.new_tensor(_LUMA).view(1, 3, 1, 1)).sum(1) if img.shape[1] == 3 \
-        else img[:, 0]                                                       # [B, h, w]
+    luma = _luma(img)                                                         # [B, h, w]
     b, hp, wp = luma.shape
     inside = g.inside().to(luma.dtype)                                        # [h, w]
     flat = luma.flatten(1)
@@ -98,6 +105,109 @@ def gist_features(g: Gist) -> torch.Tensor:
                         xr[:, None].expand(b, hp, wp).clamp(-0.5, 1.5),
                         yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5),
                         inside.expand(b, hp, wp), aspect], 1)
+
+
+def _luma(img: torch.Tensor) -> torch.Tensor:
+    """``[B, h, w]`` luma of a ``[B, C, h, w]`` gist image (its one channel when grey)."""
+    if img.shape[1] == 3:
+        return (img * img.new_tensor(_LUMA).view(1, 3, 1, 1)).sum(1)
+    return img[:, 0]
+
+
+def _bounds(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y0, y1, x0, x1)`` ``[B]`` (exclusive ends) of the True pixels of ``mask [B, h, w]``
+    (the whole image where a mask is empty)."""
+    rows, cols = mask.any(2), mask.any(1)                                    # [B, h], [B, w]
+    iy = torch.arange(mask.shape[1])
+    ix = torch.arange(mask.shape[2])
+    big = torch.iinfo(torch.int64).max
+    y0 = torch.where(rows, iy, big).min(1).values
+    y1 = torch.where(rows, iy + 1, 0).max(1).values
+    x0 = torch.where(cols, ix, big).min(1).values
+    x1 = torch.where(cols, ix + 1, 0).max(1).values
+    empty = ~mask.flatten(1).any(1)
+    return (torch.where(empty, 0, y0), torch.where(empty, mask.shape[1], y1),
+            torch.where(empty, 0, x0), torch.where(empty, mask.shape[2], x1))
+
+
+def _region_features(g: Gist, region: torch.Tensor) -> torch.Tensor:
+    """:func:`gist_features` with ``region`` (``[B, h, w]`` bool) as each image's page."""
+    img = g.image.float()
+    luma = _luma(img)                                                         # [B, h, w]
+    b, hp, wp = luma.shape
+    if tuple(region.shape) != (b, hp, wp):
+        raise ValueError(f"gist_features: region has shape {tuple(region.shape)}, the gist "
+                         f"image is {(b, hp, wp)}")
+    ins = region.bool() & g.inside()[None]                                    # [B, h, w]
+    ins = torch.where(ins.flatten(1).any(1)[:, None, None], ins, g.inside()[None])
+    on = ins.to(luma.dtype)
+    flat = luma.flatten(1).masked_fill(~ins.flatten(1), float("nan"))
+    paper = flat.nanmedian(dim=1).values                                      # [B]
+    dark = (paper[:, None, None] - luma).clamp(min=0) * on
+    scale = torch.nanquantile(dark.flatten(1).masked_fill(~ins.flatten(1), float("nan")),
+                              0.99, dim=1).clamp(min=0.05)
+    ink = (dark / scale[:, None, None]).clamp(0, 1)
+    y0, y1, x0, x1 = (v.to(luma.dtype) for v in _bounds(ins))                # gist pixels
+    iy = torch.arange(hp, dtype=luma.dtype) + 0.5
+    ix = torch.arange(wp, dtype=luma.dtype) + 0.5
+    yn = (iy[None] - y0[:, None]) / (y1 - y0)[:, None]                        # [B, h]
+    xn = (ix[None] - x0[:, None]) / (x1 - x0)[:, None]                        # [B, w]
+    ey0, ey1 = _percentile_extent(ink.sum(2))
+    ex0, ex1 = _percentile_extent(ink.sum(1))
+    yr = (iy[None] - ey0[:, None]) / (ey1 - ey0).clamp(min=1)[:, None]
+    xr = (ix[None] - ex0[:, None]) / (ex1 - ex0).clamp(min=1)[:, None]
+    aspect = torch.log((y1 - y0) / (x1 - x0))[:, None, None].expand(b, hp, wp)
+    return torch.stack([ink, xn[:, None].expand(b, hp, wp), yn[:, :, None].expand(b, hp, wp),
+                        xr[:, None].expand(b, hp, wp).clamp(-0.5, 1.5),
+                        yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5), on, aspect], 1)
+
+
+#: :func:`paper_region`'s limits: a bright component is taken as the sheet when its bounding
+#: box covers at least ``PAPER_MIN`` and at most ``PAPER_MAX`` of the page (a scan's sheet
+#: fills it: nothing to crop; a tiny bright blob is not a sheet)
+PAPER_MIN, PAPER_MAX = 0.15, 0.85
+
+
+def paper_region(g: Gist) -> torch.Tensor | None:
+    """``[B, h, w]`` bool: the sheet of paper in each gist image, as a rectangle of gist
+    pixels -- the bounding box of the largest bright connected component; ``None`` when no
+    image of the batch has one (every page is its own sheet, as a scan is).
+
+    Bright: luma above Otsu's threshold [Otsu 1979, "A threshold selection method from
+    gray-level histograms"] of the page's gist pixels, closed with a 3 x 3 square (text
+    lines do not cut the sheet); components by 8-connectivity (OpenCV). Where that box
+    covers less than :data:`PAPER_MIN` or more than :data:`PAPER_MAX` of the page (a scan
+    whose sheet fills the frame; no sheet found), the whole page. Reads only the gist's
+    pixels (part of the budget). One OpenCV call per image of the batch (a few thousand
+    pixels each).
+    """
+    import cv2
+
+    luma = _luma(g.image.float())                                             # [B, h, w]
+    inside = g.inside()
+    lo = luma.flatten(1).min(1).values[:, None, None]
+    hi = luma.flatten(1).max(1).values[:, None, None]
+    u8 = ((luma - lo) / (hi - lo).clamp(min=1e-6) * 255).round().to(torch.uint8).numpy()
+    ins = inside.numpy()
+    page = float(ins.sum())
+    kernel = np.ones((3, 3), np.uint8)
+    out = np.repeat(ins[None], len(u8), 0)
+    found = False
+    for b, im in enumerate(u8):                              # images of the batch
+        t, _ = cv2.threshold(im[ins], 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+        bright = cv2.morphologyEx(((im > t) & ins).astype(np.uint8), cv2.MORPH_CLOSE, kernel)
+        n, lab, stats, _ = cv2.connectedComponentsWithStats(bright, connectivity=8)
+        if n < 2:
+            continue
+        k = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+        x, y, w, h = (int(v) for v in stats[k, :4])
+        box = np.zeros_like(ins)
+        box[y:y + h, x:x + w] = True
+        share = float((box & ins).sum()) / page
+        if PAPER_MIN <= share <= PAPER_MAX:
+            out[b] = box & ins
+            found = True
+    return torch.from_numpy(out) if found else None
 
 
 class GistLocaliserNet(nn.Module):
@@ -265,17 +375,18 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
 _ENCODED: OrderedDict = OrderedDict()
 
 
-def encode_gist(g: Gist, net: GistLocaliserNet | None = None
+def encode_gist(g: Gist, net: GistLocaliserNet | None = None, region: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``net.encode(gist_features(g))`` (the question-independent detector maps and size
-    map; default net: the committed weights), cached per gist and network, so that the
-    questions about one page encode it once."""
+    """``net.encode(gist_features(g, region))`` (the question-independent detector maps and
+    size map; default net: the committed weights), cached per gist, network and region, so
+    that the questions about one page encode it once."""
     net = net if net is not None else load_model()
-    key = (id(net), g.key, g.rows, g.cols, g.level, g.image_size)
+    key = (id(net), g.key, g.rows, g.cols, g.level, g.image_size,
+           None if region is None else region.numpy().tobytes())
     if g.key and key in _ENCODED:
         return _ENCODED[key]
     with torch.no_grad():
-        out = net.encode(gist_features(g))
+        out = net.encode(gist_features(g, region))
     if g.key:
         _ENCODED[key] = out
         while len(_ENCODED) > 32:
@@ -289,22 +400,29 @@ class LearnedLocaliser:
     The output is the answer-location probability moved to the level-0 patch grid (mass
     per cell, sums to 1 per image). ``query=None`` asks the network's question-agnostic
     prior (trained with the empty question). Reads nothing but the gist and the question.
+
+    ``paper=True`` finds the sheet of paper in the gist first (:func:`paper_region`) and
+    localises on it as if it were the page (:func:`gist_features`' ``region``); nothing off
+    the sheet gets mass. A scan whose sheet fills the frame is read as without it.
     """
 
     def __init__(self, path: str | None = None, *, verify: bool = True,
-                 net: GistLocaliserNet | None = None):
+                 net: GistLocaliserNet | None = None, paper: bool = False):
         self.net = net if net is not None else load_model(path, verify=verify)
+        self.paper = bool(paper)
 
     def predict(self, g: Gist, query: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(p [B, ceil(h/2), ceil(w/2)], text_px [B])``: the answer-location probability on
         2 x 2 blocks of gist pixels, and the expected text height of the answer in base
         pixels (the size map averaged under ``p``, times the gist's pixel)."""
-        maps, size = encode_gist(g, self.net)
+        region = paper_region(g) if self.paper else None          # None: no sheet found
+        maps, size = encode_gist(g, self.net, region)
         b = maps.shape[0]
         q = question_embedding([query] * b)
         with torch.no_grad():
             logit = torch.einsum("bk,bkhw->bhw", self.net.select(q), maps)
-        keep = F.max_pool2d(g.inside()[None, None].float(), 2, ceil_mode=True)[0, 0] > 0
+        on = (g.inside()[None] if region is None else region & g.inside()[None]).float()
+        keep = F.max_pool2d(on[:, None], 2, ceil_mode=True)[:, 0] > 0           # [B or 1, ., .]
         logit = logit.masked_fill(~keep, float("-inf"))
         p = torch.softmax(logit.flatten(1), 1).view_as(logit)
         text_px = torch.exp2((p * size).flatten(1).sum(1)) * g.pixel

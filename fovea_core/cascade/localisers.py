@@ -157,10 +157,17 @@ def _learned_prior(g: Gist, query: str | None) -> torch.Tensor:
     return LearnedLocaliser()(g, None)
 
 
+def _learned_paper(g: Gist, query: str | None) -> torch.Tensor:
+    from fovea_core.cascade.learned import LearnedLocaliser
+
+    return LearnedLocaliser(paper=True)(g, query)
+
+
 #: named localisers (the oracle is built per evaluation: :class:`OracleLocaliser`)
 LOCALISERS: dict[str, Callable[[Gist, "str | None"], torch.Tensor]] = {
     "learned": _learned,
     "learned_prior": _learned_prior,
+    "learned_paper": _learned_paper,
     "gist_query": gist_query,
     "uniform": uniform,
 }
