@@ -119,8 +119,8 @@ def test_cascade_paper_is_registered_and_spends_exactly_n():
 def test_factor_table_scores_each_factor_and_localiser():
     docs = [make_document(i, layout="receipt") for i in range(2)]
     t = factor_table(docs, {"learned": "learned", "paper": "learned_paper"},
-                     factors={k: FACTORS[k] for k in ("as stored", "on a table, 35 % of the frame")})
-    assert set(t.factor) == {"as stored", "on a table, 35 % of the frame"}
+                     factors={k: FACTORS[k] for k in ("as stored", "on a table, 60 % of the frame")})
+    assert set(t.factor) == {"as stored", "on a table, 60 % of the frame"}
     assert set(t.localiser) == {"learned", "paper"}
     n_q = sum(len(d.questions) for d in docs)
     assert len(t) == 2 * 2 * n_q

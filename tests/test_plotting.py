@@ -237,3 +237,34 @@ def test_gist_split_figure_draws_a_line_per_localiser_and_resize():
         assert rz.get_label() == "resize (all 273 on the page)" and ax.get_title() == "a"
     finally:
         plt.close(fig)
+
+
+def test_two_fixations_figure_draws_each_stage_the_lines_read_and_the_answer():
+    from fovea_core import build_pyramid
+    from fovea_core.cascade.reading import STAGE_SECOND, reading_parts
+    from fovea_book.eval.documents import make_document
+    from fovea_book.plotting import two_fixations_figure
+
+    doc = make_document(3, layout="receipt")
+    q = next(q for q in doc.questions if q.field == "date")
+    pyr = build_pyramid(doc.image)
+    parts = reading_parts(pyr, 273, query=q.question, gist_budget=64)
+    fig = two_fixations_figure(pyr, parts, box=q.union_box)
+    try:
+        axes = fig.axes
+        assert len(axes) == 3
+        rd = parts.readings[0]
+        # panel (a): one rectangle per line read, one per match
+        assert len(axes[0].patches) == len(rd.lines.texts) + len(rd.matches)
+        stage = parts.tokens.stage[0].numpy()
+        colls = [c for c in axes[1].collections if isinstance(c, PolyCollection)]
+        assert [len(c.get_paths()) for c in colls] == [int((stage == s).sum())
+                                                       for s in (0, 1, STAGE_SECOND)]
+        assert sum(len(c.get_paths()) for c in colls) == 273
+        assert str(int((stage == STAGE_SECOND).sum())) in axes[1].get_title()
+        assert any(p.get_edgecolor()[:3] == pytest.approx((0.0, 1.0, 0.0)) for p in axes[2].patches)
+    finally:
+        plt.close(fig)
+    other = build_pyramid(make_document(4, layout="receipt").image)
+    with pytest.raises(ValueError, match="pyramid"):
+        two_fixations_figure(other, parts)

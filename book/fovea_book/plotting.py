@@ -162,6 +162,72 @@ def cascade_stages_figure(pyramid: Pyramid, parts, *,
     return fig
 
 
+def two_fixations_figure(pyramid: Pyramid, parts, *,
+                         box: tuple[float, float, float, float] | None = None,
+                         width: float = 12.0) -> Figure:
+    """The read-then-look cascade on one page, three panels in a row.
+
+    (a) fixation 1's view (:func:`~fovea_core.cascade.reading.first_view`: what the gist and
+    the first fovea show, all the reader read) with the lines it read (grey boxes) and the
+    ones that matched the question (orange, with what they matched); (b) the tokens by stage
+    over the page (gist blue, first fovea red, second fixation orange) and the regions the
+    matches pointed at (dashed); (c) what the reader reads in the end (all N tokens).
+    ``box`` (the answer's union box) is outlined in green on (b) and (c).
+
+    Args:
+        pyramid: the page's pyramid (batch of one), the one ``parts`` was computed on.
+        parts: :class:`~fovea_core.cascade.reading.ReadingParts` of one call.
+        box: ``(x0, y0, x1, y1)`` in base pixels, or None.
+        width: the figure's width in inches.
+    """
+    from fovea_core.cascade.reading import STAGE_SECOND, first_view
+    from fovea_core.sample import render, sample
+
+    tok, rd = parts.tokens, parts.readings[0]
+    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
+        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
+                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
+    page = to_display(pyramid)
+    h, w = page.shape[:2]
+    view1 = first_view(pyramid, parts.first.tokens)[0].permute(1, 2, 0).cpu().numpy()
+    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]
+    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+    fig, axes = plt.subplots(1, 3, figsize=(width, width * h / w / 3 + 0.9),
+                             layout="constrained")
+    axes[0].imshow(view1)
+    for x0, y0, x1, y1 in np.asarray(rd.lines.boxes).reshape(-1, 4):
+        axes[0].add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="0.5",
+                                        lw=0.6))
+    for m in rd.matches:
+        x0, y0, x1, y1 = m.span
+        axes[0].add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ec="orange",
+                                        lw=1.5))
+        axes[0].annotate(m.cue, (x0, y0), color="orange", fontsize=7, va="bottom")
+    axes[0].set_title(f"(a) fixation 1:\n{len(rd.lines.texts)} lines read, "
+                      f"{len(rd.matches)} matched")
+    stage = tok.stage[0].cpu().numpy()
+    verts = box_vertices(tok.boxes()[0].cpu().numpy())
+    axes[1].imshow(page, alpha=0.6)
+    colours = {0: STAGE_COLORS[0], 1: STAGE_COLORS[1], STAGE_SECOND: "orange"}
+    for s, c in colours.items():
+        axes[1].add_collection(PolyCollection(verts[stage == s], facecolors="none",
+                                              edgecolors=c, linewidth=0.5))
+    for m in rd.matches:
+        for x0, y0, x1, y1, _ in m.regions:
+            axes[1].add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False,
+                                            ec="orange", ls="--", lw=1))
+    path = "where the reading pointed" if rd.path == "read" else f"the map ({rd.reason})"
+    axes[1].set_title(f"(b) fixation 2 ({int((stage == STAGE_SECOND).sum())} tokens): {path}")
+    axes[2].imshow(recon)
+    axes[2].set_title(f"(c) what the reader reads:\n{tok.centers.shape[1]} tokens in all")
+    for ax in axes:
+        ax.set_axis_off()
+    if box is not None:
+        for ax in axes[1:]:
+            _answer_box(ax, box)
+    return fig
+
+
 def gist_split_figure(summary, budget: int = 273) -> Figure:
     """Kept against the gist's budget G, per dataset: one line with its 95 % band per
     localiser (``learned`` solid, ``oracle`` dashed) and ``resize`` as a grey level.

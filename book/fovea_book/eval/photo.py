@@ -146,7 +146,6 @@ FACTORS: dict[str, Callable[[Document, np.random.Generator], Document]] = {
     "as stored": lambda d, rng: d,
     "a quarter of the size, JPEG": lambda d, rng: photo_like(d, 0.25),
     "on a table, 60 % of the frame": on_background,
-    "on a table, 35 % of the frame": lambda d, rng: on_background(d, rng, share=0.35),
     "perspective (corners moved by up to 8 %)": perspective,
     "rotated by up to 5 degrees": rotated,
     "blurred (sigma 2 px)": blurred,
