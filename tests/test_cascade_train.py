@@ -71,14 +71,21 @@ def _committed_config() -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in _record()["config"].items()}
 
 
+#: configuration fields added after the committed run, at the values that train as it did
+#: (``photo``: no photo-like augmentation; ``steps``: epochs x an epoch's batches)
+ADDED_FIELDS = {"photo": False, "steps": None}
+
+
 @needs_weights
 def test_the_defaults_are_the_committed_configuration():
     """``TrainConfig()`` and every option of the command line default to what the committed
-    record says was used (the record once said 5 epochs while the default trained 8)."""
-    assert asdict(TrainConfig()) == _committed_config()
+    record says was used (the record once said 5 epochs while the default trained 8); the
+    fields added since default to the values that reproduce it."""
+    assert not set(ADDED_FIELDS) & set(_committed_config())
+    assert asdict(TrainConfig()) == {**_committed_config(), **ADDED_FIELDS}
     defaults = vars(build_parser().parse_args([]))
-    fields = {k: v for k, v in defaults.items() if k in _committed_config()}
-    assert fields and fields == {k: _committed_config()[k] for k in fields}
+    fields = {k: v for k, v in defaults.items() if k in asdict(TrainConfig())}
+    assert fields and fields == {k: {**_committed_config(), **ADDED_FIELDS}[k] for k in fields}
     assert set(defaults) - set(fields) == {"out", "replace_committed", "threads", "data_dir",
                                            "allow_missing_real"}
     assert defaults["threads"] == _record()["environment"]["threads"]
@@ -390,3 +397,209 @@ def test_learned_localiser_gives_a_probability_map():
     assert not torch.allclose(loc(g, doc.questions[0].question), loc(g, doc.questions[6].question))
     px = loc.text_px(g, doc.questions[1].question)
     assert 4 < float(px) < 60                                              # a plausible height
+
+
+# ----------------------------------------------------------------------------- photo pages
+def _ink_page() -> tuple[np.ndarray, list]:
+    """A white 800 x 1000 page with three short dark strings far apart and far from the
+    edges (more than 1.6 string widths: a box shifted by its width stays on the page after
+    the crop); each string's box is the tight bounding box of its drawn pixels."""
+    import cv2
+
+    from fovea_book.eval.documents import Document
+
+    img = np.full((800, 1000), 255, np.uint8)
+    qs = []
+    for k, (text, x, y, scale) in enumerate((("TOTAL 12.50", 400, 200, 0.9),
+                                             ("25/12/2018", 380, 420, 0.7),
+                                             ("ACME SDN BHD", 420, 640, 0.6))):
+        layer = np.zeros_like(img)
+        cv2.putText(layer, text, (x, y), cv2.FONT_HERSHEY_SIMPLEX, scale, 255, 2)
+        ys, xs = np.nonzero(layer)
+        img[layer > 0] = 0
+        box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
+        qs.append(Question(f"q{k}", "?", (text,), (box,), f"f{k}"))
+    return Document("ink", np.repeat(img[..., None], 3, 2), tuple(qs)), qs
+
+
+def test_photo_page_keeps_each_answer_box_on_its_ink():
+    """Drawn strings on a white page, augmented with 12 seeds: inside each moved box the page
+    is much darker than in the same box shifted by its own width or height to any side
+    (plain paper), and a band just outside the box is nearly as light as paper (the box
+    still encloses its ink)."""
+    from fovea_book.train import photo_page
+
+    doc, _ = _ink_page()
+    for seed in range(12):
+        out = photo_page(doc, np.random.default_rng(seed), min_cells=192)
+        g = 255.0 - out.image[..., 0].astype(np.float64)                  # darkness
+        for q in out.questions:
+            (x0, y0, x1, y1), = q.boxes
+            w, h = x1 - x0, y1 - y0
+            inside = g[y0:y1, x0:x1].mean()
+            shifts = ((w + 4, 0), (-w - 4, 0), (0, h + 4), (0, -h - 4))
+            assert all(0 <= x0 + dx and x1 + dx <= g.shape[1] and 0 <= y0 + dy
+                       and y1 + dy <= g.shape[0] for dx, dy in shifts)
+            shifted = [g[y0 + dy:y1 + dy, x0 + dx:x1 + dx].mean() for dx, dy in shifts]
+            assert inside > max(shifted) + 25, (seed, q.qid, inside, shifted)
+            m = max(2, h // 3)                                              # a ring of h/3 px
+            ring = np.concatenate([g[y0 - m:y0 - 1, x0:x1].ravel(),
+                                   g[y1 + 1:y1 + m, x0:x1].ravel(),
+                                   g[y0:y1, x0 - m:x0 - 1].ravel(),
+                                   g[y0:y1, x1 + 1:x1 + m].ravel()])
+            assert ring.mean() < 0.5 * inside, (seed, q.qid, ring.mean(), inside)
+
+
+def test_photo_page_is_deterministic_uint8_and_of_the_advertised_size():
+    from fovea_book.train import PHOTO, photo_page
+
+    doc, qs = _ink_page()
+    h, w = doc.size
+    a = photo_page(doc, np.random.default_rng(7), min_cells=192)
+    b = photo_page(doc, np.random.default_rng(7), min_cells=192)
+    c = photo_page(doc, np.random.default_rng(8), min_cells=192)
+    assert np.array_equal(a.image, b.image) and a.questions == b.questions
+    assert a.image.shape != c.image.shape or not np.array_equal(a.image, c.image)
+    assert doc.image.shape == (800, 1000, 3) and doc.questions == tuple(qs)  # input untouched
+    longs = []
+    for seed in range(30):
+        out = photo_page(doc, np.random.default_rng(seed), min_cells=192)
+        img = out.image
+        assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
+        assert img.flags["C_CONTIGUOUS"] and (img[..., :1] == img).all()    # grey stays grey
+        hh, ww = img.shape[:2]
+        assert -(-hh // 16) * -(-ww // 16) >= 192                           # what the gist needs
+        assert max(hh, ww) <= 1.35 * max(h, w)                              # never scaled up
+        assert len(out.questions) == 3 and out.elements == ()
+        for q, q0 in zip(out.questions, qs):
+            (x0, y0, x1, y1), = q.boxes
+            assert 0 <= x0 < x1 <= ww and 0 <= y0 < y1 <= hh and q.answers == q0.answers
+            # the text height scales as the string's width does (within the tilt's and
+            # the keystone's distortion and the outward rounding)
+            width_scale = (x1 - x0) / (q0.boxes[0][2] - q0.boxes[0][0])
+            assert 0.8 < q.size_px / answer_text_px(q0) / width_scale < 1.15, (seed, q)
+        longs.append(max(hh, ww) / max(h, w))
+    assert min(longs) < 0.45 and max(longs) > 0.8                           # low and high res
+    for seed in range(10):                                                  # the floor holds
+        hh, ww = photo_page(doc, np.random.default_rng(seed), min_cells=1000).size
+        assert -(-hh // 16) * -(-ww // 16) >= 1000
+    assert PHOTO.scale == (0.25, 1.0)
+    from dataclasses import replace                                          # a floor above
+    big = photo_page(doc, np.random.default_rng(0), min_cells=5000)        # the page: 1x
+    same = photo_page(doc, np.random.default_rng(0), min_cells=5000,
+                      ranges=replace(PHOTO, scale=(1.0, 1.0)))
+    assert np.array_equal(big.image, same.image)
+
+
+def test_photo_training_is_a_pure_function_of_seed_and_page_and_off_by_default():
+    from fovea_book.train import photo_training_page, training_samples
+
+    cfg = TrainConfig(pages=3, gists_per_page=1, real=())
+    photo = TrainConfig(**{**asdict(cfg), "photo": True})
+    doc, _ = _ink_page()
+    assert photo_training_page(cfg, 0, doc) is doc                          # photo=False: as is
+    clean, a, b = (training_samples(c, 1)[0] for c in (cfg, photo, photo))
+    assert torch.equal(a.x, b.x) and a.sizes == b.sizes and a.meta == b.meta
+    assert a.meta["size"] != clean.meta["size"] and a.meta["doc_id"] == clean.meta["doc_id"]
+    other = training_samples(TrainConfig(**{**asdict(photo), "seed": 1}), 1)[0]
+    assert other.meta["size"] != a.meta["size"]                             # the seed matters
+
+
+def test_a_fixed_step_count_spans_the_schedule_and_equals_the_epoch_run():
+    """``steps`` = epochs x an epoch's batches is the epoch run, step for step; any other
+    count trains exactly that many steps whatever the number of pages."""
+    cfg = TrainConfig(pages=4, gists_per_page=1, epochs=2, batch=2, valid_pages=1, real=())
+    _, epochs = train(cfg, progress=False)
+    assert epochs["steps"] == 4
+    _, fixed = train(TrainConfig(**{**asdict(cfg), "steps": 4}), progress=False)
+    assert fixed["loss"] == epochs["loss"] and fixed["steps_per_epoch"] == 2
+    _, more = train(TrainConfig(**{**asdict(cfg), "steps": 5}), progress=False)
+    assert more["steps"] == 5 and more["loss"][0] == epochs["loss"][0]
+    with pytest.raises(ValueError, match="steps"):
+        train(TrainConfig(**{**asdict(cfg), "steps": 0}), progress=False)
+
+
+@needs_real
+def test_every_real_training_page_is_used_with_the_same_validation_rule():
+    """``real_pages=None`` takes every page the loaders find in the folders (216 receipts,
+    110 forms of which one has no question), held out by ``crc32(doc_id) % 5`` as before:
+    the committed run's held-out pages are still held out."""
+    import zlib
+
+    tr, va, rep = real_pages(tuple(REAL_SOURCES), None, 5)
+    for name in REAL_SOURCES:
+        r = rep[name]
+        found = len(list((dataset_path(name) / ("img" if "sroie" in name else "annotations"))
+                         .iterdir()))
+        assert r["pages"] + len(r["validation_ids"]) + len(r["no_question_ids"]) == found
+        assert not r["unused_ids"]
+        assert all(zlib.crc32(i.encode()) % 5 == 0 for i in r["validation_ids"])
+        if RECORD.exists():
+            old = _record()["train"]["sources"][name]
+            assert set(old["validation_ids"]) <= set(r["validation_ids"])
+            assert set(old["page_ids"]) <= set(r["page_ids"])
+
+
+@needs_real
+def test_learning_curve_writes_its_record(tmp_path, monkeypatch):
+    """A tiny curve through the command line (2 steps, 2 synthetic pages, one validation
+    page per set; sentence embeddings replaced by zeros): the JSON has every point with its
+    page counts (nested subsets, the same held-out pages, disjoint from them), the same
+    step count, the validation numbers of every set with per-field numbers, the commit and
+    versions."""
+    from fovea_book import learning_curve as lc
+
+    monkeypatch.setattr(train_module, "embed_vocabulary", lambda vocab: _ZeroEmbeddings())
+    out = tmp_path / "lc.json"
+    assert lc.main(["--out", str(out), "--fractions", "0", "0.05", "--steps", "2",
+                    "--pages", "2", "--valid-pages", "1", "--valid-limit", "1",
+                    "--clean-full"] + ([] if WEIGHTS.exists() else ["--no-reference"])) == 0
+    rec = json.loads(out.read_text())
+    assert rec["complete"] and rec["fractions"] == [0.0, 0.05] and rec["photo"] is True
+    assert rec["steps"]["per_point"] == 2 and rec["config"]["steps"] == 2
+    assert rec["commit"]["head"]
+    assert {"torch", "numpy", "opencv", "python"} <= set(rec["environment"])
+    assert [p["label"] for p in rec["points"]] == ["0+photo", "0.05+photo", "1"]
+    assert [p["photo"] for p in rec["points"]] == [True, True, False]
+    folders = rec["pages"]["folders"]
+    held = {k: set(v["held_out"]) for k, v in folders.items()}
+    sizes = []
+    for p in rec["points"]:
+        assert p["steps"] == 2 and p["synthetic_pages"] == 2
+        assert set(p["validation"]) == set(rec["validations"])
+        for key, v in p["validation"].items():
+            assert {"cross_entropy", "hit_mass", "top1", "size_rmse", "fields"} <= set(v), key
+            assert 0 <= v["hit_mass"] <= 1 and sum(f["questions"] for f in v["fields"].values()) \
+                == v["questions"]
+        assert set(p["validation"]["sroie/heldout"]["fields"]) <= {"company", "date", "address",
+                                                                  "total"}
+        for name, ids in p["page_ids"].items():
+            assert not set(ids) & held[name] and all("dev" not in i for i in ids)
+            assert p["held_out_pages"][name] == len(held[name])
+            assert p["real_pages"][name] == len(ids)
+        sizes.append(sum(p["real_pages"].values()))
+    assert sizes[0] == 0 < sizes[1] < sizes[2]
+    small, full = rec["points"][1]["page_ids"], rec["points"][2]["page_ids"]
+    assert all(set(small[k]) <= set(full[k]) for k in small)                # nested subsets
+    assert full["sroie-train"] == sorted(folders["sroie-train"]["train_order"])
+    if WEIGHTS.exists():
+        assert rec["reference"]["sha256"] == COMMITTED_SHA256
+    assert rec["table"][0]["label"] == ("reference" if WEIGHTS.exists() else "0+photo")
+
+
+def test_vocabulary_embeddings_do_not_depend_on_what_was_embedded_before():
+    """The same vocabulary embeds to the same bits whether or not some of its strings went
+    through the sentence encoder's string cache first (that cache encodes only the missing
+    strings, in other batches: ~1e-7 apart, enough to move a trained run)."""
+    from fovea_core.importance import query
+
+    vocab = vocabulary("train", ["DATE", "TO"])[:300]
+    train_module._EMBEDDED.clear()
+    query._EMB_CACHE.clear()
+    fresh = embed_vocabulary(vocab)
+    train_module._EMBEDDED.clear()
+    query._EMB_CACHE.clear()
+    query.embed(vocab[::7])                                   # part of it cached, out of turn
+    again = embed_vocabulary(vocab)
+    assert all(torch.equal(fresh[t], again[t]) for t in vocab)
+    assert embed_vocabulary(vocab) is not embed_vocabulary(vocab)   # callers get their own dict

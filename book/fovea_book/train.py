@@ -27,18 +27,27 @@ Data:
 * for a share :attr:`TrainConfig.null_share` of the pages, one extra "question" with no
   text whose answer is every answer of the page (the question-agnostic prior);
 * the text size a real answer is trained on is the median height of its line boxes (the
-  scans give no font size; a synthetic answer's is its font size).
+  scans give no font size; a synthetic answer's is its font size);
+* with ``--photo`` (:attr:`TrainConfig.photo`), every training page, synthetic or real, is
+  first turned into a photo-like copy (:func:`photo_page`: crop, scale-down, rotation and
+  keystone, blur, uneven light, tone curve, JPEG; ranges and reasons in
+  :class:`PhotoRanges`), its answer boxes and text sizes moved with the pixels, drawn
+  from ``(seed, page index)`` alone; all gists of a page come from the same copy.
 
 Validation (``validation`` in the record): held-out synthetic pages (seeds from
 :data:`VALID_SEED`; ``paper``, ``receipt`` and the never-trained ``invoice`` layout) and the
 held-out pages of the real training folders (``sroie``, ``funsd``), each in the held-out
-and the training wordings. These are tuning numbers on pages the run never trained on, not
-results: the book reports on the ``*-dev`` folders only.
+and the training wordings, and photo-like copies of the held-out ``receipt``, ``sroie`` and
+``funsd`` pages (``+photo``, :func:`valid_photo_rng`: the same copies for every run). These
+are tuning numbers on pages the run never trained on, not results: the book reports on the
+``*-dev`` folders only.
 
 Model and loss: :class:`~fovea_core.cascade.learned.GistLocaliserNet`, cross-entropy
 between the softmax over the page's gist pixels and the answer boxes' area on them
 (:func:`~fovea_core.cascade.learned.answer_targets`, the one definition), Adam with a
-cosine learning-rate decay.
+cosine learning-rate decay over the run (``cfg.epochs`` epochs, or exactly
+:attr:`TrainConfig.steps` steps: :mod:`fovea_book.learning_curve` gives every point the
+same count).
 
 Reproducibility: one seed fixes the pages, the gist budgets, the initial weights, the
 batch order and the augmentation; page ``i`` is a pure function of ``(seed, i)``, so the
@@ -65,6 +74,8 @@ Examples::
                                                             #    it with the new hash)
     python -m fovea_book.train --allow-missing-real --out _build/models/syn.pt
                                                             # without a missing real folder
+    python -m fovea_book.train --photo --out data/models/gist_localiser_photo.pt
+                                                            # on photo-like pages
 """
 
 from __future__ import annotations
@@ -87,8 +98,7 @@ import torch
 
 from fovea_core.cascade.core import Gist, gist
 from fovea_core.cascade.learned import (GistLocaliserNet, answer_targets, file_sha256,
-                                        gist_features, pool_target, question_embedding,
-                                        weights_path)
+                                        gist_features, pool_target, weights_path)
 from fovea_book.eval.documents import FORM_FIELD, Document, Question, make_document
 from fovea_book.paths import DatasetNotFound, dataset_path, project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
@@ -97,7 +107,9 @@ __all__ = ["TRAIN_SEED", "VALID_SEED", "REAL_SOURCES", "REPEATED_RULE", "TrainCo
            "Sample", "RealPage", "TrainingSet", "make_sample", "answer_text_px",
            "merge_repeated", "real_pages", "training_samples", "train", "evaluate",
            "validation_samples", "vocabulary", "default_output", "build_parser", "output_path",
-           "main"]
+           "main", "PHOTO", "PHOTO_SALT", "PHOTO_MIN_CELLS", "PhotoRanges", "photo_page",
+           "photo_training_page", "valid_photo_rng", "VALIDATIONS", "validation_key",
+           "validate"]
 
 #: first seed of the training pages (chapters evaluate seeds 1000 + k)
 TRAIN_SEED = 10_000_000
@@ -133,6 +145,11 @@ class TrainConfig:
     real_pages: int | None = None         # at most this many training pages per real folder
                                           # (the first by id; None: all of them)
     real_valid_mod: int = 5               # real page held out if crc32(doc_id) % this == 0
+    photo: bool = False                   # photo-like augmentation of every training page
+                                          # (:func:`photo_page`; False: the committed run)
+    steps: int | None = None              # optimiser steps (the cosine schedule spans them;
+                                          # epochs then ignored); None: epochs x an epoch's
+                                          # batches (the committed run)
 
 
 @dataclass
@@ -226,8 +243,10 @@ def make_sample(doc: Document, budget: int, *, null: bool, layout: str) -> Sampl
         queries.append(None)
         boxes.append(np.concatenate(boxes))
         sizes.append(float(np.mean(sizes)))
+    fields = [FORM_FIELD if layout == "funsd" else q.field for q in doc.questions]
     return Sample(gist_features(g)[0].half(), ys, xs, g.pixel / 2, g.inside(), queries, boxes,
-                  sizes, layout, budget, dict(doc_id=doc.doc_id, size=doc.size))
+                  sizes, layout, budget, dict(doc_id=doc.doc_id, size=doc.size,
+                                              fields=fields + ([""] if null else [])))
 
 
 def _slot(q: Question, layout: str) -> str:
@@ -238,6 +257,214 @@ def _slot(q: Question, layout: str) -> str:
     if q.field != "amount":
         return ""
     return q.question.removeprefix("What is the amount for ").rstrip("?")
+
+
+# ----------------------------------------------------------------------------- photo pages
+#: salt of a training page's photo-augmentation stream (:func:`_page_rng`; 17 draws the
+#: null flag, ``TRAIN_SEED % 9973`` the layout and gist budgets)
+PHOTO_SALT = 29
+#: a photo-like training page keeps at least ``PHOTO_MIN_CELLS x`` the largest gist budget
+#: in level-0 16-px cells: the gist needs ``budget`` cells (:func:`~fovea_core.allocators.
+#: grid.resize_grid` refuses fewer); twice that keeps the gist a downsampling of the page
+PHOTO_MIN_CELLS = 2
+
+
+@dataclass(frozen=True)
+class PhotoRanges:
+    """What :func:`photo_page` draws from (uniform unless said), each range and why. The
+    target is a phone photograph of a receipt or form, unlike the flatbed scans and clean
+    renders trained on: fewer pixels, a tilted and slightly keystoned page on a background,
+    defocus, light falling off across the page, a camera's tone curve and JPEG.
+
+    Attributes:
+        scale: factor of the page's long side, log-uniform (each octave equally likely):
+            down to a quarter (a 1,700-px SROIE scan becomes ~430 px, a small photo), never
+            up; never below ``min_cells`` of :func:`photo_page`.
+        crop: each side of the page is cut by up to this share of its margin outside the
+            union of the answer boxes (a photo framed tighter than the scan; every answer
+            stays whole).
+        rotate_deg: in-plane rotation in ``[-r, r]`` degrees (a hand-held camera is rarely
+            square to the page; a few degrees keep lines readable).
+        perspective: each page corner moves by up to this share of the page's width (x) and
+            height (y): a mild keystone, the camera a little off the page's normal.
+        margin: background added beyond the warped page on each side, up to this share of
+            the page's side (the table around the receipt).
+        background: grey level of the background (0-255; a dark table to a white sheet).
+        blur_sigma: Gaussian blur in output pixels (0: sharp; 1.2: soft defocus at the low
+            resolution).
+        gradient: amplitude ``a`` of a linear light ramp ``1 + a t``, ``t`` in ``[-1, 1]``
+            along a random direction (light from one side).
+        vignette: depth ``v`` of a radial fall-off ``1 - v r^2`` (``r`` 0 at a random centre
+            near the middle, 1 at the farthest corner); with the ramp the light stays in
+            ``[(1 - a)(1 - v), 1 + a]``, at least ~0.5.
+        gamma: tone-curve exponent, log-uniform (below 1 lifts mid-tones, above 1 darkens).
+        black: the level ink is lifted to (photos rarely have pure black).
+        white: the level white paper comes out at (photos rarely have pure white).
+        jpeg: JPEG quality, an integer in the closed range (a phone's or a messenger's
+            re-encoding).
+    """
+
+    scale: tuple[float, float] = (0.25, 1.0)
+    crop: float = 0.35
+    rotate_deg: float = 4.0
+    perspective: float = 0.04
+    margin: float = 0.06
+    background: tuple[float, float] = (60.0, 230.0)
+    blur_sigma: tuple[float, float] = (0.0, 1.2)
+    gradient: float = 0.25
+    vignette: float = 0.3
+    gamma: tuple[float, float] = (0.7, 1.5)
+    black: tuple[float, float] = (0.0, 50.0)
+    white: tuple[float, float] = (180.0, 255.0)
+    jpeg: tuple[int, int] = (25, 90)
+
+
+#: the ranges training uses (:attr:`TrainConfig.photo`)
+PHOTO = PhotoRanges()
+
+
+def _homography_scale(hm: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """``sqrt |det J|`` of the homography ``hm`` at the points ``pts [K, 2]``: how much it
+    scales lengths there (text height maps by it)."""
+    p = np.concatenate([pts, np.ones((len(pts), 1))], 1) @ hm.T            # [K, 3]
+    w = p[:, 2:]
+    xy = p[:, :2] / w
+    jac = (hm[None, :2, :2] - xy[:, :, None] * hm[None, 2:, :2]) / w[:, :, None]  # [K, 2, 2]
+    return np.sqrt(np.abs(np.linalg.det(jac)))
+
+
+def _warp_points(hm: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Points ``[..., 2]`` mapped through the homography ``hm`` ``[3, 3]``."""
+    p = np.concatenate([pts, np.ones(pts.shape[:-1] + (1,))], -1) @ hm.T
+    return p[..., :2] / p[..., 2:]
+
+
+def photo_page(doc: Document, rng: np.random.Generator, *, min_cells: int = 192,
+               ranges: PhotoRanges = PHOTO, patch: int = 16) -> Document:
+    """A photo-like copy of ``doc`` with its answer boxes moved with the pixels.
+
+    In order (each draw from ``rng`` in a fixed order, so the result is a pure function of
+    the page and the generator's state; :class:`PhotoRanges` gives the ranges and why):
+
+    1. crop: each side cut into its margin outside the union of every answer box;
+    2. scale-down (``cv2.INTER_AREA``) of the long side by a log-uniform factor, but never
+       to fewer than ``min_cells`` level-0 ``patch``-px cells (what the gist needs) and
+       never up;
+    3. one homography: a rotation about the centre and a keystone (each corner moved), the
+       output canvas the warped page's bounding box plus a background margin
+       (``cv2.warpPerspective``, bilinear, a constant background tone);
+    4. Gaussian blur; 5. a smooth multiplicative light field (a linear ramp times a radial
+       fall-off); 6. a tone curve (gamma, then black and white levels); 7. JPEG
+       re-encoding (``cv2.imencode``).
+
+    Boxes (``x0, y0, x1, y1``, exclusive ends, page pixels) go through the crop, the scale
+    and the homography; a new box is the bounding box of the four mapped corners, clipped
+    to the image and rounded outwards. Each answer's ``size_px`` becomes its text height
+    (:func:`answer_text_px`: the font size, or a scan's median line height) times the
+    local scale of steps 2-3 at its centre (a float: a rotated line's bounding box is
+    taller than its text, so the height is not re-measured from the new boxes). Pages
+    whose three channels are equal stay grey (one channel warped and encoded). Elements
+    (synthetic layout boxes) are dropped: they are not moved. Returns a new
+    :class:`Document` with the same ``doc_id`` and an ``[H', W', 3]`` uint8 image.
+    """
+    import cv2
+
+    if not doc.questions:
+        raise ValueError(f"photo_page: page {doc.doc_id} has no answer box to keep")
+    r = ranges
+    # every draw first, in a fixed order (the same stream whatever the page's size)
+    crop_u = rng.uniform(0.0, r.crop, 4)
+    log_s = rng.uniform(np.log(r.scale[0]), np.log(r.scale[1]))
+    theta = np.deg2rad(rng.uniform(-r.rotate_deg, r.rotate_deg))
+    jitter = rng.uniform(-r.perspective, r.perspective, (4, 2))
+    margin_u = rng.uniform(0.0, r.margin, 4)
+    bg = float(rng.uniform(*r.background))
+    sigma = float(rng.uniform(*r.blur_sigma))
+    phi, amp = rng.uniform(0.0, 2 * np.pi), rng.uniform(0.0, r.gradient)
+    vig, centre = rng.uniform(0.0, r.vignette), rng.uniform(-0.5, 0.5, 2)
+    gamma = float(np.exp(rng.uniform(np.log(r.gamma[0]), np.log(r.gamma[1]))))
+    black, white = float(rng.uniform(*r.black)), float(rng.uniform(*r.white))
+    quality = int(rng.integers(r.jpeg[0], r.jpeg[1] + 1))
+
+    img = doc.image
+    h, w = img.shape[:2]
+    grey = bool((img[..., :1] == img).all())
+    page = img[..., 0] if grey else img
+    counts = [len(q.boxes) for q in doc.questions]
+    boxes = np.concatenate([np.asarray(q.boxes, np.float64).reshape(-1, 4)
+                            for q in doc.questions])
+    boxes = np.clip(boxes, 0, [w, h, w, h])                                  # [K, 4]
+    # 1. crop, keeping the union of the answers
+    u0, u1 = boxes[:, :2].min(0), boxes[:, 2:].max(0)
+    slack = np.concatenate([u0, np.array([w, h]) - u1])
+    cut = crop_u * slack
+    x0, y0 = int(np.floor(cut[0])), int(np.floor(cut[1]))
+    x1, y1 = int(np.ceil(w - cut[2])), int(np.ceil(h - cut[3]))
+    page = page[y0:y1, x0:x1]
+    ch, cw = y1 - y0, x1 - x0
+    # 2. scale down (never below min_cells, with room for the keystone's shrink)
+    s_min = np.sqrt(min_cells * patch ** 2 / (ch * cw)) * (1 + 2 * r.perspective)
+    s = float(min(1.0, max(np.exp(log_s), s_min)))
+    h1, w1 = max(1, round(ch * s)), max(1, round(cw * s))
+    if (h1, w1) != (ch, cw):
+        page = cv2.resize(page, (w1, h1), interpolation=cv2.INTER_AREA)
+    pre = np.array([[w1 / cw, 0, -x0 * w1 / cw], [0, h1 / ch, -y0 * h1 / ch], [0, 0, 1]])
+    # 3. rotation + keystone + margin: one homography on edge coordinates
+    src = np.array([[0, 0], [w1, 0], [w1, h1], [0, h1]], np.float64)
+    c = np.array([w1, h1]) / 2
+    rot = np.array([[np.cos(theta), -np.sin(theta)], [np.sin(theta), np.cos(theta)]])
+    dst = (src - c) @ rot.T + c + jitter * [w1, h1]
+    lo = dst.min(0) - margin_u[:2] * [w1, h1]
+    hi = dst.max(0) + margin_u[2:] * [w1, h1]
+    dst -= lo
+    w2, h2 = (int(v) for v in np.ceil(hi - lo))
+    hm = cv2.getPerspectiveTransform(src.astype(np.float32), dst.astype(np.float32))
+    half = np.array([[1, 0, 0.5], [0, 1, 0.5], [0, 0, 1]])                 # index -> edge
+    hm_px = np.linalg.inv(half) @ hm @ half                                 # cv2: pixel index
+    fill = (bg,) if grey else (bg, bg, bg)
+    page = cv2.warpPerspective(page, hm_px, (w2, h2), flags=cv2.INTER_LINEAR,
+                               borderMode=cv2.BORDER_CONSTANT, borderValue=fill)
+    # the boxes: four corners each through crop + scale + homography, then their bbox
+    full = hm @ pre
+    corners = boxes[:, [[0, 1], [2, 1], [2, 3], [0, 3]]]                    # [K, 4, 2]
+    moved = _warp_points(full, corners)
+    nb = np.concatenate([moved.min(1), moved.max(1)], 1)
+    nb = np.clip(nb, 0, [w2, h2, w2, h2])
+    nb = np.concatenate([np.floor(nb[:, :2]), np.ceil(nb[:, 2:])], 1).astype(int)
+    # 4. blur, 5. light, 6. tone curve
+    if sigma > 0.3:
+        page = cv2.GaussianBlur(page, (0, 0), sigma)
+    yy = ((np.arange(h2, dtype=np.float32) + 0.5) / h2 * 2 - 1)[:, None]    # [-1, 1]
+    xx = ((np.arange(w2, dtype=np.float32) + 0.5) / w2 * 2 - 1)[None, :]
+    ramp = (np.cos(phi) * xx + np.sin(phi) * yy) / np.sqrt(2)
+    r2 = (xx - centre[0]) ** 2 + (yy - centre[1]) ** 2
+    r2 = r2 / max(float(r2.max()), 1e-6)
+    light = ((1 + amp * ramp) * (1 - vig * r2)).astype(np.float32)          # [h2, w2]
+    x = page.astype(np.float32) / 255.0 * (light if grey else light[..., None])
+    x = black + (white - black) * np.clip(x, 0.0, 1.0) ** gamma
+    page = np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    # 7. JPEG
+    enc = page if grey else cv2.cvtColor(page, cv2.COLOR_RGB2BGR)
+    ok, buf = cv2.imencode(".jpg", enc, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError(f"photo_page: JPEG encoding of {doc.doc_id} failed")
+    if grey:
+        dec = cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE)
+        image = np.repeat(dec[..., None], 3, axis=2)
+    else:
+        image = cv2.cvtColor(cv2.imdecode(buf, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    # the questions, their boxes and text heights moved
+    splits = np.cumsum(counts)[:-1]
+    per_q = np.split(nb, splits)
+    centres = np.stack([(np.asarray(q.boxes, np.float64).reshape(-1, 4)[:, :2].min(0)
+                         + np.asarray(q.boxes, np.float64).reshape(-1, 4)[:, 2:].max(0)) / 2
+                        for q in doc.questions])
+    scale_at = _homography_scale(full, centres)
+    questions = tuple(
+        replace(q, boxes=tuple(tuple(int(v) for v in b) for b in qb),
+                size_px=float(answer_text_px(q) * k))   # a float height (see above)
+        for q, qb, k in zip(doc.questions, per_q, scale_at, strict=True))
+    return replace(doc, image=np.ascontiguousarray(image), questions=questions, elements=())
 
 
 # ----------------------------------------------------------------------------- real pages
@@ -406,12 +633,13 @@ class TrainingSet:
         return self.specs[index]
 
     def samples(self, index: int) -> list[Sample]:
-        """The samples of page ``index`` (one per gist budget)."""
+        """The samples of page ``index`` (one per gist budget; with ``cfg.photo`` all of
+        them from one photo-like copy of the page, :func:`photo_training_page`)."""
         if index < self.cfg.pages:
             return training_samples(self.cfg, index)
         page = self.real[index - self.cfg.pages]
         null = _page_rng(self.cfg, index, 17).random() < self.cfg.null_share
-        doc = page.document()
+        doc = photo_training_page(self.cfg, index, page.document())
         return [make_sample(doc, b, null=null, layout=page.layout)
                 for b in self.spec(index)[1]]
 
@@ -450,7 +678,17 @@ def training_samples(cfg: TrainConfig, index: int) -> list[Sample]:
     layout, seed, budgets = page_spec(cfg, index)
     null = _page_rng(cfg, index, 17).random() < cfg.null_share
     doc = make_document(seed, layout=layout)              # questions re-phrased per step
+    doc = photo_training_page(cfg, index, doc)
     return [make_sample(doc, b, null=null, layout=layout) for b in budgets]
+
+
+def photo_training_page(cfg: TrainConfig, index: int, doc: Document) -> Document:
+    """Training page ``index`` as trained on: ``doc`` itself, or with ``cfg.photo`` its
+    photo-like copy (:func:`photo_page`, drawn from ``(cfg.seed, index)`` alone)."""
+    if not cfg.photo:
+        return doc
+    return photo_page(doc, _page_rng(cfg, index, PHOTO_SALT),
+                      min_cells=PHOTO_MIN_CELLS * max(cfg.gists))
 
 
 def epoch_batches(cfg: TrainConfig, gen: torch.Generator, data: TrainingSet
@@ -590,12 +828,32 @@ EMBED_CHUNK = 2048
 
 def embed_vocabulary(vocab: list[str]) -> dict[str, torch.Tensor]:
     """``{text: [384] MiniLM embedding}`` of a sorted vocabulary, embedded in fixed chunks of
-    :data:`EMBED_CHUNK` (the same chunks for the same vocabulary, whatever is cached)."""
+    :data:`EMBED_CHUNK`, each chunk encoded whole by the encoder itself: the same numbers
+    for the same vocabulary whatever this process embedded before (the string cache of
+    :func:`~fovea_core.importance.query.embed` would encode only the strings it lacks, in
+    other batches, which moves an embedding by ~1e-7 and a trained run with it).
+    Memoised per vocabulary (:data:`EMBED_MEMO` vocabularies)."""
+    key = tuple(vocab)
+    if key in _EMBEDDED:
+        return dict(_EMBEDDED[key])
+    from fovea_core.importance.query import text_encoder
+
     out: dict[str, torch.Tensor] = {}
     for k in range(0, len(vocab), EMBED_CHUNK):              # a few chunks
-        part = vocab[k:k + EMBED_CHUNK]
-        out.update(zip(part, question_embedding(part)))
-    return out
+        part = [t if t else "" for t in vocab[k:k + EMBED_CHUNK]]
+        vecs = np.asarray(text_encoder().encode(part, normalize_embeddings=True,
+                                                convert_to_numpy=True, show_progress_bar=False),
+                          dtype=np.float32)
+        out.update(zip(part, torch.from_numpy(vecs.copy())))
+    _EMBEDDED[key] = out
+    while len(_EMBEDDED) > EMBED_MEMO:
+        _EMBEDDED.pop(next(iter(_EMBEDDED)))
+    return dict(out)
+
+
+#: vocabularies :func:`embed_vocabulary` keeps (a training and a few validation wordings)
+EMBED_MEMO = 8
+_EMBEDDED: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
 
 
 def record_ids(record: Mapping) -> dict[str, list[str]]:
@@ -614,15 +872,29 @@ def train(cfg: TrainConfig = TrainConfig(), *, max_steps: int | None = None,
     ``max_steps`` stops early (the test re-runs the first steps of the committed run); only
     the pages those steps need are generated. ``data_dir`` and ``allow_missing``: where the
     real folders are and whether a missing one may be left out; ``only_ids``: the real pages
-    to use (:func:`real_pages`; :func:`record_ids` gives a record's)."""
+    to use (:func:`real_pages`; :func:`record_ids` gives a record's). ``threads``: torch's
+    and OpenCV's threads (1: deterministic, and one core on a shared machine).
+
+    The run lasts ``cfg.epochs`` epochs (an epoch: every page's samples once,
+    :func:`epoch_batches`), or with ``cfg.steps`` exactly that many steps (as many epochs
+    as they need, the last one cut short), so that runs on more or fewer pages can take the
+    same number of steps; the cosine schedule spans the run either way."""
+    if cfg.steps is not None and cfg.steps < 1:
+        raise ValueError(f"steps must be None or at least 1, got {cfg.steps}")
     if threads:
+        import cv2
+
         torch.set_num_threads(threads)
+        cv2.setNumThreads(threads)
     data = TrainingSet(cfg, data_dir=data_dir, allow_missing=allow_missing, only_ids=only_ids)
     torch.manual_seed(cfg.seed)
     net = GistLocaliserNet(width=cfg.width, maps=cfg.maps)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(epoch_batches(cfg, torch.Generator().manual_seed(cfg.seed), data))
-    total = steps_per_epoch * cfg.epochs
+    if steps_per_epoch == 0:
+        raise ValueError("train: no training page (cfg.pages == 0 and no real page)")
+    total = steps_per_epoch * cfg.epochs if cfg.steps is None else cfg.steps
+    epochs = cfg.epochs if cfg.steps is None else math.ceil(cfg.steps / steps_per_epoch)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: 0.5 * (1 + math.cos(math.pi * min(k, total) / total)))
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -633,9 +905,9 @@ def train(cfg: TrainConfig = TrainConfig(), *, max_steps: int | None = None,
     losses: list[float] = []
     gen_s = 0.0
     step = 0
-    for epoch in range(cfg.epochs):
+    for epoch in range(epochs):
         for ids in epoch_batches(cfg, gen, data):
-            if max_steps is not None and step >= max_steps:
+            if step >= total or (max_steps is not None and step >= max_steps):
                 break
             t1 = time.perf_counter()
             for i, _ in ids:                                # generate pages on first use
@@ -653,13 +925,14 @@ def train(cfg: TrainConfig = TrainConfig(), *, max_steps: int | None = None,
             step += 1
         if progress:
             recent = np.mean(losses[-steps_per_epoch:]) if losses else float("nan")
-            print(f"epoch {epoch + 1}/{cfg.epochs}: mean loss {recent:.4f} "
+            print(f"epoch {epoch + 1}/{epochs}: mean loss {recent:.4f} "
                   f"({time.perf_counter() - t0:.0f} s, {len(cache)} pages)", flush=True)
-        if max_steps is not None and step >= max_steps:
+        if step >= total or (max_steps is not None and step >= max_steps):
             break
     net.eval()
     sources = data.contributions(cache)
     record = dict(loss=losses, steps=step, seconds=time.perf_counter() - t0,
+                  **({} if cfg.steps is None else dict(steps_per_epoch=steps_per_epoch)),
                   data_seconds=gen_s, embed_seconds=embed_s, pages_generated=len(cache),
                   layouts={lay: n for src in sources.values()
                            for lay, n in src["layouts"].items()},
@@ -674,27 +947,43 @@ VALID_LAYOUTS = ("paper", "receipt", "invoice", "sroie", "funsd")
 
 
 def validation_samples(cfg: TrainConfig, layout: str, n: int | None = None, *,
-                       data_dir: str | Path | None = None, allow_missing: bool = False
-                       ) -> list[Sample]:
+                       data_dir: str | Path | None = None, allow_missing: bool = False,
+                       photo: bool = False) -> list[Sample]:
     """Held-out pages of ``layout`` (:data:`VALID_LAYOUTS`): synthetic ones from seeds
     :data:`VALID_SEED` upwards, ``cfg.valid_pages`` of them (or ``n``); for ``"sroie"`` /
     ``"funsd"`` the pages of that real *training* folder held out by
     ``cfg.real_valid_mod`` (never trained on; empty if the folder is not in ``cfg.real`` or
-    is missing under ``allow_missing``). Gist budget cycling through ``cfg.gists``."""
+    is missing under ``allow_missing``). Gist budget cycling through ``cfg.gists``.
+
+    ``photo``: each page as a photo-like copy (:func:`photo_page`, drawn from
+    :func:`valid_photo_rng`: the same copies whatever the run's seed or configuration), a
+    stand-in for photographs that reads no ``*-dev`` page."""
     if layout not in VALID_LAYOUTS:
         raise ValueError(f"layout must be one of {VALID_LAYOUTS}, got {layout!r}")
+    min_cells = PHOTO_MIN_CELLS * max(cfg.gists)
+
+    def page(doc: Document, i: int) -> Document:
+        return photo_page(doc, valid_photo_rng(layout, i), min_cells=min_cells) if photo \
+            else doc
+
     if layout in ("sroie", "funsd"):
         _, valid, _ = real_pages(tuple(cfg.real), cfg.real_pages, cfg.real_valid_mod,
                                  None if data_dir is None else str(data_dir), allow_missing)
         pages = [p for p in valid if p.layout == layout][:n]
-        return [make_sample(p.document(), cfg.gists[i % len(cfg.gists)], null=False,
+        return [make_sample(page(p.document(), i), cfg.gists[i % len(cfg.gists)], null=False,
                             layout=layout) for i, p in enumerate(pages)]
     n = cfg.valid_pages if n is None else n
     out = []
     for i in range(n):                                      # a few dozen pages
-        doc = make_document(VALID_SEED + i, layout=layout)
+        doc = page(make_document(VALID_SEED + i, layout=layout), i)
         out.append(make_sample(doc, cfg.gists[i % len(cfg.gists)], null=False, layout=layout))
     return out
+
+
+def valid_photo_rng(layout: str, index: int) -> np.random.Generator:
+    """The generator of validation page ``index`` of ``layout``'s photo-like copy: a pure
+    function of the two (never of a run's seed, so every run meets the same copies)."""
+    return np.random.default_rng([VALID_SEED, zlib.crc32(layout.encode()), index, PHOTO_SALT])
 
 
 def evaluate(net: GistLocaliserNet, samples: list[Sample], wording: str = "heldout") -> dict:
@@ -702,9 +991,14 @@ def evaluate(net: GistLocaliserNet, samples: list[Sample], wording: str = "heldo
     (``hit_mass``), whether the arg-max output pixel lies on the answer (``top1``), and the
     text-size error in octaves (``size_rmse``: the size map averaged under the *predicted*
     location, as the cascade uses it). Each question is asked in every template of
-    ``wording`` in turn (one template per page, cycling)."""
+    ``wording`` in turn (one template per page, cycling). ``fields``: ``questions``,
+    ``hit_mass`` and ``top1`` per question field (a sample's ``meta["fields"]``, e.g. a
+    receipt's ``company``, ``date``, ``address``, ``total``; every form question is
+    :data:`~fovea_book.eval.documents.FORM_FIELD`)."""
     keys = sorted({q[1] for s in samples for q in s.queries if q and q[0] == FORM_FIELD})
     emb = embed_vocabulary(vocabulary(wording, keys))
+    names = [f for s in samples
+             for f in s.meta.get("fields", [q[0] if q else "" for q in s.queries])]
     ce, mass, top1, serr = [], [], [], []
     with torch.no_grad():
         for k in range(0, len(samples), 8):                 # batches of pages
@@ -719,8 +1013,48 @@ def evaluate(net: GistLocaliserNet, samples: list[Sample], wording: str = "heldo
             top1 += (t.gather(1, p.argmax(1, keepdim=True))[:, 0] > 0).float().tolist()
             serr += ((p * smap[page].flatten(1)).sum(1) - size).tolist()
     n = len(mass)
+    per: dict[str, dict] = {}
+    for name in sorted(set(names)):                         # a handful of fields
+        sel = [k for k, f in enumerate(names) if f == name]
+        per[name] = dict(questions=len(sel), hit_mass=float(np.mean([mass[k] for k in sel])),
+                         top1=float(np.mean([top1[k] for k in sel])))
     return dict(questions=n, cross_entropy=sum(ce) / max(n, 1), hit_mass=float(np.mean(mass)),
-                top1=float(np.mean(top1)), size_rmse=float(np.sqrt(np.mean(np.square(serr)))))
+                top1=float(np.mean(top1)), size_rmse=float(np.sqrt(np.mean(np.square(serr)))),
+                fields=per)
+
+
+#: the validation numbers of a run's record: ``(layout, wording, photo)``; a key
+#: ``"layout/wording"``, ``"layout+photo/wording"`` for the photo-like copies
+#: (:func:`validation_samples`)
+VALIDATIONS: tuple[tuple[str, str, bool], ...] = (
+    ("paper", "heldout", False), ("receipt", "heldout", False), ("invoice", "heldout", False),
+    ("sroie", "heldout", False), ("funsd", "heldout", False), ("paper", "train", False),
+    ("receipt", "train", False), ("sroie", "train", False), ("funsd", "train", False),
+    ("receipt", "heldout", True), ("sroie", "heldout", True), ("funsd", "heldout", True))
+
+
+def validation_key(layout: str, wording: str, photo: bool) -> str:
+    """The record's key of a validation set (:data:`VALIDATIONS`)."""
+    return f"{layout}{'+photo' if photo else ''}/{wording}"
+
+
+def validate(net: GistLocaliserNet, cfg: TrainConfig,
+             which: Sequence[tuple[str, str, bool]] = VALIDATIONS, *,
+             data_dir: str | Path | None = None, allow_missing: bool = False,
+             sets: dict | None = None) -> dict[str, dict]:
+    """:func:`evaluate` on each validation set of ``which`` (:data:`VALIDATIONS`), keyed by
+    :func:`validation_key`; an empty set (a missing folder) is left out. ``sets``: a dict
+    that keeps the generated samples per ``(layout, photo)`` between calls."""
+    sets = {} if sets is None else sets
+    out = {}
+    for layout, wording, photo in which:                    # a dozen sets
+        if (layout, photo) not in sets:
+            sets[layout, photo] = validation_samples(cfg, layout, data_dir=data_dir,
+                                                     allow_missing=allow_missing, photo=photo)
+        if sets[layout, photo]:
+            out[validation_key(layout, wording, photo)] = evaluate(net, sets[layout, photo],
+                                                                   wording)
+    return out
 
 
 def default_output() -> Path:
@@ -760,6 +1094,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-missing-real", action="store_true",
                         help="train without a real training folder that is missing (default: "
                              "stop with a message); the record lists the missing folder")
+    parser.add_argument("--photo", action=argparse.BooleanOptionalAction, default=cfg.photo,
+                        help="train on photo-like copies of every page (photo_page: scale-down, "
+                             "crop, rotation, keystone, blur, uneven light, tone curve, JPEG; "
+                             "default: %(default)s, the committed run's)")
     return parser
 
 
@@ -787,6 +1125,13 @@ def output_path(args: argparse.Namespace) -> Path:
     return out
 
 
+def _versions() -> dict[str, str]:
+    """Versions of what shapes the pages beside torch: numpy and OpenCV (JPEG, warps)."""
+    import cv2
+
+    return dict(numpy=np.__version__, opencv=cv2.__version__)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -794,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         out = output_path(args)
     except ValueError as exc:
         parser.error(str(exc))
-    cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs)
+    cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs, photo=args.photo)
     where = "the COMMITTED weights " if out == weights_path() else ""
     print(f"training the gist localiser into {where}{out}: {cfg}", flush=True)
     try:
@@ -804,16 +1149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    vs = {layout: validation_samples(cfg, layout, data_dir=args.data_dir,
-                                     allow_missing=args.allow_missing_real)
-          for layout in VALID_LAYOUTS}
-    valid = {f"{layout}/{wording}": evaluate(net, vs[layout], wording)
-             for layout, wording in (("paper", "heldout"), ("receipt", "heldout"),
-                                     ("invoice", "heldout"), ("sroie", "heldout"),
-                                     ("funsd", "heldout"), ("paper", "train"),
-                                     ("receipt", "train"), ("sroie", "train"),
-                                     ("funsd", "train"))
-             if vs[layout]}
+    valid = validate(net, cfg, data_dir=args.data_dir, allow_missing=args.allow_missing_real)
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
     torch.save(state, out)
@@ -827,10 +1163,14 @@ def main(argv: list[str] | None = None) -> int:
                           size_target="synthetic: font size; real: median line-box height",
                           validation=("synthetic: seeds from VALID_SEED; real: pages of the "
                                       "*-train folders with crc32(doc_id) % real_valid_mod == "
-                                      "0, never trained on; no *-dev page")),
+                                      "0, never trained on; no *-dev page; '+photo': the same "
+                                      "pages as photo-like copies (photo_page, drawn from "
+                                      "valid_photo_rng)"),
+                          **({"photo": asdict(PHOTO)} if cfg.photo else {})),
                 validation=valid, validation_seconds=time.perf_counter() - t0,
                 environment=dict(torch=torch.__version__, python=platform.python_version(),
-                                 machine=platform.machine(), threads=args.threads))
+                                 machine=platform.machine(), threads=args.threads,
+                                 **_versions()))
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(json.dumps({k: meta[k] for k in ("sha256", "parameters", "validation")}, indent=1))
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB) in "
