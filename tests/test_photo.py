@@ -127,3 +127,23 @@ def test_factor_table_scores_each_factor_and_localiser():
     assert t.cell_auc.between(0, 1).all() and t.fovea_share.between(0, 1).all()
     stored = t[t.factor == "as stored"].set_index(["localiser", "doc_id", "field"])
     assert np.allclose(stored.loc["learned"].cell_auc, stored.loc["paper"].cell_auc)
+
+
+def test_a_batch_gives_each_page_what_it_gets_alone():
+    import torch
+
+    from fovea_core.cascade.core import gist as make_gist
+    from fovea_core.pyramid import build_pyramid as bp
+
+    scan = make_document(4, layout="receipt")
+    photo = on_background(make_document(5, layout="receipt"), np.random.default_rng(2),
+                          share=0.4)
+    h = min(scan.size[0], photo.size[0])
+    w = min(scan.size[1], photo.size[1])
+    pages = np.stack([scan.image[:h, :w], photo.image[:h, :w]])
+    g = make_gist(bp(pages), 64)
+    q = "What is the total?"
+    both = LearnedLocaliser(paper=True)(g, q)
+    for b in range(2):
+        alone = LearnedLocaliser(paper=True)(make_gist(bp(pages[b:b + 1]), 64), q)
+        assert torch.allclose(both[b], alone[0], atol=1e-6)

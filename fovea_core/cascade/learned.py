@@ -80,7 +80,13 @@ def gist_features(g: Gist, region: torch.Tensor | None = None) -> torch.Tensor:
     ``None``: the whole page (the features the committed weights were trained on).
     """
     if region is not None:
-        return _region_features(g, region)
+        # an image whose region is its whole page reads exactly the plain features, so a
+        # batch gives each image what it would get alone
+        plain = gist_features(g)
+        own = (region.bool() != g.inside()[None]).flatten(1).any(1)           # [B]
+        if not bool(own.any()):
+            return plain
+        return torch.where(own[:, None, None, None], _region_features(g, region), plain)
     img = g.image.float()
     luma = _luma(img)                                                         # [B, h, w]
     b, hp, wp = luma.shape
