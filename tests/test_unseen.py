@@ -131,3 +131,26 @@ def test_the_read_then_look_saving_rows_count_both_fixations():
     assert v[[t for t in rows if "5x on the forms" in t][0]] == "not met"
     assert v[[t for t in rows if "4x on the receipts (rapidocr)" in t][0]].startswith("not measured")
     assert not any(t.startswith("read, then look (both") for t in _targets().index)
+
+
+def test_learning_table_has_a_row_per_run_set_and_field_and_the_committed_weights():
+    from fovea_book.eval.unseen import learning_figure, learning_table
+
+    v = {"hit_mass": 0.3, "top1": 0.4, "questions": 10,
+         "fields": {"date": {"hit_mass": 0.05, "top1": 0.0, "questions": 3}}}
+    rec = {"points": [dict(label="0+photo", photo=True, real_pages={"a": 0, "b": 0},
+                           validation={"sroie/heldout": v}),
+                      dict(label="1", photo=False, real_pages={"a": 10, "b": 5},
+                           validation={"sroie/heldout": {**v, "hit_mass": 0.5}})],
+           "reference": {"validation": {"sroie/heldout": v}}}
+    t = learning_table(rec)
+    assert len(t) == 6
+    one = t[(t.label == "1") & (t.set == "sroie/heldout")].iloc[0]
+    assert one.real_pages == 15 and one.hit_mass == 0.5 and not one.photo
+    date = t[(t.label == "0+photo") & (t.set == "sroie/heldout:date")].iloc[0]
+    assert date.hit_mass == 0.05 and date.questions == 3
+    assert t[t.label == "committed"].real_pages.isna().all()
+    import matplotlib.pyplot as plt
+    fig = learning_figure(t, {"sroie/heldout": "receipts"})
+    assert len(fig.axes[0].lines) == 2                  # the photo runs, the committed line
+    plt.close(fig)

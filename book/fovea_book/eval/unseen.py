@@ -213,7 +213,7 @@ def ttft_target(record: Mapping | None, saving: pd.DataFrame, method: str, budge
     g = best["groups"]
     hw = record.get("hardware", {})
     sentence = (
-        f"on {hw.get('cpu', 'this CPU')} ({hw.get('torch_threads', '?')} threads; "
+        f"on {hw.get('cpu', 'this CPU')} ({_threads(hw.get('torch_threads'))}; "
         f"{staleness(record)['label']}), the default cascade at N = {budget} reaches the first "
         f"token in {best['foveated_ms'] / 1000:.1f} s and `resize` at the {want[0]:.0f} tokens "
         f"where it reads as well on the receipts in {best['resize_ms'] / 1000:.1f} s "
@@ -227,6 +227,10 @@ def ttft_target(record: Mapping | None, saving: pd.DataFrame, method: str, budge
            if clipped else ""))
     return dict(speedup=best["speedup"], lo=lo["speedup"], hi=hi["speedup"],
                 n_docs=int(r.n_docs)), sentence
+
+
+def _threads(n) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s") if n is not None else "threads unknown"
 
 
 def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
