@@ -67,8 +67,11 @@ def test_quick_record_stages_are_positive_and_add_up_to_each_call(quick):
         assert set(p["stages"]) == set(want), name
         for s, t in p["stages"].items():
             assert len(t["rounds_ms"]) == 2 and min(t["rounds_ms"]) > 0, (name, s)
+        # the stages are timed exclusively, so they never add up to more than the call; what
+        # they leave out is the glue between them (a few ms, more on a loaded machine: 8 %
+        # of a 150 ms quick call was seen with another job on both cores)
         for inner, outer in zip(p["stage_sum_rounds_ms"], p["rounds_ms"], strict=True):
-            assert inner <= outer + 1e-3 and inner >= 0.97 * outer - 2.0, (name, inner, outer)
+            assert inner <= outer + 1e-3 and inner >= 0.85 * outer - 5.0, (name, inner, outer)
         total = sum(t["median_ms"] for t in p["stages"].values())
         assert total == pytest.approx(p["median_ms"], rel=0.15), name
 

@@ -81,7 +81,10 @@ def execute(ws, code: str, timeout: float = 120) -> dict:
         "content": {"code": code, "silent": False, "store_history": True,
                     "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
     deadline = time.monotonic() + timeout
-    errors = []
+    errors, reply, idle = [], None, False
+    # the reply (shell) and the outputs (iopub) travel on two channels: an error output can
+    # arrive after the reply, so wait for both the reply and iopub's "idle", which the kernel
+    # sends after the request's last output
     while time.monotonic() < deadline:
         msg = json.loads(ws.recv())
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -89,8 +92,12 @@ def execute(ws, code: str, timeout: float = 120) -> dict:
         if msg["msg_type"] == "error":
             errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
         if msg["channel"] == "shell" and msg["msg_type"] == "execute_reply":
-            return {**msg["content"], "errors": errors}
-    raise TimeoutError(f"no execute_reply within {timeout} s")
+            reply = msg["content"]
+        if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+            idle = True
+        if reply is not None and idle:
+            return {**reply, "errors": errors}
+    raise TimeoutError(f"no execute_reply and idle status within {timeout} s")
 
 
 @pytest.fixture(scope="module")
