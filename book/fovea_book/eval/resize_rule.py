@@ -44,7 +44,8 @@ import pandas as pd
 from fovea_book.eval.document_types import Document
 from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
-__all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "unseen_training_pages", "grid_ratio", "rule_curve", "fit_threshold",
+__all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
+           "unseen_training_pages", "grid_ratio", "rule_curve", "fit_threshold",
            "default_record_path", "read_record", "main"]
 
 #: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
@@ -63,33 +64,47 @@ def grid_ratio(doc: Document, budget: int = 273, patch: int = 16) -> float:
     return math.ceil(h / patch) * math.ceil(w / patch) / budget
 
 
+def localiser_record() -> dict:
+    """The committed localiser's training record (the JSON beside its weights)."""
+    from fovea_core.cascade.learned import weights_path
+
+    return json.loads(weights_path().with_suffix(".json").read_text())
+
+
+def unseen_pages(record: Mapping, name: str, *, data_dir=None) -> list[Document]:
+    """The pages of the training folder ``name`` (``"sroie-train"`` or ``"funsd-train"``,
+    questions in the training wording) that the localiser of ``record`` (its training
+    record) did not train on: every page not among the record's training ``page_ids`` (so
+    its held-out fifth and pages added since), sorted by id. A missing folder raises
+    :class:`~fovea_book.paths.DatasetNotFound`."""
+    from fovea_book.eval.funsd import load_funsd
+    from fovea_book.eval.sroie import load_sroie
+    from fovea_book.paths import dataset_path
+
+    loaders = {"sroie-train": lambda root: load_sroie(root, wording="train", log=lambda _: None),
+               "funsd-train": lambda root: load_funsd(root, wording="train", log=lambda _: None)}
+    if name not in loaders:
+        raise ValueError(f"name must be one of {sorted(loaders)}, got {name!r}")
+    trained = set(record["train"]["sources"].get(name, {}).get("page_ids", ()))
+    return [d for d in loaders[name](dataset_path(name, data_dir)) if d.doc_id not in trained]
+
+
 def unseen_training_pages(record: Mapping, *, data_dir=None, synthetic: int = 12,
                           forms: int | None = 12) -> dict[str, list[Document]]:
     """Training pages the localiser of ``record`` (its training record, the JSON beside the
     weights) never trained on: ``{"sroie-train": [...], "funsd-train": [...],
     "synthetic": [...]}``.
 
-    Real pages: every page of the folder that is not among the record's training
-    ``page_ids`` (so its held-out fifth and pages added since), sorted by id; ``forms``
-    caps the FUNSD pages (the first by ``crc32`` of their id; forms ask many questions
-    each). Synthetic pages: ``synthetic`` pages from the validation seeds
-    (:data:`fovea_book.train.VALID_SEED`), alternating the receipt and paper layouts.
-    A missing folder raises :class:`~fovea_book.paths.DatasetNotFound`."""
-    from fovea_book.eval.funsd import load_funsd
+    Real pages: :func:`unseen_pages`; ``forms`` caps the FUNSD pages (the first by
+    ``crc32`` of their id; forms ask many questions each). Synthetic pages: ``synthetic``
+    pages from the validation seeds (:data:`fovea_book.train.VALID_SEED`), alternating the
+    receipt and paper layouts. A missing folder raises
+    :class:`~fovea_book.paths.DatasetNotFound`."""
     from fovea_book.eval.layouts import make_document
-    from fovea_book.eval.sroie import load_sroie
-    from fovea_book.paths import dataset_path
     from fovea_book.train import VALID_SEED
 
-    sources = record["train"]["sources"]
-    trained = {name: set(sources.get(name, {}).get("page_ids", ()))
-               for name in ("sroie-train", "funsd-train")}
-    root = None if data_dir is None else Path(data_dir)
-    sroie = load_sroie(dataset_path("sroie-train") if root is None else root / "sroie-train",
-                       wording="train", log=lambda _: None)
-    funsd = load_funsd("funsd-train", data_dir=data_dir, wording="train", log=lambda _: None)
-    out = {"sroie-train": [d for d in sroie if d.doc_id not in trained["sroie-train"]]}
-    unseen_forms = sorted((d for d in funsd if d.doc_id not in trained["funsd-train"]),
+    out = {"sroie-train": unseen_pages(record, "sroie-train", data_dir=data_dir)}
+    unseen_forms = sorted(unseen_pages(record, "funsd-train", data_dir=data_dir),
                           key=lambda d: zlib.crc32(d.doc_id.encode()))
     out["funsd-train"] = unseen_forms[:forms] if forms is not None else unseen_forms
     out["synthetic"] = [make_document(VALID_SEED + i, layout=("receipt", "paper")[i % 2])
@@ -167,7 +182,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_core.cascade.learned import weights_path
 
     ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.resize_rule",
                                  description=__doc__.split("\n\n")[0])
@@ -181,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    record = json.loads(weights_path().with_suffix(".json").read_text())
+    record = localiser_record()
     pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
                                   forms=args.forms)
     sets: dict[str, list[Document]] = {}

@@ -17,9 +17,7 @@ other row.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -64,20 +62,16 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
     """``(pages, message)``: the first :data:`FACTOR_PAGES` ``[profile]`` ``sroie-train``
     receipts (by id) the committed localiser did not train on, or ``([], why)`` when the
     folder is missing."""
-    from fovea_book.eval.sroie import load_sroie
-    from fovea_book.paths import DatasetNotFound, dataset_path
-    from fovea_core.cascade.learned import weights_path
+    from fovea_book.eval.resize_rule import localiser_record, unseen_pages
+    from fovea_book.paths import DatasetNotFound
 
     if profile not in FACTOR_PAGES:
         raise ValueError(f"profile must be one of {sorted(FACTOR_PAGES)}, got {profile!r}")
-    record = json.loads(weights_path().with_suffix(".json").read_text())
-    trained = set(record["train"]["sources"].get("sroie-train", {}).get("page_ids", ()))
     try:
-        root = dataset_path("sroie-train") if data_dir is None else Path(data_dir) / "sroie-train"
-        docs = load_sroie(root, wording="train", log=lambda _: None)
+        docs = unseen_pages(localiser_record(), "sroie-train", data_dir=data_dir)
     except DatasetNotFound as err:
         return [], f"photograph factors skipped: {err}"
-    unseen = [d for d in docs if d.doc_id not in trained][:FACTOR_PAGES[profile]]
+    unseen = docs[:FACTOR_PAGES[profile]]
     return unseen, (f"{len(unseen)} sroie-train receipts the localiser never trained on "
                     f"({sum(len(d.questions) for d in unseen)} questions)")
 
