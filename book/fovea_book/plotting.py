@@ -126,16 +126,9 @@ def cascade_stages_figure(pyramid: Pyramid, parts, *,
         box: ``(x0, y0, x1, y1)`` in base pixels, or None.
         width: the figure's width in inches (the height follows the page's aspect).
     """
-    from fovea_core.sample import render, sample
-
     tok, g = parts.tokens, parts.gist
-    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
-        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
-                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
-    page = to_display(pyramid)
+    page, recon = _page_and_reading(pyramid, tok)
     h, w = page.shape[:2]
-    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]             # [C, H, W]
-    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
     fig, axes = plt.subplots(1, 4, figsize=(width, width * h / w / 4 + 0.8),
                              layout="constrained")
     axes[0].imshow(g.image[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy(),
@@ -145,21 +138,47 @@ def cascade_stages_figure(pyramid: Pyramid, parts, *,
     axes[1].imshow(parts.scores[0].float().cpu().numpy(), extent=(0, w, h, 0), cmap="magma",
                    alpha=0.6)
     axes[1].set_title("(b) where the answer is")
-    verts = box_vertices(tok.boxes()[0].cpu().numpy())                          # [N, 4, 2]
-    stage = tok.stage[0].cpu().numpy()
     axes[2].imshow(page, alpha=0.6)
-    for s, c in STAGE_COLORS.items():
-        axes[2].add_collection(PolyCollection(verts[stage == s], facecolors="none",
-                                              edgecolors=c, linewidth=0.5))
+    stage = _outline_stages(axes[2], tok, STAGE_COLORS)
     axes[2].set_title(f"(c) gist (blue) + fovea (red): {g.budget} + {int((stage == 1).sum())}")
     axes[3].imshow(recon)
     axes[3].set_title("(d) what the reader reads")
+    _finish(axes, box)
+    return fig
+
+
+def _page_and_reading(pyramid: Pyramid, tok: TokenSet) -> tuple[np.ndarray, np.ndarray]:
+    """``(page, reading)``: the page as displayed and what the reader reads from ``tok``
+    (:func:`fovea_core.sample.render` of its tokens over the page's coarse level), both
+    ``[H, W, C]`` arrays; ``tok`` must cover ``pyramid``'s page."""
+    from fovea_core.sample import render, sample
+
+    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
+        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
+                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
+    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]             # [C, H, W]
+    return to_display(pyramid), recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+
+
+def _outline_stages(ax: Axes, tok: TokenSet, colours: dict[int, str]) -> np.ndarray:
+    """Outline image 0's token footprints on ``ax``, one
+    :class:`~matplotlib.collections.PolyCollection` per stage of ``colours`` (``{stage:
+    colour}``, in its order); returns the stages ``[N]``."""
+    verts = box_vertices(tok.boxes()[0].cpu().numpy())                          # [N, 4, 2]
+    stage = tok.stage[0].cpu().numpy()
+    for s, c in colours.items():
+        ax.add_collection(PolyCollection(verts[stage == s], facecolors="none", edgecolors=c,
+                                         linewidth=0.5))
+    return stage
+
+
+def _finish(axes, box: tuple[float, float, float, float] | None) -> None:
+    """No axes on any panel; the answer's ``box`` (if any) outlined on all but the first."""
     for ax in axes:
         ax.set_axis_off()
     if box is not None:
         for ax in axes[1:]:
             _answer_box(ax, box)
-    return fig
 
 
 def two_fixations_figure(pyramid: Pyramid, parts, *,
@@ -181,17 +200,11 @@ def two_fixations_figure(pyramid: Pyramid, parts, *,
         width: the figure's width in inches.
     """
     from fovea_core.cascade.reading import STAGE_SECOND, first_view
-    from fovea_core.sample import render, sample
 
     tok, rd = parts.tokens, parts.readings[0]
-    if tuple(tok.image_size) != tuple(pyramid.base.shape[-2:]):
-        raise ValueError(f"parts.tokens cover a {tuple(tok.image_size)} page but pyramid is "
-                         f"{tuple(pyramid.base.shape[-2:])}: pass the pyramid the cascade ran on")
-    page = to_display(pyramid)
+    page, recon = _page_and_reading(pyramid, tok)
     h, w = page.shape[:2]
     view1 = first_view(pyramid, parts.first.tokens)[0].permute(1, 2, 0).cpu().numpy()
-    recon = render(tok, sample(pyramid, tok), background=pyramid)[0]
-    recon = recon.clamp(0, 1).permute(1, 2, 0).cpu().numpy()
     fig, axes = plt.subplots(1, 3, figsize=(width, width * h / w / 3 + 0.9),
                              layout="constrained")
     axes[0].imshow(view1)
@@ -205,13 +218,8 @@ def two_fixations_figure(pyramid: Pyramid, parts, *,
         axes[0].annotate(m.cue, (x0, y0), color="orange", fontsize=7, va="bottom")
     axes[0].set_title(f"(a) fixation 1:\n{len(rd.lines.texts)} lines read, "
                       f"{len(rd.matches)} matched")
-    stage = tok.stage[0].cpu().numpy()
-    verts = box_vertices(tok.boxes()[0].cpu().numpy())
     axes[1].imshow(page, alpha=0.6)
-    colours = {0: STAGE_COLORS[0], 1: STAGE_COLORS[1], STAGE_SECOND: "orange"}
-    for s, c in colours.items():
-        axes[1].add_collection(PolyCollection(verts[stage == s], facecolors="none",
-                                              edgecolors=c, linewidth=0.5))
+    stage = _outline_stages(axes[1], tok, {**STAGE_COLORS, STAGE_SECOND: "orange"})
     for m in rd.matches:
         for x0, y0, x1, y1, _ in m.regions:
             axes[1].add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False,
@@ -220,11 +228,7 @@ def two_fixations_figure(pyramid: Pyramid, parts, *,
     axes[1].set_title(f"(b) fixation 2 ({int((stage == STAGE_SECOND).sum())} tokens): {path}")
     axes[2].imshow(recon)
     axes[2].set_title(f"(c) what the reader reads:\n{tok.centers.shape[1]} tokens in all")
-    for ax in axes:
-        ax.set_axis_off()
-    if box is not None:
-        for ax in axes[1:]:
-            _answer_box(ax, box)
+    _finish(axes, box)
     return fig
 
 
