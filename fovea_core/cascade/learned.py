@@ -87,30 +87,39 @@ def gist_features(g: Gist, region: torch.Tensor | None = None) -> torch.Tensor:
         if not bool(own.any()):
             return plain
         return torch.where(own[:, None, None, None], _region_features(g, region), plain)
-    img = g.image.float()
-    luma = _luma(img)                                                         # [B, h, w]
-    b, hp, wp = luma.shape
-    inside = g.inside().to(luma.dtype)                                        # [h, w]
-    flat = luma.flatten(1)
-    sel = inside.flatten().bool()
-    paper = flat[:, sel].median(dim=1).values                                 # [B]
-    dark = (paper[:, None, None] - luma).clamp(min=0) * inside
-    scale = torch.quantile(dark.flatten(1)[:, sel], 0.99, dim=1).clamp(min=0.05)
-    ink = (dark / scale[:, None, None]).clamp(0, 1)
+    luma = _luma(g.image.float())                                             # [B, h, w]
+    b = luma.shape[0]
     h, w = g.image_size
     ys, xs = g.pixel_centres()
-    yn, xn = (ys / h).float(), (xs / w).float()
+    return _channels(luma, g.inside()[None].expand_as(luma), (ys / h).float()[None].expand(b, -1),
+                     (xs / w).float()[None].expand(b, -1), torch.full((b,), float(np.log(h / w))))
+
+
+def _channels(luma: torch.Tensor, on: torch.Tensor, yn: torch.Tensor, xn: torch.Tensor,
+              aspect: torch.Tensor) -> torch.Tensor:
+    """The seven input channels ``[B, 7, h, w]`` (:func:`gist_features`) from the gist's luma
+    ``[B, h, w]``, each image's page mask ``on [B, h, w]`` (bool), the pixels' positions on
+    that page ``yn [B, h]``, ``xn [B, w]`` and its ``log(H / W)`` ``aspect [B]``: ink below
+    the paper tone (the page's median luma) scaled by its 99th percentile, and the position
+    within the inked extent."""
+    b, hp, wp = luma.shape
+    off = ~on.flatten(1)
+    paper = luma.flatten(1).masked_fill(off, float("nan")).nanmedian(dim=1).values   # [B]
+    page = on.to(luma.dtype)
+    dark = (paper[:, None, None] - luma).clamp(min=0) * page
+    scale = torch.nanquantile(dark.flatten(1).masked_fill(off, float("nan")), 0.99,
+                              dim=1).clamp(min=0.05)
+    ink = (dark / scale[:, None, None]).clamp(0, 1)
     y0, y1 = _percentile_extent(ink.sum(2))
     x0, x1 = _percentile_extent(ink.sum(1))
     iy = torch.arange(hp, dtype=luma.dtype) + 0.5
     ix = torch.arange(wp, dtype=luma.dtype) + 0.5
     yr = (iy[None] - y0[:, None]) / (y1 - y0).clamp(min=1)[:, None]            # [B, h]
     xr = (ix[None] - x0[:, None]) / (x1 - x0).clamp(min=1)[:, None]            # [B, w]
-    aspect = torch.full((b, hp, wp), float(np.log(h / w)))
-    return torch.stack([ink, xn[None, None].expand(b, hp, wp), yn[None, :, None].expand(b, hp, wp),
+    return torch.stack([ink, xn[:, None].expand(b, hp, wp), yn[:, :, None].expand(b, hp, wp),
                         xr[:, None].expand(b, hp, wp).clamp(-0.5, 1.5),
-                        yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5),
-                        inside.expand(b, hp, wp), aspect], 1)
+                        yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5), page,
+                        aspect.to(luma.dtype)[:, None, None].expand(b, hp, wp)], 1)
 
 
 def _luma(img: torch.Tensor) -> torch.Tensor:
@@ -146,26 +155,12 @@ def _region_features(g: Gist, region: torch.Tensor) -> torch.Tensor:
                          f"image is {(b, hp, wp)}")
     ins = region.bool() & g.inside()[None]                                    # [B, h, w]
     ins = torch.where(ins.flatten(1).any(1)[:, None, None], ins, g.inside()[None])
-    on = ins.to(luma.dtype)
-    flat = luma.flatten(1).masked_fill(~ins.flatten(1), float("nan"))
-    paper = flat.nanmedian(dim=1).values                                      # [B]
-    dark = (paper[:, None, None] - luma).clamp(min=0) * on
-    scale = torch.nanquantile(dark.flatten(1).masked_fill(~ins.flatten(1), float("nan")),
-                              0.99, dim=1).clamp(min=0.05)
-    ink = (dark / scale[:, None, None]).clamp(0, 1)
     y0, y1, x0, x1 = (v.to(luma.dtype) for v in _bounds(ins))                # gist pixels
     iy = torch.arange(hp, dtype=luma.dtype) + 0.5
     ix = torch.arange(wp, dtype=luma.dtype) + 0.5
     yn = (iy[None] - y0[:, None]) / (y1 - y0)[:, None]                        # [B, h]
     xn = (ix[None] - x0[:, None]) / (x1 - x0)[:, None]                        # [B, w]
-    ey0, ey1 = _percentile_extent(ink.sum(2))
-    ex0, ex1 = _percentile_extent(ink.sum(1))
-    yr = (iy[None] - ey0[:, None]) / (ey1 - ey0).clamp(min=1)[:, None]
-    xr = (ix[None] - ex0[:, None]) / (ex1 - ex0).clamp(min=1)[:, None]
-    aspect = torch.log((y1 - y0) / (x1 - x0))[:, None, None].expand(b, hp, wp)
-    return torch.stack([ink, xn[:, None].expand(b, hp, wp), yn[:, :, None].expand(b, hp, wp),
-                        xr[:, None].expand(b, hp, wp).clamp(-0.5, 1.5),
-                        yr[:, :, None].expand(b, hp, wp).clamp(-0.5, 1.5), on, aspect], 1)
+    return _channels(luma, ins, yn, xn, torch.log((y1 - y0) / (x1 - x0)))
 
 
 #: :func:`paper_region`'s limits: a bright component is taken as the sheet when its bounding
