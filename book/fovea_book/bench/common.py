@@ -188,6 +188,15 @@ def time_it(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
     """
     for _ in range(warmup):
         fn()
+    times = timed_calls(fn, repeats, sync)
+    return {"median_ms": statistics.median(times), "min_ms": min(times),
+            "max_ms": max(times), "repeats": repeats}
+
+
+def timed_calls(fn: Callable[[], object], repeats: int,
+                sync: Callable[[], None] | None = None) -> list[float]:
+    """Wall milliseconds of ``repeats`` calls of ``fn``, one after another (no warm-up);
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each clock read."""
     times = []
     for _ in range(repeats):
         if sync:
@@ -197,8 +206,7 @@ def time_it(fn: Callable[[], object], repeats: int = 20, warmup: int = 3,
         if sync:
             sync()
         times.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(times), "min_ms": min(times),
-            "max_ms": max(times), "repeats": repeats}
+    return times
 
 
 def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = 30, warmup: int = 2,

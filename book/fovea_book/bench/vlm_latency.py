@@ -52,7 +52,7 @@ import time
 import torch
 
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least,
-                                     record_name, round_ratios, time_rounds)
+                                     record_name, round_ratios, time_rounds, timed_calls)
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import mrope_positions
 from fovea_core.vlm.qwen import (MODEL_NAMES, build_qwen, lm_parameter_count, lm_prefill_flops,
@@ -180,15 +180,7 @@ def run_model(name: str, tokens: tuple[int, ...], device: str, dtype: torch.dtyp
         once = time.perf_counter() - t0
         fns[n], once_s[n] = prefill, once
         repeats = int(max(5, min(30, budget_s / max(once, 1e-4))))
-        times = []
-        for _ in range(repeats):
-            if sync:
-                sync()
-            t1 = time.perf_counter()
-            prefill()
-            if sync:
-                sync()
-            times.append((time.perf_counter() - t1) * 1e3)
+        times = timed_calls(prefill, repeats, sync)
         timing = {"median_ms": statistics.median(times), "min_ms": min(times),
                   "max_ms": max(times), "repeats": repeats, "times_ms": times}
         fl = lm_prefill_flops(cfg, s, batch=batch)
