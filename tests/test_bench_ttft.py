@@ -307,3 +307,10 @@ def test_ttft_speedup_is_resize_at_n_equal_over_the_foveated_path():
         ttft.ttft_speedup(broken, 800)
     with pytest.raises(ValueError, match="outside the measured range"):
         ttft.ttft_speedup(rec, 2000)
+
+
+def test_resize_token_range_is_the_measured_counts():
+    rec = {"resize": {str(n): {"visual_tokens": n, "median_ms": 1.0 + n} for n in (1024, 273, 576)}}
+    assert ttft.resize_token_range(rec) == (273, 1024)
+    with pytest.raises(ValueError, match="resize"):
+        ttft.resize_token_range({})

@@ -624,6 +624,14 @@ def _points(record: Mapping, stage: str | None) -> tuple[np.ndarray, np.ndarray]
     return n_arr, t_arr
 
 
+def resize_token_range(record: Mapping) -> tuple[int, int]:
+    """The smallest and largest token counts the record's resize path was measured at (the
+    range :func:`resize_ttft_at` interpolates in). Raises as :func:`resize_ttft_at` does for
+    a record without a usable ``resize`` section."""
+    ns = _points(record, None)[0]
+    return int(ns[0]), int(ns[-1])
+
+
 def resize_ttft_at(record: Mapping, n_tokens: float, *, stage: str | None = None,
                    interp: str = "loglog") -> float:
     """The resize path's TTFT (ms, median over rounds) at ``n_tokens`` image tokens.

@@ -192,14 +192,13 @@ def ttft_target(record: Mapping | None, saving: pd.DataFrame, method: str, budge
     if record is None:
         return None, "not measured (no benchmark record `data/benchmarks/ttft.json`)"
     from fovea_book.bench.common import staleness
-    from fovea_book.bench.ttft import _points, ttft_speedup
+    from fovea_book.bench.ttft import resize_token_range, ttft_speedup
 
     row = saving[(saving.dataset == "sroie") & (saving.method == method)]
     if row.empty or not np.isfinite(float(row.factor.iloc[0])):
         return None, "not measured (no finite saving factor on the receipts)"
     r = row.iloc[0]
-    ns = _points(record, None)[0]
-    lo_n, hi_n = float(ns[0]), float(ns[-1])
+    lo_n, hi_n = (float(n) for n in resize_token_range(record))
     want = [float(v) * budget for v in (r.factor, r.lo, r.hi)]
     clipped = any(not lo_n <= n <= hi_n for n in want if np.isfinite(n))
     at = [min(max(n if np.isfinite(n) else hi_n, lo_n), hi_n) for n in want]
