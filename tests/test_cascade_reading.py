@@ -20,14 +20,17 @@ from fovea_core import build_pyramid
 from fovea_core.cascade import reading
 from fovea_core.cascade.allocator import cascade_parts, covered_share
 from fovea_core.cascade.localisers import answer_mass
-from fovea_core.cascade.reading import (DEFAULT_GEOMETRY, NAME, STAGE_SECOND, AnswerGeometry,
-                                        Rect, best_matches, match_lines, question_cues,
-                                        read_map, reading_parts, split_budget)
+from fovea_core.cascade.reading import (DEFAULT_GEOMETRY, NAME, PRIOR_FIRST_SHARE,
+                                        PRIOR_GEOMETRY, STAGE_SECOND, AnswerGeometry, Rect,
+                                        best_matches, match_lines, question_cues, read_map,
+                                        reading_parts, split_budget)
 from fovea_core.importance.text import TextRead
 from fovea_core.tokens import TokenSet
 
 N = 273
 QUESTION = "What is the total in the table?"
+#: the hand-set geometry and first share, which the page tests are written against
+PRIOR_KW = dict(geometry=PRIOR_GEOMETRY, first_share=PRIOR_FIRST_SHARE)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -51,9 +54,11 @@ def page():
 
 @pytest.fixture(scope="module")
 def run(page):
-    """The page read once (the only OCR call of this file; cached by the view's hash)."""
+    """The page read once (the only OCR call of this file; cached by the view's hash), with
+    the hand-set geometry and share (:data:`PRIOR_KW`: the mechanics under a geometry the
+    test knows; the fitted defaults are tested in ``tests/test_reading_fit.py``)."""
     _, pyr, at_label, _ = page
-    return reading_parts(pyr, N, query=QUESTION, localiser=at_label)
+    return reading_parts(pyr, N, query=QUESTION, localiser=at_label, **PRIOR_KW)
 
 
 def _share(tokens: TokenSet, stages, boxes) -> float:
@@ -82,7 +87,7 @@ def _no_ocr(view):
 def test_exactly_n_distinct_tokens_in_three_labelled_stages(run):
     t = run.tokens
     assert t.budget == N and t.batch_size == 1 and bool(t.is_distinct()[0])
-    n_first, n_second = split_budget(N, run.gist.budget, reading.FIRST_SHARE)
+    n_first, n_second = split_budget(N, run.gist.budget, PRIOR_FIRST_SHARE)
     counts = {s: int((t.stage[0] == s).sum()) for s in (0, 1, STAGE_SECOND)}
     assert counts == {0: run.gist.budget, 1: n_first, STAGE_SECOND: n_second}
     assert sum(counts.values()) == N and n_first >= 1 and n_second >= 1
@@ -121,7 +126,8 @@ def test_foveate_runs_it_and_labels_it_budgeted(page, run):
     assert uses_question(NAME)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        f = foveate(doc.image, QUESTION, budget=N, method=NAME, localiser=at_label)
+        f = foveate(doc.image, QUESTION, budget=N, method=NAME, localiser=at_label,
+                    **PRIOR_KW)
     assert f.cost.label == "budgeted"
     assert f.cost.alloc_read_tokens == 0 and f.cost.total_tokens == N and f.cost.side_ms == 0
     assert torch.equal(f.tokens.centers, run.tokens.centers)      # the same run (cached read)
@@ -193,7 +199,10 @@ def test_a_key_on_its_line_and_the_amount_to_its_right():
     read = _lines(("SUB-TOTAL", (10, 100, 80, 112)), ("11.00", (240, 100, 280, 112)),
                   ("TOTAL:", (10, 120, 60, 132)), ("12.50", (240, 120, 280, 132)),
                   ("CASH 20.00", (10, 160, 280, 172)))
-    m = match_lines("What is the total?", read, size)
+    # the fitted geometry ranks the same two first
+    fitted = best_matches(match_lines("What is the total?", read, size))
+    assert [(k.kind, k.line) for k in fitted[:2]] == [("key", 2), ("pattern", 3)]
+    m = match_lines("What is the total?", read, size, geometry=PRIOR_GEOMETRY)
     kept = best_matches(m)
     # the TOTAL label and the amount on its row lead; SUB-TOTAL's "TOTAL" is not a label
     assert (kept[0].kind, kept[0].line) == ("key", 2) and kept[0].score == 1.0
@@ -207,7 +216,7 @@ def test_a_key_on_its_line_and_the_amount_to_its_right():
     cash = next(x for x in m if x.line == 4)
     assert cash.kind == "pattern" and cash.score == pytest.approx(reading.PATTERN_ALONE)
     # the map: mass on the key's row to its right and on the amount, none far above
-    mp = read_map(kept, read, size, patch=16)
+    mp = read_map(kept, read, size, patch=16, geometry=PRIOR_GEOMETRY)
     assert mp.shape == (25, 19)
     assert float(mp[7, 15]) > float(mp[7, 10]) > 0          # row of y = 120: the amount's
     assert float(mp[7, :3].sum()) == 0                       # cell stands out; the key and
@@ -340,7 +349,7 @@ def test_it_is_registered_listed_and_budgeted(small):
     t = allocate(NAME, small, None, 40, localiser="uniform")  # no question: no reading
     assert t.budget == 40 and bool(t.is_distinct().all())
     assert set(t.stage.unique().tolist()) == {0, 1, STAGE_SECOND}
-    assert math.isclose(float(reading.FIRST_SHARE), 0.5)
+    assert reading.FIRST_SHARE == reading.load_fitted()[1]       # the fitted share
 
 
 @pytest.mark.parametrize("size", [(128, 128), (96, 160), (200, 136)])

@@ -42,11 +42,16 @@ real-model design it is the VLM's own prefill and decode of fixation 1's tokens,
 book costs separately; here it is an OCR, whose wall milliseconds are kept per image in
 :attr:`Reading.ocr_ms` (0 ms-ish on a cache hit) beside the view's pixel count.
 
-**Defaults, not tuned here.** :data:`FIRST_SHARE`, :data:`DEFAULT_GEOMETRY` and the match
-weights are documented priors (a key's value sits to its right or on the line below, as on
-receipts, invoices and forms), to be chosen on training pages (the geometry from the
-training pages' key-value links; ``first_share`` by the reading score of the synthetic
-training pages), never on the dev receipts. Nothing here was fitted on an evaluated page.
+**Fitted on training pages.** :data:`DEFAULT_GEOMETRY` (where the answer lies relative to
+a key that was read) and :data:`FIRST_SHARE` (fixation 1's share of N) are read from
+``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which
+``python -m fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of
+the training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
+question names nearest to the field's printed value), summarised by :func:`fit_geometry`;
+the share by the reading score of the training pages the localiser never saw. Nothing was
+fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and :data:`PRIOR_FIRST_SHARE` are the
+hand-set values they replace (the fit's baseline). The match weights,
+``presence_floor`` and ``pattern_pad`` remain documented priors.
 
 The idea is the reading loop of eye-movement research (fixate, read, plan the next saccade
 from what was read [Rayner 1998, "Eye movements in reading and information processing"]) and
@@ -56,11 +61,14 @@ question-answer links [Jaume et al. 2019]).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -78,9 +86,13 @@ from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["NAME", "STAGE_SECOND", "FIRST_SHARE", "Rect", "AnswerGeometry", "DEFAULT_GEOMETRY",
+__all__ = ["NAME", "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
+           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "PAIR_CLASSES", "X_EDGES", "Y_EDGES",
+           "pair_offsets", "fit_geometry",
+           "geometry_to_dict", "geometry_from_dict", "fitted_path", "load_fitted", "FITTED",
            "KEY_WORDS", "STOP_WORDS", "DATE_CUES", "AMOUNT_CUES", "DATE_RE", "AMOUNT_RE",
-           "Cues", "question_cues", "Match", "match_lines", "read_map", "first_view",
+           "Cues", "question_cues", "Match", "char_span", "match_lines", "read_map",
+           "first_view",
            "read_view", "Reading", "ReadingParts", "split_budget", "reading_parts",
            "cascade_read"]
 
@@ -88,9 +100,10 @@ __all__ = ["NAME", "STAGE_SECOND", "FIRST_SHARE", "Rect", "AnswerGeometry", "DEF
 NAME = "cascade_read"
 #: ``TokenSet.stage`` of the second fixation's tokens (the gist is 0, the first fovea 1)
 STAGE_SECOND = 2
-#: default share of N spent by fixation 1 (gist + first fovea); the rest is fixation 2's.
-#: A prior (half to find and read, half to look again), to be chosen on training pages
-FIRST_SHARE = 0.5
+#: the hand-set share of N spent by fixation 1 (gist + first fovea; the rest is fixation
+#: 2's): half to find and read, half to look again. The fit's baseline; the default,
+#: :data:`FIRST_SHARE`, is fitted (:func:`load_fitted`)
+PRIOR_FIRST_SHARE = 0.5
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -145,8 +158,9 @@ class AnswerGeometry:
             span, padded by this many line heights on each side horizontally and a quarter of
             it vertically (so that the fovea holds the whole string).
 
-    A later step learns these from the training pages' key-value links (the offsets of a
-    value's box from its key's box); the default is a documented prior, not fitted.
+    The default, :data:`DEFAULT_GEOMETRY`, has its rects fitted on the training pages'
+    key-answer pairs (:func:`fit_geometry`); its ``presence_floor`` and ``pattern_pad`` are
+    documented priors.
     """
 
     rects: tuple[Rect, ...]
@@ -164,14 +178,180 @@ class AnswerGeometry:
                              f"{self.pattern_pad!r}")
 
 
-#: the default geometry: the value to the key's right along its row (to the page's edge:
+#: the hand-set geometry: the value to the key's right along its row (to the page's edge:
 #: receipts right-align their amounts) and, at half the weight, on the line just below,
 #: starting half a line height left of the key and 16 line heights wide (a form's field
-#: under its label). A prior from the layouts of receipts, invoices and forms, not fitted
-DEFAULT_GEOMETRY = AnswerGeometry((
+#: under its label). A prior from the layouts of receipts, invoices and forms, not fitted;
+#: the fit's baseline. The default, :data:`DEFAULT_GEOMETRY`, is fitted (:func:`load_fitted`)
+PRIOR_GEOMETRY = AnswerGeometry((
     Rect("right", 0.0, math.inf, -0.1, 1.1, 1.0),
     Rect("left", -0.5, 16.0, 1.0, 2.2, 0.5),
 ))
+
+
+# ----------------------------------------------------------------------------- the fit
+#: the two frames a key-answer pair is measured in, by the vertical centre ``c`` of the
+#: answer's box in the key's line heights from the top of the key's line: ``"row"``
+#: (``0 <= c <= 1``: on the key's line, measured from the key's right end) and ``"off"``
+#: (above or below it, measured from the key's left end), with each frame's anchor
+PAIR_CLASSES = {"row": "right", "off": "left"}
+#: the geometry histogram's bins, in the key's line heights: ``x`` from the frame's anchor,
+#: ``y`` from the top of the key's line (per frame)
+X_EDGES = tuple(float(v) for v in np.arange(-8.0, 40.0 + 1e-9, 2.0))
+Y_EDGES = {"row": tuple(float(v) for v in np.arange(-0.5, 1.5 + 1e-9, 0.5)),
+           "off": tuple(float(v) for v in np.arange(-4.0, 10.0 + 1e-9, 1.0))}
+
+
+def pair_offsets(anchors: np.ndarray, answers: np.ndarray) -> np.ndarray:
+    """``[P, 6]`` float64: where each answer lies relative to its key, in the key's line
+    heights.
+
+    Args:
+        anchors: ``[P, 4]`` the matched key's span ``(x0, y0, x1, y1)`` (:attr:`Match.span`:
+            its height is the line's, the unit).
+        answers: ``[P, 4]`` the answer's box ``(x0, y0, x1, y1)``, same pixels.
+
+    Returns:
+        Columns ``(xr0, xr1, xl0, xl1, y0, y1)``: the answer's left and right edges from the
+        key's right end, then from its left end, and its top and bottom from the top of the
+        key's line, each divided by the key's line height.
+
+    Raises:
+        ValueError: shapes that are not ``[P, 4]`` alike, or a key of zero height.
+    """
+    a = np.asarray(anchors, np.float64)
+    b = np.asarray(answers, np.float64)
+    if a.ndim != 2 or a.shape[1:] != (4,) or a.shape != b.shape:
+        raise ValueError(f"anchors and answers must both be [P, 4], got {a.shape} and {b.shape}")
+    h = a[:, 3] - a[:, 1]
+    if (h <= 0).any():
+        raise ValueError(f"{int((h <= 0).sum())} key span(s) with zero or negative height")
+    x = b[:, [0, 2]]
+    return np.column_stack([(x - a[:, 2:3]) / h[:, None], (x - a[:, 0:1]) / h[:, None],
+                            (b[:, [1, 3]] - a[:, 1:2]) / h[:, None]])
+
+
+def _bin_overlap(lo: np.ndarray, hi: np.ndarray, edges: Sequence[float]) -> np.ndarray:
+    """``[P, B]``: length of each interval ``[lo, hi]`` ``[P]`` inside each bin of ``edges``."""
+    e = np.asarray(edges, np.float64)
+    return np.clip(np.minimum(hi[:, None], e[None, 1:]) - np.maximum(lo[:, None], e[None, :-1]),
+                   0.0, None)
+
+
+def fit_geometry(offsets: np.ndarray, *, mass: float = 0.9, presence_floor: float = 0.5,
+                 pattern_pad: float = 0.5) -> tuple[AnswerGeometry, dict]:
+    """The :class:`AnswerGeometry` of key-answer pairs (:func:`pair_offsets`): a histogram
+    of where the answers lie.
+
+    Each pair is measured in its frame of :data:`PAIR_CLASSES` (its answer's vertical
+    centre on the key's line: from the key's right end; else from its left end) and spreads
+    a unit mass evenly over its answer's box; the mass falling in each bin of
+    :data:`X_EDGES` x :data:`Y_EDGES` over all pairs, divided by the bin's area, is the
+    bin's density (answers per squared line height). The densest bins holding ``mass`` of
+    the mass inside the bins become the rects, each weighted by its density over the
+    largest (so a cell's mass in :func:`read_map` is proportional to how often answers lie
+    there). ``presence_floor`` and ``pattern_pad`` are passed through (not fitted here).
+
+    Returns:
+        ``(geometry, summary)``; ``summary`` gives ``pairs``, per frame its ``pairs`` and
+        ``share``, ``outside`` (the share of the mass beyond the bins) and ``kept`` (of the
+        mass inside them, the share the rects hold) and ``rects`` (how many).
+
+    Raises:
+        ValueError: ``offsets`` not ``[P, 6]`` with ``P >= 1`` finite rows, an answer of no
+            width or height, or ``mass`` outside ``(0, 1]``.
+    """
+    o = np.asarray(offsets, np.float64)
+    if o.ndim != 2 or o.shape[1] != 6 or o.shape[0] < 1 or not np.isfinite(o).all():
+        raise ValueError(f"offsets must be [P, 6] finite with P >= 1, got {o.shape}")
+    if ((o[:, 1] <= o[:, 0]) | (o[:, 5] <= o[:, 4])).any():
+        raise ValueError("every answer box needs a positive width and height")
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass must be in (0, 1], got {mass!r}")
+    centre = o[:, 4:6].mean(1)
+    in_row = (centre >= 0) & (centre <= 1)
+    cols: dict[str, list] = {k: [] for k in ("anchor", "x0", "x1", "y0", "y1", "mass", "density")}
+    summary: dict = {"pairs": int(len(o)), "classes": {}}
+    for name, anchor in PAIR_CLASSES.items():
+        sel = o[in_row if name == "row" else ~in_row]
+        summary["classes"][name] = {"pairs": int(len(sel)), "share": len(sel) / len(o)}
+        if not len(sel):
+            continue
+        x = sel[:, 0:2] if anchor == "right" else sel[:, 2:4]
+        ox = _bin_overlap(x[:, 0], x[:, 1], X_EDGES) / (x[:, 1] - x[:, 0])[:, None]
+        oy = _bin_overlap(sel[:, 4], sel[:, 5], Y_EDGES[name]) / (sel[:, 5] - sel[:, 4])[:, None]
+        m = np.einsum("px,py->yx", ox, oy) / len(o)                          # [By, Bx]
+        ye, xe = np.asarray(Y_EDGES[name]), np.asarray(X_EDGES)
+        i, j = np.nonzero(m > 0)                                             # bins with mass
+        for k, v in (("anchor", np.full(len(i), anchor)), ("x0", xe[j]), ("x1", xe[j + 1]),
+                     ("y0", ye[i]), ("y1", ye[i + 1]), ("mass", m[i, j]),
+                     ("density", m[i, j] / (np.diff(ye)[i] * np.diff(xe)[j]))):
+            cols[k].append(v)
+    b = {k: np.concatenate(v) for k, v in cols.items()}
+    order = np.argsort(-b["density"], kind="stable")                         # densest first
+    inside = float(b["mass"].sum())
+    cum = np.cumsum(b["mass"][order])
+    keep = order[:int(np.searchsorted(cum, mass * inside - 1e-12)) + 1]
+    weight = b["density"][keep] / b["density"][keep[0]]
+    geometry = AnswerGeometry(tuple(
+        Rect(str(b["anchor"][k]), float(b["x0"][k]), float(b["x1"][k]), float(b["y0"][k]),
+             float(b["y1"][k]), float(w)) for k, w in zip(keep, weight)),
+        presence_floor=presence_floor, pattern_pad=pattern_pad)
+    summary.update(outside=1.0 - inside, kept=float(b["mass"][keep].sum() / inside),
+                   rects=len(keep), mass=mass,
+                   x_edges=list(X_EDGES), y_edges={k: list(v) for k, v in Y_EDGES.items()})
+    return geometry, summary
+
+
+def geometry_to_dict(g: AnswerGeometry) -> dict:
+    """``g`` as JSON-able data (:func:`geometry_from_dict` reads it back)."""
+    return dict(rects=[[r.anchor, r.x0, r.x1, r.y0, r.y1, r.weight] for r in g.rects],
+                presence_floor=g.presence_floor, pattern_pad=g.pattern_pad)
+
+
+def geometry_from_dict(d: Mapping) -> AnswerGeometry:
+    """The :class:`AnswerGeometry` of :func:`geometry_to_dict`'s data (``ValueError`` naming
+    what is wrong)."""
+    try:
+        rects = tuple(Rect(str(a), float(x0), float(x1), float(y0), float(y1), float(w))
+                      for a, x0, x1, y0, y1, w in d["rects"])
+        return AnswerGeometry(rects, presence_floor=float(d["presence_floor"]),
+                              pattern_pad=float(d["pattern_pad"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"not an answer geometry record ({err!r}): needs rects [[anchor, x0, "
+                         f"x1, y0, y1, weight], ...], presence_floor and pattern_pad") from err
+
+
+def fitted_path() -> Path:
+    """``fovea_core/weights/cascade_read.json``: the fitted defaults, shipped in the package
+    (``FileNotFoundError`` when this installation lacks it)."""
+    from fovea_core.paths import resource
+
+    return resource("weights", f"{NAME}.json")
+
+
+def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
+    """``(geometry, first_share)`` of the fit's record (default :func:`fitted_path`).
+
+    Raises:
+        FileNotFoundError: no record; ValueError: a record without a valid ``geometry`` or a
+            ``first_share`` in (0, 1).
+    """
+    p = fitted_path() if path is None else Path(path)
+    record = json.loads(p.read_text())
+    share = record.get("first_share")
+    if not _is_number(share) or not 0.0 < float(share) < 1.0:
+        raise ValueError(f"{p}: first_share must be a number in (0, 1), got {share!r}")
+    return geometry_from_dict(record.get("geometry") or {}), float(share)
+
+
+try:
+    DEFAULT_GEOMETRY, FIRST_SHARE = load_fitted()
+    FITTED = True
+except FileNotFoundError:        # only before the first fit: say so, and use the priors
+    warnings.warn(f"fovea_core/weights/{NAME}.json is missing: {NAME} uses its hand-set "
+                  "priors (run `python -m fovea_book.eval.reading_fit`)", stacklevel=1)
+    DEFAULT_GEOMETRY, FIRST_SHARE, FITTED = PRIOR_GEOMETRY, PRIOR_FIRST_SHARE, False
 
 
 # ----------------------------------------------------------------------------- the question
@@ -311,7 +491,8 @@ class Match:
     regions: tuple[tuple[float, float, float, float, float], ...] = field(default=())
 
 
-def _span(box: Sequence[float], text: str, a: int, b: int) -> tuple[float, float, float, float]:
+def char_span(box: Sequence[float], text: str, a: int, b: int
+              ) -> tuple[float, float, float, float]:
     """The box of characters ``a:b`` of a line ``text`` read in ``box`` (x0, y0, x1, y1)."""
     n = max(len(text), 1)
     x0, y0, x1, y1 = (float(v) for v in box)
@@ -352,9 +533,10 @@ def match_lines(question: str | None, read: TextRead, image_size: tuple[int, int
       question implies one. The answer is the match itself (its span, padded by
       ``geometry.pattern_pad``). When a key or word matched too, a pattern scores
       :data:`PATTERN_ALONE` of its weight plus the rest times the share of its span inside
-      the best-overlapping key region (weighted by that rect's weight over the largest, and
-      by that key's score over the best key's): the amount on the TOTAL line beats the
-      other amounts, and the one on a SUB-TOTAL line (a key in running text) comes next.
+      a key's answer region (the union of its rects, whatever their weights; the key giving
+      the largest share times its score over the best key's): the amount on the TOTAL line
+      beats the other amounts, and the one on a SUB-TOTAL line (a key in running text) comes
+      next.
 
     Lines below ``min_conf`` are not matched. Ties keep the reading order. A loop over the
     lines of one page (tens), never over tokens.
@@ -365,7 +547,6 @@ def match_lines(question: str | None, read: TextRead, image_size: tuple[int, int
         return []
     boxes = np.asarray(read.boxes, np.float64).reshape(-1, 4)
     conf = np.asarray(read.conf, np.float64).reshape(-1)
-    wmax = max(r.weight for r in geometry.rects)
     labels: list[Match] = []
     patterns: list[tuple[str, int, str, tuple]] = []
     for i, text in enumerate(read.texts):                   # the lines of one page
@@ -387,7 +568,7 @@ def match_lines(question: str | None, read: TextRead, image_size: tuple[int, int
                 if last is None or hit.end() > last.end():
                     last = hit
         if last is not None:
-            span = _span(box, text, last.start(), last.end())
+            span = char_span(box, text, last.start(), last.end())
             regions = []
             for r in geometry.rects:
                 c = _clip(r.box(span, line_h), (h_img, w_img))
@@ -400,7 +581,7 @@ def match_lines(question: str | None, read: TextRead, image_size: tuple[int, int
             if pat not in cues.patterns:
                 continue
             for m in rx.finditer(text):
-                sp = _span(box, text, m.start(), m.end())
+                sp = char_span(box, text, m.start(), m.end())
                 pad = geometry.pattern_pad * line_h
                 region = _clip((sp[0] - pad, sp[1] - 0.25 * pad, sp[2] + pad, sp[3] + 0.25 * pad),
                                (h_img, w_img))
@@ -410,9 +591,12 @@ def match_lines(question: str | None, read: TextRead, image_size: tuple[int, int
     for pat, i, text, sp, region in patterns:
         score = MATCH_WEIGHTS["pattern"]
         if labels:
-            inside = max((_overlap(sp, r[:4]) * r[4] / wmax * m.score / top
-                          for m in labels for r in m.regions), default=0.0)
-            score *= PATTERN_ALONE + (1.0 - PATTERN_ALONE) * min(inside, 1.0)
+            # the share of the span inside each key's answer region (its rects' union: the
+            # rects of one geometry do not overlap within a frame), times that key's score
+            # over the best key's; the rects' weights shape the map, not this share
+            inside = max((min(sum(_overlap(sp, r[:4]) for r in m.regions), 1.0) * m.score / top
+                          for m in labels), default=0.0)
+            score *= PATTERN_ALONE + (1.0 - PATTERN_ALONE) * inside
         regs = () if region is None else ((*region, 1.0),)
         out.append(Match("pattern", pat, i, text, sp, score, regs))
     order = sorted(range(len(out)), key=lambda k: (-out[k].score, k))

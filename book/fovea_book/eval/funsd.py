@@ -58,8 +58,8 @@ import numpy as np
 from fovea_book.eval.documents import FORM_FIELD, Box, Document, Question, phrase, reword
 from fovea_book.paths import DatasetNotFound, dataset_path
 
-__all__ = ["Skip", "SKIP_REASONS", "form_key", "answer_lines", "parse_form", "load_form",
-           "load_funsd", "reworded", "skip_message", "unambiguous"]
+__all__ = ["Skip", "SKIP_REASONS", "form_key", "answer_lines", "entity_box", "read_form",
+           "parse_form", "load_form", "load_funsd", "reworded", "skip_message", "unambiguous"]
 
 #: why an entity or link is skipped (the keys of :attr:`Skip.reason`), in the words printed
 SKIP_REASONS = {
@@ -95,7 +95,7 @@ def form_key(text: str) -> str:
     return " ".join(str(text).split()).rstrip(": ").strip()
 
 
-def _box(value, size: tuple[int, int]) -> Box | None:
+def entity_box(value, size: tuple[int, int]) -> Box | None:
     """FUNSD's inclusive ``[x0, y0, x1, y1]`` as an exclusive-end :data:`Box` clipped to the
     page ``size = (H, W)``; ``None`` when it is not four finite numbers or is empty."""
     if not isinstance(value, (list, tuple)) or len(value) != 4:
@@ -145,7 +145,7 @@ def answer_lines(words, box: Box, size: tuple[int, int], *, min_overlap: float =
     if not max_gap >= 0:
         raise ValueError(f"max_gap must be >= 0, got {max_gap}")
     kept = [(b, " ".join(str(w.get("text", "")).split())) for w in (words or [])
-            if isinstance(w, dict) for b in [_box(w.get("box"), size)]]
+            if isinstance(w, dict) for b in [entity_box(w.get("box"), size)]]
     kept = [(b, t) for b, t in kept if b is not None and t]
     if not kept:
         return [(box, "")]
@@ -175,7 +175,7 @@ def answer_lines(words, box: Box, size: tuple[int, int], *, min_overlap: float =
     return lines or [(box, "")]
 
 
-def _read_json(path: Path) -> list[dict]:
+def read_form(path: Path) -> list[dict]:
     """The ``form`` list of an annotation file; :class:`ValueError` naming the file."""
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
@@ -214,7 +214,7 @@ def parse_form(path: str | Path, size: tuple[int, int]) -> tuple[list[Question],
         docstring for the rules.
     """
     path = Path(path)
-    form = _read_json(path)
+    form = read_form(path)
     ents = {_hashable(e["id"]): e for e in form}
     skips: list[Skip] = []
     pairs: set[tuple] = set()
@@ -246,7 +246,7 @@ def parse_form(path: str | Path, size: tuple[int, int]) -> tuple[list[Question],
         q, a = ents[qi], ents[ai]
         key = form_key(q.get("text", ""))
         text = " ".join(str(a.get("text", "")).split())
-        box = _box(a.get("box"), size)
+        box = entity_box(a.get("box"), size)
         reason, who = ("question_no_text", qi) if not key else \
             ("answer_no_box", ai) if box is None else \
             ("answer_no_text", ai) if not text else (None, None)

@@ -45,7 +45,8 @@ from fovea_book.eval.document_types import Document
 from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
-           "unseen_training_pages", "grid_ratio", "rule_curve", "fit_threshold",
+           "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
+           "git_commit",
            "default_record_path", "read_record", "main"]
 
 #: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
@@ -142,14 +143,25 @@ def rule_curve(table: pd.DataFrame, ratios: Mapping[str, float],
     return out
 
 
+def smallest_best(values: Sequence[float], scores: Sequence[float], *,
+                  tol: float = 1e-9) -> float:
+    """The smallest of ``values`` whose score is within ``tol`` of the highest of
+    ``scores`` (one per value): a fit's choice with ties broken towards the smaller value
+    (``ValueError`` when there is none)."""
+    v, sc = np.asarray(values, float), np.asarray(scores, float)
+    if v.size == 0 or v.shape != sc.shape:
+        raise ValueError(f"need one score per value and at least one, got {v.size} values "
+                         f"and {sc.size} scores")
+    return float(v[sc >= sc.max() - tol].min())
+
+
 def fit_threshold(curve: pd.DataFrame, *, tol: float = 1e-9) -> float:
     """The threshold of ``curve`` (:func:`rule_curve`) with the highest rule ANLS; among
     thresholds within ``tol`` of it, the smallest (the cascade unless the data say
     otherwise)."""
     if curve.empty:
         raise ValueError("empty curve: no document to fit on")
-    best = curve.anls.max()
-    return float(curve.threshold[curve.anls >= best - tol].min())
+    return smallest_best(curve.threshold, curve.anls, tol=tol)
 
 
 def default_record_path() -> Path:
@@ -168,7 +180,8 @@ def read_record(path: str | Path | None = None) -> dict:
     return json.loads(p.read_text())
 
 
-def _commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's commit (``None`` outside a git checkout)."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -221,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         curve=curve.to_dict("list"), cascade_anls=curve.attrs["cascade"],
         resize_anls=curve.attrs["resize"], by_set=by_set,
         pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
-        localiser_sha256=record["sha256"], commit=_commit(), seconds=time.perf_counter() - t0,
+        localiser_sha256=record["sha256"], commit=git_commit(), seconds=time.perf_counter() - t0,
         environment=dict(python=platform.python_version(), torch=torch.__version__,
                          machine=platform.machine()))
     path = default_record_path() if args.out is None else args.out
