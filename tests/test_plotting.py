@@ -263,8 +263,34 @@ def test_two_fixations_figure_draws_each_stage_the_lines_read_and_the_answer():
         assert sum(len(c.get_paths()) for c in colls) == 273
         assert str(int((stage == STAGE_SECOND).sum())) in axes[1].get_title()
         assert any(p.get_edgecolor()[:3] == pytest.approx((0.0, 1.0, 0.0)) for p in axes[2].patches)
+        # panel (b): the page, and the read map over it where the reading matched
+        assert len(axes[1].images) == 1 + (float(parts.read_maps[0].max()) > 0)
     finally:
         plt.close(fig)
     other = build_pyramid(make_document(4, layout="receipt").image)
     with pytest.raises(ValueError, match="pyramid"):
         two_fixations_figure(other, parts)
+
+
+def test_answer_geometry_figure_shades_each_rect_by_its_weight():
+    import math
+
+    from fovea_core.cascade.reading import AnswerGeometry, Rect
+    from fovea_book.plotting import answer_geometry_figure
+
+    g = AnswerGeometry((Rect("right", 0.0, 2.0, 0.0, 1.0, 1.0),
+                        Rect("left", 0.0, 4.0, 1.0, 2.0, 0.25),
+                        Rect("right", 2.0, math.inf, 0.0, 1.0, 0.5)))
+    fig = answer_geometry_figure(g, key_width=4.0)
+    try:
+        ax = fig.axes[0]
+        shaded = [p for p in ax.patches if p.get_fill()]
+        assert len(shaded) == 3 and len(ax.patches) == 4          # and the key's outline
+        by_x = {round(p.get_x(), 6): p for p in shaded}
+        # the row rect starts at the key's right end (x = 4); darker where the weight is higher
+        assert set(by_x) == {4.0, 0.0, 6.0}
+        darkness = {x: sum(p.get_facecolor()[:3]) for x, p in by_x.items()}
+        assert darkness[4.0] < darkness[6.0] < darkness[0.0]
+        assert by_x[6.0].get_width() == pytest.approx(58.0)      # the page's edge, cut at 60
+    finally:
+        plt.close(fig)

@@ -189,8 +189,10 @@ def two_fixations_figure(pyramid: Pyramid, parts, *,
     (a) fixation 1's view (:func:`~fovea_core.cascade.reading.first_view`: what the gist and
     the first fovea show, all the reader read) with the lines it read (grey boxes) and the
     ones that matched the question (orange, with what they matched); (b) the tokens by stage
-    over the page (gist blue, first fovea red, second fixation orange) and the regions the
-    matches pointed at (dashed); (c) what the reader reads in the end (all N tokens).
+    over the page (gist blue, first fovea red, second fixation orange) over the map the
+    matches made (:attr:`~fovea_core.cascade.reading.ReadingParts.read_maps`, orange shade:
+    where the answer lies relative to what was read); (c) what the reader reads in the end
+    (all N tokens).
     ``box`` (the answer's union box) is outlined in green on (b) and (c).
 
     Args:
@@ -219,16 +221,50 @@ def two_fixations_figure(pyramid: Pyramid, parts, *,
     axes[0].set_title(f"(a) fixation 1:\n{len(rd.lines.texts)} lines read, "
                       f"{len(rd.matches)} matched")
     axes[1].imshow(page, alpha=0.6)
+    rmap = parts.read_maps[0].cpu().numpy()
+    if rmap.max() > 0:
+        gh, gw = rmap.shape
+        axes[1].imshow(np.ma.masked_equal(rmap / rmap.max(), 0.0), cmap="Oranges", alpha=0.5,
+                       vmin=0.0, vmax=1.0, extent=(0, gw * tok.patch, gh * tok.patch, 0),
+                       interpolation="nearest")
+        axes[1].set(xlim=(0, w), ylim=(h, 0))
     stage = _outline_stages(axes[1], tok, {**STAGE_COLORS, STAGE_SECOND: "orange"})
-    for m in rd.matches:
-        for x0, y0, x1, y1, _ in m.regions:
-            axes[1].add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False,
-                                            ec="orange", ls="--", lw=1))
     path = "where the reading pointed" if rd.path == "read" else f"the map ({rd.reason})"
     axes[1].set_title(f"(b) fixation 2 ({int((stage == STAGE_SECOND).sum())} tokens): {path}")
     axes[2].imshow(recon)
     axes[2].set_title(f"(c) what the reader reads:\n{tok.centers.shape[1]} tokens in all")
     _finish(axes, box)
+    return fig
+
+
+def answer_geometry_figure(geometry, *, key_width: float = 4.0, width: float = 7.0) -> Figure:
+    """Where the read-then-look cascade looks for an answer relative to a key it read
+    (:class:`~fovea_core.cascade.reading.AnswerGeometry`), in the key's line heights.
+
+    The key is drawn as a black box ``key_width`` line heights wide at the origin (one line
+    high, y downwards as on a page); each rect is shaded by its weight (rects measured from
+    the key's right end are shifted by ``key_width``); rects reaching to the page's edge are
+    cut at the axes' limits.
+    """
+    from matplotlib.colors import Normalize
+
+    rects = geometry.rects
+    fig, ax = plt.subplots(figsize=(width, width * 0.45), layout="constrained")
+    cmap, norm = plt.get_cmap("Oranges"), Normalize(0.0, max(r.weight for r in rects))
+    lim = [0.0, 0.0, 0.0, 0.0]
+    for r in sorted(rects, key=lambda r: r.weight):
+        dx = key_width if r.anchor == "right" else 0.0
+        x0, x1 = r.x0 + dx, (min(r.x1, 60.0) + dx)
+        ax.add_patch(plt.Rectangle((x0, r.y0), x1 - x0, r.y1 - r.y0, color=cmap(norm(r.weight)),
+                                   lw=0))
+        lim = [min(lim[0], x0), max(lim[1], x1), min(lim[2], r.y0), max(lim[3], r.y1)]
+    ax.add_patch(plt.Rectangle((0, 0), key_width, 1, fill=False, ec="black", lw=1.5))
+    ax.annotate("key", (key_width / 2, 0.5), ha="center", va="center", fontsize=8)
+    ax.set(xlim=(lim[0] - 1, lim[1] + 1), ylim=(lim[3] + 0.5, lim[2] - 0.5),
+           xlabel="x (line heights from the key's left end)",
+           ylabel="y (line heights from\nthe top of the key's line)", aspect="equal")
+    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8,
+                 label="weight (answers per unit area,\nof the largest)")
     return fig
 
 
