@@ -43,7 +43,7 @@ from fovea_core.tokens import TokenSet
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
            "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
            "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
-           "REGISTERED", "RUNNERS", "registered_parts"]
+           "REGISTERED", "RUNNERS", "registered_parts", "CONFIDENCE_TOP", "map_confidence"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -289,11 +289,22 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   surround: float = SURROUND, context: tuple[int, int] = (1, 2),
                   context_weight: float = 0.5, patch: int = 16,
                   gist_obj: Gist | None = None, side: str | None = None,
-                  fovea: str = "core", resize_within: float | None = None) -> CascadeParts:
+                  fovea: str = "core", resize_within: float | None = None,
+                  resize_below: float | None = None) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
-    parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level."""
+    parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level; an image
+    ``resize_below`` sends to ``resize`` keeps its localiser's map (the one it was judged
+    by) beside ``resize``'s tokens and level."""
+    if resize_below is not None:
+        below = _check_below(resize_below)
+        parts = cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
+                              localiser=localiser, level=level, legible_px=legible_px,
+                              surround=surround, context=context,
+                              context_weight=context_weight, patch=patch, gist_obj=gist_obj,
+                              side=side, fovea=fovea, resize_within=resize_within)
+        return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below)
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     if fovea not in FOVEAE:
@@ -387,6 +398,51 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     return CascadeParts(tokens, g, loc, levels, cost)
 
 
+#: the share of a map's cells whose mass :func:`map_confidence` sums
+CONFIDENCE_TOP = 0.05
+
+
+def map_confidence(scores: torch.Tensor, top: float = CONFIDENCE_TOP) -> torch.Tensor:
+    """``[B]``: the share of each map's mass (``scores`` ``[B, Gh, Gw]``, >= 0) on its
+    ``top`` share of cells (at least one cell): near 1 for a map sure of a few cells, near
+    ``top`` for a flat one (a map with no mass counts as flat)."""
+    if scores.ndim != 3:
+        raise ValueError(f"scores must be [B, Gh, Gw], got {tuple(scores.shape)}")
+    if not 0.0 < top <= 1.0:
+        raise ValueError(f"top must be in (0, 1], got {top!r}")
+    flat = scores.flatten(1).float().clamp(min=0)
+    k = max(1, int(round(top * flat.shape[1])))
+    total = flat.sum(1)
+    share = flat.topk(k, dim=1).values.sum(1) / total.clamp(min=1e-12)
+    return torch.where(total > 0, share, torch.full_like(share, k / flat.shape[1]))
+
+
+def _check_below(resize_below) -> float:
+    """``resize_below`` as a float in ``[0, 1]`` (0: never spend like ``resize``)."""
+    if not _is_number(resize_below) or not 0.0 <= float(resize_below) <= 1.0:
+        raise ValueError(f"cascade: resize_below must be None or a number in [0, 1] (a map "
+                         f"confidence, map_confidence), got {resize_below!r}")
+    return float(resize_below)
+
+
+def _resize_unsure(parts: CascadeParts, pyramid: Pyramid, budget: int, patch: int,
+                   below: float) -> CascadeParts:
+    """``parts`` with every image whose map's :func:`map_confidence` is below ``below``
+    given ``resize``'s tokens and level instead (its map stays: the one it was judged by)."""
+    unsure = map_confidence(parts.scores) < below                          # [B]
+    if not bool(unsure.any()):
+        return parts
+    res = _as_resize(pyramid, parts.gist, budget, patch)
+    t = res.tokens
+    stage0 = TokenSet(t.centers, t.levels, t.scores, t.fixations, t.image_size, t.patch,
+                      torch.zeros(t.centers.shape[:2], dtype=torch.long))    # all stage 0
+    per = [stage0[b] if bool(unsure[b]) else parts.tokens[b]
+           for b in range(pyramid.batch_size)]                             # a few images
+    tokens = TokenSet.cat(per) if len(per) > 1 else per[0]
+    levels = torch.where(unsure, res.levels, parts.levels.float())
+    return parts._replace(tokens=tokens, levels=levels)
+
+
 def _check_within(resize_within) -> float:
     """``resize_within`` as a float: a finite number >= 0 (0: never spend like ``resize``)."""
     if not _is_number(resize_within) or not (math.isfinite(float(resize_within))
@@ -453,7 +509,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
             patch: int = 16, side: str | None = None, fovea: str = "core",
-            resize_within: float | None = None) -> TokenSet:
+            resize_within: float | None = None, resize_below: float | None = None) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
@@ -498,6 +554,12 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     on training pages; its fit chose 0 (the cascade read at least as well as ``resize`` at
     every page size there).
 
+    ``resize_below`` (a number in ``[0, 1]``, default ``None``: never): an image whose
+    localiser map is unsure -- :func:`map_confidence`, the share of its mass on its top
+    :data:`CONFIDENCE_TOP` of cells, below ``resize_below`` -- is given ``resize``'s tokens
+    instead (the map was computed from the gist, inside N: still budgeted).
+    :mod:`fovea_book.eval.resize_rule` fits it on photograph-like training pages.
+
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
     held to the shared rule, :func:`~fovea_core.allocators.base.resolve_fixation`: finite,
@@ -524,7 +586,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
                          patch=patch, side=side, fovea=fovea,
-                         resize_within=resize_within).tokens
+                         resize_within=resize_within, resize_below=resize_below).tokens
 
 
 def _check_fixation(pyramid: Pyramid, fixation) -> None:

@@ -1,0 +1,222 @@
+"""When is the localiser's map too unsure to follow? A rule fitted on photograph-like
+training pages: spend the budget like ``resize`` when the map's confidence is below ``c``.
+
+The page-size rule (:mod:`fovea_book.eval.resize_rule`) asks whether a page is small
+enough for ``resize``; this one asks whether the map knows where to look:
+:func:`~fovea_core.cascade.allocator.map_confidence` (the share of the map's mass on its
+top 5 % of cells), below ``c`` -> the cascade spends its N tokens as ``resize`` does
+(:func:`~fovea_core.cascade.allocator.cascade_parts`' ``resize_below``). The map is the
+localiser's, computed from the gist inside N, so the rule keeps the cascade budgeted.
+
+**Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of
+:func:`~fovea_book.eval.resize_rule.unseen_training_pages` (receipts and forms the
+localiser never trained on, synthetic validation pages), each made photograph-like in the
+ways chapter 14.5 found to break the map (:func:`photo_variants`: as scanned, lying on a
+table, and photographed -- on a table, in perspective, turned, under uneven light) at the
+page-size rule's scales as JPEG. ``resize`` and each cascade of :data:`BASES` read every
+page with the book's reader (rapidocr); per base, the threshold among :data:`CONFIDENCES`
+with the highest mean over pages of the rule's ANLS is chosen (ties to the smaller: the
+cascade unless the data say otherwise). No dev page and no WildReceipt page is read.
+
+``python -m fovea_book.eval.confidence_rule [--out PATH] [--data-dir DIR]`` runs the fit
+and writes the record (default ``data/models/confidence_rule.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fovea_book.eval.document_types import Document
+
+__all__ = ["VARIANTS", "CONFIDENCES", "BASES", "photo_variants", "confidence_curve",
+           "confidence_fit_table", "default_record_path", "read_record", "main"]
+
+#: the photograph-like variants of each training page (:func:`photo_variants`)
+VARIANTS = ("scan", "table", "photo")
+#: candidate thresholds on :func:`~fovea_core.cascade.allocator.map_confidence` (0 = never)
+CONFIDENCES = (0.0, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+#: the cascades the rule is fitted for: ``{label: localiser}``
+BASES = {"cascade | learned": "learned", "cascade | on the sheet": "learned_paper"}
+#: training pages read (the localiser's unseen receipts, first by crc32 of their id; forms;
+#: synthetic validation pages)
+RECEIPTS, FORMS, SYNTHETIC = 24, 6, 6
+
+
+def photo_variants(doc: Document, scales: Sequence[float] | None = None) -> list[Document]:
+    """``doc`` as scanned, on a table (the sheet 60 % of the frame,
+    :func:`~fovea_book.eval.photo.on_background`) and photographed (on a table, then
+    :func:`~fovea_book.eval.photo.perspective`, :func:`~fovea_book.eval.photo.rotated` and
+    :func:`~fovea_book.eval.photo.uneven_light`), each at ``scales`` (default the page-size
+    rule's :data:`~fovea_book.eval.resize_rule.SCALES`) as JPEG
+    (:func:`~fovea_book.eval.photo.photo_like`); ids ``"<id>-<variant>@<scale>"``. The
+    random draws are seeded by the page's id (the same pages every run)."""
+    from fovea_book.eval.photo import (on_background, perspective, photo_like, rotated,
+                                       uneven_light)
+    from fovea_book.eval.resize_rule import SCALES
+
+    rng = np.random.default_rng(zlib.crc32(doc.doc_id.encode()))
+    table = on_background(doc, rng)
+    photo = uneven_light(rotated(perspective(on_background(doc, rng), rng), rng), rng)
+    return [photo_like(replace(page, doc_id=f"{doc.doc_id}-{name}"), s)
+            for name, page in zip(VARIANTS, (doc, table, photo))
+            for s in (SCALES if scales is None else scales)]
+
+
+def confidence_curve(table: pd.DataFrame, base: str,
+                     thresholds: Sequence[float] = CONFIDENCES, *,
+                     resize: str = "resize") -> pd.DataFrame:
+    """The rule's mean ANLS at each threshold, for the cascade ``base``.
+
+    ``table``: evaluator rows (``dataset``, ``doc_id``, ``qid``, ``allocator``, ``anls``;
+    ``base``'s rows with ``map_confidence``) with ``base`` and ``resize``. Each question is
+    read by ``resize`` when its map's confidence is below the threshold, else by ``base``;
+    questions are averaged within a document, documents over all. One row per threshold:
+    ``threshold``, ``anls``, ``resized`` (the share of questions sent to ``resize``) and
+    ``n_docs``."""
+    keys = ["dataset", "doc_id", "qid"]
+    b = table[table.allocator == base].set_index(keys)
+    r = table[table.allocator == resize].set_index(keys)
+    if b.empty or r.empty:
+        raise ValueError(f"table has no rows of {base!r} or {resize!r}")
+    both = b[["anls", "map_confidence"]].join(r.anls.rename("resize"), how="inner")
+    conf = both.map_confidence.to_numpy()                                    # [Q]
+    t = np.asarray(thresholds, dtype=float)                                  # [T]
+    use = conf[None, :] < t[:, None]                                         # [T, Q]
+    anls = np.where(use, both.resize.to_numpy()[None], both.anls.to_numpy()[None])
+    docs = both.index.droplevel("qid")
+    per_doc = pd.DataFrame(anls.T, index=docs).groupby(level=[0, 1]).mean()  # [D, T]
+    return pd.DataFrame(dict(threshold=t, anls=per_doc.mean().to_numpy(),
+                             resized=use.mean(1), n_docs=len(per_doc)))
+
+
+def confidence_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
+    """The fit's record (:func:`main`) as ``(table, sentence)``.
+
+    ``table``: one row per threshold, per base of :data:`BASES` the rule's mean ANLS (in
+    points) and the share of questions it sends to ``resize`` (%), the chosen threshold
+    marked. ``sentence``: per base, the chosen threshold, the rule's mean ANLS against the
+    base alone and, per variant (:data:`VARIANTS`), what the rule changes (points; tuning
+    numbers on training pages, no CI)."""
+    fits = record["fits"]
+    thresholds = record["thresholds"]
+    table = pd.DataFrame({"threshold": thresholds})
+    parts = []
+    for label, fit in fits.items():
+        name = label.split(" | ")[1]
+        who = {"learned": "the learned cascade"}.get(name, f"the cascade {name}")
+        c = pd.DataFrame(fit["curve"])
+        chosen = fit["resize_below"]
+        table[f"{name}: ANLS"] = (100 * c.anls).round(1)
+        table[f"{name}: to resize (%)"] = (100 * c.resized).round(0).astype(int)
+        table[f"{name}: chosen"] = np.where(np.isclose(c.threshold, chosen), "<-", "")
+        i = int(np.flatnonzero(np.isclose(c.threshold, chosen))[0])
+        if chosen == 0:
+            parts.append(f"for {who} the fit chose 0 (never resize): every "
+                         f"threshold reads less ({100 * c.anls[0]:.1f} at 0)")
+            continue
+        edge = " (the largest threshold tried)" if chosen == max(thresholds) else ""
+        by = fit["by_variant"]
+        change = ", ".join(f"{v} {100 * (by[v][i] - by[v][0]):+.1f}" for v in record["variants"])
+        parts.append(f"for {who} the fit chose {chosen:g}{edge}, sending "
+                     f"{100 * c.resized[i]:.0f} % of the questions to resize: "
+                     f"{100 * c.anls[i]:.1f} against {100 * c.anls[0]:.1f} without the rule "
+                     f"(by variant, in points: {change})")
+    return table, "; ".join(parts)[0].upper() + "; ".join(parts)[1:]
+
+
+def default_record_path() -> Path:
+    """``data/models/confidence_rule.json`` of the repository."""
+    from fovea_book.paths import project_root
+
+    return project_root() / "data" / "models" / "confidence_rule.json"
+
+
+def read_record(path: str | Path | None = None) -> dict:
+    """The fit's record (:func:`main` writes it)."""
+    p = default_record_path() if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no record of the confidence rule's fit; run "
+                                "`python -m fovea_book.eval.confidence_rule`")
+    return json.loads(p.read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fit the rule for each base (see the module docstring) and write the record."""
+    import torch
+
+    from fovea_book.eval.cascade import Method, cascade_method, evaluate
+    from fovea_book.eval.reader import Reader
+    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_threshold, git_commit,
+                                             grid_ratio, localiser_record,
+                                             unseen_training_pages)
+    from fovea_core.cascade.allocator import CONFIDENCE_TOP
+
+    ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.confidence_rule",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="record path (default "
+                    "data/models/confidence_rule.json)")
+    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
+                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
+    ap.add_argument("--receipts", type=int, default=RECEIPTS)
+    ap.add_argument("--forms", type=int, default=FORMS)
+    ap.add_argument("--synthetic", type=int, default=SYNTHETIC)
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    record = localiser_record()
+    pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
+                                  forms=args.forms)
+    pages["sroie-train"] = sorted(pages["sroie-train"],
+                                  key=lambda d: zlib.crc32(d.doc_id.encode()))[:args.receipts]
+    sets = {name: [v for d in docs for v in photo_variants(d) if grid_ratio(v) >= MIN_RATIO]
+            for name, docs in pages.items()}
+    for name, docs in sets.items():
+        print(f"{name}: {len(pages[name])} pages, {len(docs)} variants", flush=True)
+    methods = [Method("resize", "resize", scorer="none", query_aware=False)]
+    methods += [cascade_method(label, loc) for label, loc in BASES.items()]
+    table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)
+    table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
+    fits = {}
+    for label in BASES:
+        curve = confidence_curve(table, label)
+        chosen = fit_threshold(curve)
+        by_variant = {v: confidence_curve(table[table.variant == v], label).anls.tolist()
+                      for v in VARIANTS}
+        fits[label] = dict(resize_below=chosen, curve=curve.to_dict("list"),
+                           by_variant=by_variant)
+        print(label, curve.to_string(index=False), f"resize_below = {chosen:g}", sep="\n")
+    means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
+    out = dict(
+        rule="spend the budget like resize when map_confidence (the map's mass on its top "
+             f"{CONFIDENCE_TOP:g} of cells) < resize_below", fits=fits,
+        variants=list(VARIANTS), thresholds=list(CONFIDENCES), budget=273,
+        scales=list(SCALES), min_ratio=MIN_RATIO,
+        objective="mean over pages of the rule's ANLS (rapidocr); ties to the smaller "
+                  "threshold",
+        anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
+        pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
+        localiser_sha256=record["sha256"], commit=git_commit(),
+        seconds=time.perf_counter() - t0,
+        environment=dict(python=platform.python_version(), torch=torch.__version__,
+                         machine=platform.machine()))
+    path = default_record_path() if args.out is None else args.out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(means.round(3).to_string())
+    print(f"wrote {path} ({out['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
