@@ -204,6 +204,13 @@ def test_shortfalls_fewer_rounds_options_and_workload():
     for part in ("cpu.timings.a.repeats 5 < 60", "config.batch 4 (old 32)", "--rounds 5 < 60",
                  "--gpu-batches lacks 64", "--quick", "--only selects 1", "--size 256"):
         assert part in text
+    # a stage named like a workload key ("side": side compute) is timed, not sized: its
+    # timings may differ, its sizes may not
+    staged = {"stages": {"side": {"median_ms": 30.4, "min_ms": 30.4, "pixels": 512}}}
+    retimed = {"stages": {"side": {"median_ms": 28.7, "min_ms": 28.6, "pixels": 512}}}
+    assert common.shortfalls(staged, retimed) == []
+    resized = {"stages": {"side": {"median_ms": 30.4, "min_ms": 30.4, "pixels": 256}}}
+    assert "stages.side.pixels 256 (old 512)" in common.shortfalls(staged, resized)[0]
     # runs in a list are matched by what they are, not by position; a flag that an older
     # record lacks counts as off
     runs = [{"model": "m", "device": "cpu", "points": [{"visual_tokens": n, "median_ms": 1.0,

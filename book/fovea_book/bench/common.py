@@ -500,6 +500,10 @@ COUNT_KEYS = frozenset({"repeats", "rounds", "reps", "iters", "calls_per_replay"
 WORKLOAD_KEYS = frozenset({"batch", "size", "image_size", "budget", "patch", "side", "image",
                            "page_shape", "max_radius", "out_sizes_hw", "out_size_hw", "grid",
                            "remap_output", "visual_tokens", "seq_len", "text_tokens"})
+#: a timing's statistics: never a workload, even under a workload key (a stage named
+#: ``side`` is timed, not sized)
+TIMING_LEAVES = frozenset({"median_ms", "min_ms", "max_ms", "mean_ms", "median", "min", "max",
+                           "mean"})
 #: options that make a run measure less when set (``--quick``, ...)
 REDUCING_FLAGS = frozenset({"quick", "no_gpu", "no_cpu"})
 #: fields that name an element of a list of dicts (a run, a point) better than its index
@@ -544,7 +548,8 @@ def shortfalls(old: dict, new: dict) -> list[str]:
     * missing timings: a timing of ``old`` (a dict with ``median_ms`` or ``median``: a
       method, size, row, batch or section) that ``new`` lacks;
     * fewer rounds: a count (:data:`COUNT_KEYS`) smaller at the same place;
-    * a different workload: a number under a :data:`WORKLOAD_KEYS` key that differs;
+    * a different workload: a number under a :data:`WORKLOAD_KEYS` key that differs (a
+      timing statistic, :data:`TIMING_LEAVES`, never counts);
     * options (``args``, when both records have them): a list option (``--gpu-batches``,
       ``--only``) missing one of the old values, a selection where the old run had none,
       a count option smaller, a reducing flag (:data:`REDUCING_FLAGS`) newly set.
@@ -568,7 +573,7 @@ def shortfalls(old: dict, new: dict) -> list[str]:
         w = ln[p]
         if p[-1] in COUNT_KEYS and _number(v) and _number(w) and w < v:
             fewer.append(f"{'.'.join(p)} {w:g} < {v:g}")
-        elif any(k in WORKLOAD_KEYS for k in p) and v != w and (
+        elif p[-1] not in TIMING_LEAVES and any(k in WORKLOAD_KEYS for k in p) and v != w and (
                 _number(v) or (isinstance(v, list) and all(map(_number, v)))):
             other.append(f"{'.'.join(p)} {w} (old {v})")
     if fewer:
