@@ -45,11 +45,15 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from fovea_book.eval.document_types import Document
+
+if TYPE_CHECKING:
+    from fovea_core.importance.text import TextRead
 
 __all__ = ["SHARES", "RECEIPTS", "FORMS", "SYNTHETIC", "transcription", "receipt_pairs",
            "form_pairs", "training_pairs", "share_curve", "choose_share", "default_record_path",
@@ -62,7 +66,7 @@ SHARES = (0.35, 0.5, 0.65)
 RECEIPTS, FORMS, SYNTHETIC = 40, 12, 12
 
 
-def transcription(boxes: Sequence[Sequence[float]], texts: Sequence[str]):
+def transcription(boxes: Sequence[Sequence[float]], texts: Sequence[str]) -> TextRead:
     """A :class:`~fovea_core.importance.text.TextRead` of a page's ground-truth lines (boxes
     ``(x0, y0, x1, y1)`` px, confidence 1): what a perfect reading of fixation 1 returns."""
     from fovea_core.importance.text import TextRead
@@ -71,7 +75,8 @@ def transcription(boxes: Sequence[Sequence[float]], texts: Sequence[str]):
     return TextRead(b, tuple(str(t) for t in texts), np.ones(len(b), np.float32))
 
 
-def _value_span(box, text: str, values: Sequence[str]):
+def _value_span(box: Sequence[float], text: str, values: Sequence[str]
+                ) -> tuple[float, float, float, float] | None:
     """The box of the first of ``values`` found in the line ``text`` read in ``box`` (case
     ignored; characters taken as equally wide), else ``None``."""
     from fovea_core.cascade.reading import char_span
