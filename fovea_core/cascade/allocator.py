@@ -43,7 +43,8 @@ from fovea_core.tokens import TokenSet
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
            "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
            "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
-           "REGISTERED", "RUNNERS", "registered_parts", "CONFIDENCE_TOP", "map_confidence"]
+           "REGISTERED", "RUNNERS", "registered_parts", "registered_allocator",
+           "CONFIDENCE_TOP", "map_confidence", "fitting_level", "is_number", "check_fixation"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -200,7 +201,7 @@ def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step
     return cov.view(cov.shape[0], gh, k, gw, k).mean((2, 4))
 
 
-def _fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
+def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
     """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
     (a small page read coarsely has fewer cells than the fovea has tokens)."""
     def cells(lv: float) -> int:
@@ -223,7 +224,9 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
+    """``x`` is a real number (Python or numpy, int or float) and not a bool: the check the
+    cascades' argument validation shares."""
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
         x, (bool, np.bool_))
 
@@ -244,20 +247,20 @@ def _check_args(budget, *, query, gist_budget, level, legible_px, surround, cont
     if query is not None and not isinstance(query, str):
         raise TypeError(f"cascade: query must be a str or None, got {type(query).__name__}")
     if not (isinstance(level, str) and level == "auto") and not (
-            _is_number(level) and math.isfinite(float(level))):
+            is_number(level) and math.isfinite(float(level))):
         raise ValueError(f"cascade: level must be 'auto' or a finite number (a pyramid level), "
                          f"got {level!r}")
-    if not _is_number(legible_px) or not (math.isfinite(float(legible_px))
+    if not is_number(legible_px) or not (math.isfinite(float(legible_px))
                                           and float(legible_px) > 0):
         raise ValueError(f"cascade: legible_px must be a finite number > 0 (text height in "
                          f"pixels), got {legible_px!r}")
-    if not _is_number(surround) or not 0.0 <= float(surround) < 1.0:
+    if not is_number(surround) or not 0.0 <= float(surround) < 1.0:
         raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
     if (not isinstance(context, (tuple, list)) or len(context) != 2
             or not all(_is_int(c) and c >= 0 for c in context)):
         raise ValueError(f"cascade: context must be (rows, cols), two ints >= 0 (a half-window "
                          f"of neighbours), got {context!r}")
-    if not _is_number(context_weight) or not 0.0 <= float(context_weight) <= 1.0:
+    if not is_number(context_weight) or not 0.0 <= float(context_weight) <= 1.0:
         raise ValueError(f"cascade: context_weight must be a number in [0, 1] (the share of a "
                          f"neighbour's mass a cell may borrow), got {context_weight!r}")
     return budget, gist_budget
@@ -368,11 +371,11 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         lv = float(levels[b])
         lv2 = min(lv + 1.0, g.level - 0.5)                  # the surround's level
         n_sur = int(round(surround * rest)) if lv2 >= lv + 0.25 else 0
-        lv_core = _fitting_level(lv, pyramid.image_size, rest - n_sur, patch)
+        lv_core = fitting_level(lv, pyramid.image_size, rest - n_sur, patch)
         if n_sur:
-            lv2 = _fitting_level(lv2, pyramid.image_size, n_sur, patch)
+            lv2 = fitting_level(lv2, pyramid.image_size, n_sur, patch)
             if lv2 < lv_core + 0.25:    # a small page pushed both onto one grid: one stage
-                n_sur, lv_core = 0, _fitting_level(lv, pyramid.image_size, rest, patch)
+                n_sur, lv_core = 0, fitting_level(lv, pyramid.image_size, rest, patch)
         n_core = rest - n_sur
         lv = levels[b] = lv_core
         kw = dict(image_size=pyramid.image_size, patch=patch, context=context,
@@ -419,7 +422,7 @@ def map_confidence(scores: torch.Tensor, top: float = CONFIDENCE_TOP) -> torch.T
 
 def _check_below(resize_below) -> float:
     """``resize_below`` as a float in ``[0, 1]`` (0: never spend like ``resize``)."""
-    if not _is_number(resize_below) or not 0.0 <= float(resize_below) <= 1.0:
+    if not is_number(resize_below) or not 0.0 <= float(resize_below) <= 1.0:
         raise ValueError(f"cascade: resize_below must be None or a number in [0, 1] (a map "
                          f"confidence, map_confidence), got {resize_below!r}")
     return float(resize_below)
@@ -445,7 +448,7 @@ def _resize_unsure(parts: CascadeParts, pyramid: Pyramid, budget: int, patch: in
 
 def _check_within(resize_within) -> float:
     """``resize_within`` as a float: a finite number >= 0 (0: never spend like ``resize``)."""
-    if not _is_number(resize_within) or not (math.isfinite(float(resize_within))
+    if not is_number(resize_within) or not (math.isfinite(float(resize_within))
                                              and float(resize_within) >= 0):
         raise ValueError(f"cascade: resize_within must be None or a finite number >= 0 (a "
                          f"multiple of the budget), got {resize_within!r}")
@@ -485,7 +488,7 @@ def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
     ladder from level 0 with every cell rounded down read 0.46 mean ANLS, this one 0.50
     (both ranking tokens by mass per token; by mass per area, as now, 0.52)."""
     need = text_heights(g, size_map) - math.log2(legible_px)               # [B, Gh, Gw]
-    lo = _fitting_level(0.0, pyramid.image_size, rest, patch)
+    lo = fitting_level(0.0, pyramid.image_size, rest, patch)
     top = max(g.level - 0.5, lo)
     anchor = choose_level(g, loc, legible_px=legible_px, size_map=size_map)  # [B]
     parts, firsts = [], []
@@ -581,7 +584,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.
         TypeError: ``query`` is neither a str nor None.
     """
-    _check_fixation(pyramid, fixation)
+    check_fixation(pyramid, fixation)
     return cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
@@ -589,7 +592,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
                          resize_within=resize_within, resize_below=resize_below).tokens
 
 
-def _check_fixation(pyramid: Pyramid, fixation) -> None:
+def check_fixation(pyramid: Pyramid, fixation) -> None:
     """A given ``fixation`` is ignored (the cascade fixates its map's peak) but held to the
     shared rule (:func:`~fovea_core.allocators.base.resolve_fixation`: finite, in [0, 1])."""
     if fixation is not None:
@@ -624,12 +627,15 @@ def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixati
         from fovea_core.allocators.base import check_inputs
 
         _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
-    _check_fixation(pyramid, fixation)
+    check_fixation(pyramid, fixation)
     run = RUNNERS.get(name, cascade_parts)
     return run(pyramid, budget, query=query, patch=patch, **{**REGISTERED[name], **kw})
 
 
-def _registered(name: str, **defaults):
+def registered_allocator(name: str, **defaults):
+    """The allocator function registered as ``name``: :func:`registered_parts` of ``name``
+    (whose runner is ``RUNNERS[name]``) with ``defaults`` (recorded in
+    :data:`REGISTERED`), returning its tokens; documented as :func:`cascade`."""
     REGISTERED[name] = defaults
 
     def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
@@ -659,7 +665,8 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_prior", "learned_prior", True),
                               ("cascade_paper", "learned_paper", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
-             reads=reads_nothing_else, uses_scores=False)(_registered(_name, localiser=_loc))
+             reads=reads_nothing_else,
+             uses_scores=False)(registered_allocator(_name, localiser=_loc))
 register("cascade_text", family="cascade", version="cascade", content=True, learned=True,
          reads=text_render_reads, uses_scores=False, side_compute=True)(
-    _registered("cascade_text", localiser="learned", side="text"))
+    registered_allocator("cascade_text", localiser="learned", side="text"))

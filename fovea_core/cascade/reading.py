@@ -76,9 +76,9 @@ import torch
 
 from fovea_core.allocators.registry import register
 from fovea_core.cascade.allocator import (LEGIBLE_PX, RUNNERS, SURROUND, CascadeParts,
-                                          _fitting_level, _is_number, _registered,
                                           cascade_parts, check_cascade_budget, choose_level,
-                                          covered_share, gist_budget_for, reads_nothing_else,
+                                          covered_share, fitting_level, gist_budget_for,
+                                          is_number, reads_nothing_else, registered_allocator,
                                           text_size_map)
 from fovea_core.cascade.core import Gist, combine, fovea_grid, gist, place_fovea
 from fovea_core.cascade.localisers import get_localiser
@@ -340,7 +340,7 @@ def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
     p = fitted_path() if path is None else Path(path)
     record = json.loads(p.read_text())
     share = record.get("first_share")
-    if not _is_number(share) or not 0.0 < float(share) < 1.0:
+    if not is_number(share) or not 0.0 < float(share) < 1.0:
         raise ValueError(f"{p}: first_share must be a number in (0, 1), got {share!r}")
     return geometry_from_dict(record.get("geometry") or {}), float(share)
 
@@ -752,7 +752,7 @@ def split_budget(budget: int, gist_tokens: int, first_share: float) -> tuple[int
 
 
 def _check_args(first_share, geometry, side, fovea) -> float:
-    if not _is_number(first_share) or not 0.0 < float(first_share) < 1.0:
+    if not is_number(first_share) or not 0.0 < float(first_share) < 1.0:
         raise ValueError(f"{NAME}: first_share must be a number in (0, 1) (the share of N "
                          f"fixation 1 spends), got {first_share!r}")
     if not isinstance(geometry, AnswerGeometry):
@@ -808,7 +808,7 @@ def _second_level(g: Gist, m: torch.Tensor, heights: torch.Tensor, n: int, first
     lv = float(choose_level(g, m, legible_px=legible_px, size_map=heights)[0])
     lv = min(lv, max(g.level - 0.5, 0.0))
     for _ in range(4):                          # the held cells shrink the grid; settle
-        lv = _fitting_level(lv, image_size, n, patch)
+        lv = fitting_level(lv, image_size, n, patch)
         dup = _duplicates(first, lv, image_size, patch)
         need = n + int(dup.sum())
         nr, nc, _ = fovea_grid(image_size, lv, patch)
@@ -940,16 +940,16 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str
             outside the cascade's range for the page (it needs the gist plus at least one
             token for the second fixation), and the cascade's own checks.
     """
-    from fovea_core.cascade.allocator import _check_fixation
+    from fovea_core.cascade.allocator import check_fixation
 
-    _check_fixation(pyramid, fixation)
+    check_fixation(pyramid, fixation)
     return reading_parts(pyramid, budget, query=query, first_share=first_share, patch=patch,
                          **kw).tokens
 
 
 # ----------------------------------------------------------------------------- registration
 RUNNERS[NAME] = reading_parts
-_fn = _registered(NAME, localiser="learned")
+_fn = registered_allocator(NAME, localiser="learned")
 _fn.__doc__ = cascade_read.__doc__
 register(NAME, family="cascade", version="cascade", content=True, learned=True,
          reads=reads_nothing_else, uses_scores=False, side_compute=False)(_fn)
