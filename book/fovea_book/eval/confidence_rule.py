@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -136,18 +135,16 @@ def confidence_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
 
 def default_record_path() -> Path:
     """``data/models/confidence_rule.json`` of the repository."""
-    from fovea_book.paths import project_root
+    from fovea_book.eval.resize_rule import models_record_path
 
-    return project_root() / "data" / "models" / "confidence_rule.json"
+    return models_record_path("confidence_rule")
 
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    p = default_record_path() if path is None else Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no record of the confidence rule's fit; run "
-                                "`python -m fovea_book.eval.confidence_rule`")
-    return json.loads(p.read_text())
+    from fovea_book.eval.resize_rule import read_fit_record
+
+    return read_fit_record("confidence_rule", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_threshold, git_commit,
-                                             grid_ratio, localiser_record,
+    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, fit_threshold,
+                                             grid_ratio, localiser_record, training_page_args,
                                              unseen_training_pages)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
@@ -165,20 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="record path (default "
                     "data/models/confidence_rule.json)")
-    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
-                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
-    ap.add_argument("--receipts", type=int, default=RECEIPTS)
-    ap.add_argument("--forms", type=int, default=FORMS)
-    ap.add_argument("--synthetic", type=int, default=SYNTHETIC)
-    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    training_page_args(ap, receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     record = localiser_record()
     pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                  forms=args.forms)
-    pages["sroie-train"] = sorted(pages["sroie-train"],
-                                  key=lambda d: zlib.crc32(d.doc_id.encode()))[:args.receipts]
+                                  forms=args.forms, receipts=args.receipts)
     sets = {name: [v for d in docs for v in photo_variants(d) if grid_ratio(v) >= MIN_RATIO]
             for name, docs in pages.items()}
     for name, docs in sets.items():
@@ -205,11 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         objective="mean over pages of the rule's ANLS (rapidocr); ties to the smaller "
                   "threshold",
         anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
-        pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
-        localiser_sha256=record["sha256"], commit=git_commit(),
-        seconds=time.perf_counter() - t0,
-        environment=dict(python=platform.python_version(), torch=torch.__version__,
-                         machine=platform.machine()))
+        **fit_provenance(record, sets, t0))
     path = default_record_path() if args.out is None else args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -286,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import git_commit, localiser_record, unseen_training_pages
+    from fovea_book.eval.resize_rule import (fit_provenance, localiser_record,
+                                             training_page_args, unseen_training_pages)
     from fovea_core.cascade.allocator import DEFAULT_GIST
     from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY, fit_geometry,
                                             geometry_to_dict)
@@ -295,20 +294,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None,
                     help="record path (default fovea_core/weights/cascade_read.json)")
-    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
-                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
-    ap.add_argument("--receipts", type=int, default=RECEIPTS)
-    ap.add_argument("--forms", type=int, default=FORMS)
-    ap.add_argument("--synthetic", type=int, default=SYNTHETIC)
-    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    training_page_args(ap, receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     record = localiser_record()
     sets = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                 forms=args.forms)
-    sets["sroie-train"] = sorted(sets["sroie-train"],
-                                 key=lambda d: zlib.crc32(d.doc_id.encode()))[:args.receipts]
+                                 forms=args.forms, receipts=args.receipts)
     held = {d.doc_id for docs in sets.values() for d in docs}
     offsets, provenance = training_pairs(held, data_dir=args.data_dir)
     geometry, summary = fit_geometry(offsets)
@@ -340,10 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "(rapidocr, questions in the training wording); ties to the smaller share",
         curve=curve.to_dict("list"), reference=reference.to_dict("list"),
         prior=dict(geometry=geometry_to_dict(PRIOR_GEOMETRY), first_share=PRIOR_FIRST_SHARE),
-        pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
-        localiser_sha256=record["sha256"], commit=git_commit(), seconds=time.perf_counter() - t0,
-        environment=dict(python=platform.python_version(), torch=torch.__version__,
-                         machine=platform.machine()))
+        **fit_provenance(record, sets, t0))
     path = default_record_path() if args.out is None else args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -46,7 +46,8 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "git_commit",
+           "training_page_args", "fit_provenance", "git_commit", "models_record_path",
+           "read_fit_record",
            "default_record_path", "read_record", "main"]
 
 #: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
@@ -91,23 +92,28 @@ def unseen_pages(record: Mapping, name: str, *, data_dir=None) -> list[Document]
 
 
 def unseen_training_pages(record: Mapping, *, data_dir=None, synthetic: int = 12,
-                          forms: int | None = 12) -> dict[str, list[Document]]:
+                          forms: int | None = 12, receipts: int | None = None
+                          ) -> dict[str, list[Document]]:
     """Training pages the localiser of ``record`` (its training record, the JSON beside the
     weights) never trained on: ``{"sroie-train": [...], "funsd-train": [...],
     "synthetic": [...]}``.
 
-    Real pages: :func:`unseen_pages`; ``forms`` caps the FUNSD pages (the first by
-    ``crc32`` of their id; forms ask many questions each). Synthetic pages: ``synthetic``
+    Real pages: :func:`unseen_pages`; ``forms`` and ``receipts`` cap the FUNSD and SROIE
+    pages (the first by ``crc32`` of their id; ``None``: all). Synthetic pages: ``synthetic``
     pages from the validation seeds (:data:`fovea_book.train.VALID_SEED`), alternating the
     receipt and paper layouts. A missing folder raises
     :class:`~fovea_book.paths.DatasetNotFound`."""
     from fovea_book.eval.layouts import make_document
     from fovea_book.train import VALID_SEED
 
-    out = {"sroie-train": unseen_pages(record, "sroie-train", data_dir=data_dir)}
-    unseen_forms = sorted(unseen_pages(record, "funsd-train", data_dir=data_dir),
-                          key=lambda d: zlib.crc32(d.doc_id.encode()))
-    out["funsd-train"] = unseen_forms[:forms] if forms is not None else unseen_forms
+    def first(name: str, n: int | None) -> list[Document]:
+        docs = sorted(unseen_pages(record, name, data_dir=data_dir),
+                      key=lambda d: zlib.crc32(d.doc_id.encode()))
+        return docs if n is None else docs[:n]
+
+    out = {"sroie-train": (unseen_pages(record, "sroie-train", data_dir=data_dir)
+                           if receipts is None else first("sroie-train", receipts)),
+           "funsd-train": first("funsd-train", forms)}
     out["synthetic"] = [make_document(VALID_SEED + i, layout=("receipt", "paper")[i % 2])
                         for i in range(synthetic)]
     return out
@@ -164,20 +170,60 @@ def fit_threshold(curve: pd.DataFrame, *, tol: float = 1e-9) -> float:
     return smallest_best(curve.threshold, curve.anls, tol=tol)
 
 
-def default_record_path() -> Path:
-    """``data/models/resize_rule.json`` of the repository."""
+def models_record_path(module: str) -> Path:
+    """``data/models/<module>.json`` of the repository: the record the fit
+    ``python -m fovea_book.eval.<module>`` writes."""
     from fovea_book.paths import project_root
 
-    return project_root() / "data" / "models" / "resize_rule.json"
+    return project_root() / "data" / "models" / f"{module}.json"
+
+
+def read_fit_record(module: str, path: str | Path | None = None) -> dict:
+    """The record of the fit ``python -m fovea_book.eval.<module>`` (default
+    :func:`models_record_path`); ``FileNotFoundError`` naming the command when it is
+    missing."""
+    p = models_record_path(module) if path is None else Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no record of this fit; run "
+                                f"`python -m fovea_book.eval.{module}`")
+    return json.loads(p.read_text())
+
+
+def default_record_path() -> Path:
+    """``data/models/resize_rule.json`` of the repository."""
+    return models_record_path("resize_rule")
 
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    p = default_record_path() if path is None else Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no record of the resize rule's fit; run "
-                                "`python -m fovea_book.eval.resize_rule`")
-    return json.loads(p.read_text())
+    return read_fit_record("resize_rule", path)
+
+
+def training_page_args(ap: argparse.ArgumentParser, *, receipts: int | None = None,
+                       forms: int | None = 12, synthetic: int = 12) -> None:
+    """Add the options a fit on :func:`unseen_training_pages` takes to ``ap``: ``--data-dir``,
+    ``--receipts``, ``--forms``, ``--synthetic`` (these defaults) and ``--workers``."""
+    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
+                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
+    ap.add_argument("--receipts", type=int, default=receipts,
+                    help="unseen sroie-train pages read (default: %(default)s; None: all)")
+    ap.add_argument("--forms", type=int, default=forms)
+    ap.add_argument("--synthetic", type=int, default=synthetic)
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+
+
+def fit_provenance(record: Mapping, sets: Mapping[str, Sequence[Document]],
+                   started: float) -> dict:
+    """The provenance fields of a fit's record: the ``pages`` read per set, the localiser's
+    ``sha256`` (``record``: its training record), the ``commit``, the ``seconds`` since
+    ``started`` (a :func:`time.perf_counter` value) and the ``environment``."""
+    import torch
+
+    return dict(pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
+                localiser_sha256=record["sha256"], commit=git_commit(),
+                seconds=time.perf_counter() - started,
+                environment=dict(python=platform.python_version(), torch=torch.__version__,
+                                 machine=platform.machine()))
 
 
 def git_commit() -> str | None:
@@ -200,17 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="record path (default "
                     "data/models/resize_rule.json)")
-    ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
-                    "funsd-train/ (default $FOVEA_DATA, else data/external)")
-    ap.add_argument("--synthetic", type=int, default=12)
-    ap.add_argument("--forms", type=int, default=12)
-    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    training_page_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     record = localiser_record()
     pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                  forms=args.forms)
+                                  forms=args.forms, receipts=args.receipts)
     sets: dict[str, list[Document]] = {}
     for name, docs in pages.items():
         scaled = [photo_like(d, s) for d in docs for s in SCALES]
@@ -233,10 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "the rule's ANLS (rapidocr); ties to the smaller threshold",
         curve=curve.to_dict("list"), cascade_anls=curve.attrs["cascade"],
         resize_anls=curve.attrs["resize"], by_set=by_set,
-        pages={name: [d.doc_id for d in docs] for name, docs in sets.items()},
-        localiser_sha256=record["sha256"], commit=git_commit(), seconds=time.perf_counter() - t0,
-        environment=dict(python=platform.python_version(), torch=torch.__version__,
-                         machine=platform.machine()))
+        **fit_provenance(record, sets, t0))
     path = default_record_path() if args.out is None else args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
