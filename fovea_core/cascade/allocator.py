@@ -561,7 +561,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     localiser map is unsure -- :func:`map_confidence`, the share of its mass on its top
     :data:`CONFIDENCE_TOP` of cells, below ``resize_below`` -- is given ``resize``'s tokens
     instead (the map was computed from the gist, inside N: still budgeted).
-    :mod:`fovea_book.eval.resize_rule` fits it on photograph-like training pages.
+    :mod:`fovea_book.eval.confidence_rule` fits it on photograph-like training pages.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still

@@ -66,9 +66,10 @@ def cascade_columns(state: PageState, method: EvalMethod, question: Question,
     ``fovea_level`` of the question's answer boxes
     (:func:`~fovea_book.eval.localisation.localisation_row`, with the localiser's map
     ``parts.scores`` ``[1, Gh, Gw]``), the map's ``map_confidence``
-    (:func:`~fovea_core.cascade.allocator.map_confidence`), and the page's side compute (``parts.side``,
-    :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``, ``side_ms`` and
-    ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside N)."""
+    (:func:`~fovea_core.cascade.allocator.map_confidence`), and the page's side compute
+    (``parts.side``, :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``,
+    ``side_ms`` and ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside
+    N)."""
     from fovea_book.eval.localisation import localisation_row
     from fovea_core.cascade.allocator import map_confidence
 

@@ -24,9 +24,6 @@ and writes the record (default ``data/models/confidence_rule.json``).
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -142,33 +139,21 @@ def default_record_path() -> Path:
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    from fovea_book.eval.resize_rule import read_fit_record
+    from fovea_book.eval.resize_rule import read_models_record
 
-    return read_fit_record("confidence_rule", path)
+    return read_models_record("confidence_rule", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule for each base (see the module docstring) and write the record."""
-    import torch
-
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
     from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, fit_threshold,
-                                             grid_ratio, localiser_record, training_page_args,
-                                             unseen_training_pages)
+                                             grid_ratio, start_fit, write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
-    ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.confidence_rule",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=None, help="record path (default "
-                    "data/models/confidence_rule.json)")
-    training_page_args(ap, receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    record = localiser_record()
-    pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                  forms=args.forms, receipts=args.receipts)
+    args, record, pages, t0 = start_fit("confidence_rule", __doc__, default_record_path(), argv,
+                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     sets = {name: [v for d in docs for v in photo_variants(d) if grid_ratio(v) >= MIN_RATIO]
             for name, docs in pages.items()}
     for name, docs in sets.items():
@@ -196,9 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "threshold",
         anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
         **fit_provenance(record, sets, t0))
-    path = default_record_path() if args.out is None else args.out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_fit_record(out, args.out)
     print(means.round(3).to_string())
     print(f"wrote {path} ({out['seconds']:.0f} s)")
     return 0

@@ -38,9 +38,7 @@ versions.
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -280,27 +278,15 @@ def read_fit_record(path: str | Path | None = None) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the geometry and the share (see the module docstring) and write the record."""
-    import torch
-
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import (fit_provenance, localiser_record,
-                                             training_page_args, unseen_training_pages)
+    from fovea_book.eval.resize_rule import fit_provenance, start_fit, write_fit_record
     from fovea_core.cascade.allocator import DEFAULT_GIST
     from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY, fit_geometry,
                                             geometry_to_dict)
 
-    ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.reading_fit",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help="record path (default fovea_core/weights/cascade_read.json)")
-    training_page_args(ap, receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    record = localiser_record()
-    sets = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                 forms=args.forms, receipts=args.receipts)
+    args, record, sets, t0 = start_fit("reading_fit", __doc__, default_record_path(), argv,
+                                       receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     held = {d.doc_id for docs in sets.values() for d in docs}
     offsets, provenance = training_pairs(held, data_dir=args.data_dir)
     geometry, summary = fit_geometry(offsets)
@@ -333,9 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         curve=curve.to_dict("list"), reference=reference.to_dict("list"),
         prior=dict(geometry=geometry_to_dict(PRIOR_GEOMETRY), first_share=PRIOR_FIRST_SHARE),
         **fit_provenance(record, sets, t0))
-    path = default_record_path() if args.out is None else args.out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_fit_record(out, args.out)
     print(pd.concat([curve, reference]).to_string(index=False))
     print(f"first_share = {chosen:g} (wrote {path}, {out['seconds']:.0f} s)")
     return 0

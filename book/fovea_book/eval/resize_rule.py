@@ -46,8 +46,8 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "training_page_args", "fit_provenance", "git_commit", "models_record_path",
-           "read_fit_record",
+           "start_fit", "write_fit_record", "fit_provenance", "git_commit",
+           "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 
 #: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
@@ -178,7 +178,7 @@ def models_record_path(module: str) -> Path:
     return project_root() / "data" / "models" / f"{module}.json"
 
 
-def read_fit_record(module: str, path: str | Path | None = None) -> dict:
+def read_models_record(module: str, path: str | Path | None = None) -> dict:
     """The record of the fit ``python -m fovea_book.eval.<module>`` (default
     :func:`models_record_path`); ``FileNotFoundError`` naming the command when it is
     missing."""
@@ -196,13 +196,29 @@ def default_record_path() -> Path:
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    return read_fit_record("resize_rule", path)
+    return read_models_record("resize_rule", path)
 
 
-def training_page_args(ap: argparse.ArgumentParser, *, receipts: int | None = None,
-                       forms: int | None = 12, synthetic: int = 12) -> None:
-    """Add the options a fit on :func:`unseen_training_pages` takes to ``ap``: ``--data-dir``,
-    ``--receipts``, ``--forms``, ``--synthetic`` (these defaults) and ``--workers``."""
+def start_fit(module: str, description: str, out_default: Path,
+              argv: Sequence[str] | None, *, receipts: int | None = None,
+              forms: int | None = 12, synthetic: int = 12
+              ) -> tuple[argparse.Namespace, dict, dict[str, list[Document]], float]:
+    """The common start of a fit on training pages, ``python -m fovea_book.eval.<module>``.
+
+    Parses ``argv``: ``--out`` (the record's path, default ``out_default``), ``--data-dir``,
+    ``--receipts``, ``--forms``, ``--synthetic`` (these defaults) and ``--workers``; uses one
+    torch thread (the evaluation's processes share the cores); starts the clock; reads the
+    committed localiser's training record (:func:`localiser_record`) and the training pages
+    it never trained on (:func:`unseen_training_pages`). Returns ``(args, record, pages,
+    started)``, ``args.out`` set to the path to write."""
+    import torch
+
+    from fovea_book.paths import project_root
+
+    ap = argparse.ArgumentParser(prog=f"python -m fovea_book.eval.{module}",
+                                 description=description.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=out_default,
+                    help=f"record path (default {out_default.relative_to(project_root())})")
     ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
                     "funsd-train/ (default $FOVEA_DATA, else data/external)")
     ap.add_argument("--receipts", type=int, default=receipts,
@@ -210,6 +226,21 @@ def training_page_args(ap: argparse.ArgumentParser, *, receipts: int | None = No
     ap.add_argument("--forms", type=int, default=forms)
     ap.add_argument("--synthetic", type=int, default=synthetic)
     ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    record = localiser_record()
+    pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
+                                  forms=args.forms, receipts=args.receipts)
+    return args, record, pages, started
+
+
+def write_fit_record(out: Mapping, path: Path) -> Path:
+    """Write a fit's record ``out`` as indented JSON to ``path`` (its folder made); return
+    ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return path
 
 
 def fit_provenance(record: Mapping, sets: Mapping[str, Sequence[Document]],
@@ -237,22 +268,10 @@ def git_commit() -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule (see the module docstring) and write its record."""
-    import torch
-
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
 
-    ap = argparse.ArgumentParser(prog="python -m fovea_book.eval.resize_rule",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=None, help="record path (default "
-                    "data/models/resize_rule.json)")
-    training_page_args(ap)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    record = localiser_record()
-    pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
-                                  forms=args.forms, receipts=args.receipts)
+    args, record, pages, t0 = start_fit("resize_rule", __doc__, default_record_path(), argv)
     sets: dict[str, list[Document]] = {}
     for name, docs in pages.items():
         scaled = [photo_like(d, s) for d in docs for s in SCALES]
@@ -276,9 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         curve=curve.to_dict("list"), cascade_anls=curve.attrs["cascade"],
         resize_anls=curve.attrs["resize"], by_set=by_set,
         **fit_provenance(record, sets, t0))
-    path = default_record_path() if args.out is None else args.out
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path = write_fit_record(out, args.out)
     print(curve.to_string(index=False))
     print(f"resize_within = {chosen:g} (wrote {path}, {out['seconds']:.0f} s)")
     return 0
