@@ -73,7 +73,7 @@ def _committed_config() -> dict:
 
 #: configuration fields added after the committed run, at the values that train as it did
 #: (``photo``: no photo-like augmentation; ``steps``: epochs x an epoch's batches)
-ADDED_FIELDS = {"photo": False, "steps": None}
+ADDED_FIELDS = {"photo": False, "steps": None, "part": 0.0}
 
 
 @needs_weights
@@ -603,3 +603,21 @@ def test_vocabulary_embeddings_do_not_depend_on_what_was_embedded_before():
     again = embed_vocabulary(vocab)
     assert all(torch.equal(fresh[t], again[t]) for t in vocab)
     assert embed_vocabulary(vocab) is not embed_vocabulary(vocab)   # callers get their own dict
+
+
+def test_real_names_the_folders_to_train_on(tmp_path, monkeypatch):
+    """``--real`` leaves a collection out: the configuration trains on the folders named (in
+    REAL_SOURCES' order), none with ``--real`` alone; an unknown folder is refused."""
+    seen = {}
+
+    def stop(cfg, **kwargs):
+        seen["cfg"] = cfg
+        raise DatasetNotFound("stopped here")
+
+    monkeypatch.setattr(train_module, "train", stop)
+    for names, real in ((["funsd-train"], ("funsd-train",)), ([], ()),
+                        (["funsd-train", "sroie-train"], ("sroie-train", "funsd-train"))):
+        assert train_module.main(["--out", str(tmp_path / "x.pt"), "--real", *names]) == 2
+        assert seen["cfg"].real == real
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--real", "sroie-dev"])

@@ -76,6 +76,10 @@ Examples::
                                                             # without a missing real folder
     python -m fovea_book.train --photo --out data/models/gist_localiser_photo.pt
                                                             # on photo-like pages
+    python -m fovea_book.train --real funsd-train --out data/models/gist_localiser_no_sroie.pt
+                                                            # leave SROIE out
+    python -m fovea_book.train --part 0.5 --out data/models/gist_localiser_part.pt
+                                                            # half the pages shown in part
 """
 
 from __future__ import annotations
@@ -150,6 +154,9 @@ class TrainConfig:
     steps: int | None = None              # optimiser steps (the cosine schedule spans them;
                                           # epochs then ignored); None: epochs x an epoch's
                                           # batches (the committed run)
+    part: float = 0.0                     # share of training pages shown in part (:func:`part_page`:
+                                          # a band of rows, so the text is taller against the
+                                          # frame; 0.0: the committed run)
 
 
 @dataclass
@@ -267,6 +274,10 @@ PHOTO_SALT = 29
 #: in level-0 16-px cells: the gist needs ``budget`` cells (:func:`~fovea_core.allocators.
 #: grid.resize_grid` refuses fewer); twice that keeps the gist a downsampling of the page
 PHOTO_MIN_CELLS = 2
+#: salt of the draws of :func:`part_page` (and whether a page is shown in part)
+PART_SALT = 31
+#: the band of rows :func:`part_page` shows, as shares of the page's height
+PART: tuple[float, float] = (0.35, 0.7)
 
 
 @dataclass(frozen=True)
@@ -683,12 +694,35 @@ def training_samples(cfg: TrainConfig, index: int) -> list[Sample]:
 
 
 def photo_training_page(cfg: TrainConfig, index: int, doc: Document) -> Document:
-    """Training page ``index`` as trained on: ``doc`` itself, or with ``cfg.photo`` its
-    photo-like copy (:func:`photo_page`, drawn from ``(cfg.seed, index)`` alone)."""
+    """Training page ``index`` as trained on: ``doc`` itself; with ``cfg.part`` a share of
+    the pages shown in part (:func:`part_page`, drawn from ``(cfg.seed, index)`` alone); then
+    with ``cfg.photo`` its photo-like copy (:func:`photo_page`, likewise)."""
+    if cfg.part > 0:
+        rng = _page_rng(cfg, index, PART_SALT)
+        if rng.random() < cfg.part:
+            doc = part_page(doc, rng, min_cells=PHOTO_MIN_CELLS * max(cfg.gists))
     if not cfg.photo:
         return doc
     return photo_page(doc, _page_rng(cfg, index, PHOTO_SALT),
                       min_cells=PHOTO_MIN_CELLS * max(cfg.gists))
+
+
+def part_page(doc: Document, rng: np.random.Generator, *, heights: tuple[float, float] = PART,
+              min_cells: int = 192, patch: int = 16) -> Document:
+    """A band of the page's rows (:func:`~fovea_book.eval.photo.page_rows`): a height drawn
+    uniformly from ``heights`` (shares of the page's height) at a uniform place, keeping the
+    questions whose answers lie inside. ``doc`` itself when no question's answer would be
+    inside or the band would hold fewer than ``min_cells`` level-0 cells (too small for the
+    gist). The text keeps its pixel height (``size_px`` unchanged) while the frame shrinks:
+    what a photograph of a short receipt, or of part of a long one, shows."""
+    from fovea_book.eval.photo import page_rows
+
+    h, w = doc.size
+    band = max(1, int(round(h * rng.uniform(*heights))))
+    y0 = int(rng.integers(0, h - band + 1))
+    part = page_rows(doc, y0, y0 + band, tag=f"rows{y0}-{y0 + band}")
+    cells = math.ceil(band / patch) * math.ceil(w / patch)
+    return part if part.questions and cells >= min_cells else doc
 
 
 def epoch_batches(cfg: TrainConfig, gen: torch.Generator, data: TrainingSet
@@ -1094,6 +1128,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-missing-real", action="store_true",
                         help="train without a real training folder that is missing (default: "
                              "stop with a message); the record lists the missing folder")
+    parser.add_argument("--part", type=float, default=cfg.part,
+                        help="share of training pages shown in part: a band of 35-70 %% of the "
+                             "page's rows, keeping the questions answered inside, so the text "
+                             "is taller against the frame (default: %(default)s, the committed "
+                             "run's)")
+    parser.add_argument("--real", nargs="*", choices=sorted(REAL_SOURCES), default=cfg.real,
+                        metavar="FOLDER",
+                        help="the real training folders to train on, of "
+                             f"{', '.join(REAL_SOURCES)} (default: all of them, the committed "
+                             "run's); name fewer to leave a collection out (none: synthetic "
+                             "pages only)")
     parser.add_argument("--photo", action=argparse.BooleanOptionalAction, default=cfg.photo,
                         help="train on photo-like copies of every page (photo_page: scale-down, "
                              "crop, rotation, keystone, blur, uneven light, tone curve, JPEG; "
@@ -1139,7 +1184,11 @@ def main(argv: list[str] | None = None) -> int:
         out = output_path(args)
     except ValueError as exc:
         parser.error(str(exc))
-    cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs, photo=args.photo)
+    if not 0.0 <= args.part <= 1.0:
+        parser.error(f"--part must be in [0, 1], got {args.part}")
+    cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs, photo=args.photo,
+                      part=args.part,
+                      real=tuple(r for r in REAL_SOURCES if r in args.real))
     where = "the COMMITTED weights " if out == weights_path() else ""
     print(f"training the gist localiser into {where}{out}: {cfg}", flush=True)
     try:
