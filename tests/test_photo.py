@@ -147,3 +147,49 @@ def test_a_batch_gives_each_page_what_it_gets_alone():
     for b in range(2):
         alone = LearnedLocaliser(paper=True)(make_gist(bp(pages[b:b + 1]), 64), q)
         assert torch.allclose(both[b], alone[0], atol=1e-6)
+
+
+def _two_answers() -> Document:
+    """A 600-row page with an answer in the top half and one in the bottom half."""
+    img = np.full((600, 400, 3), 250, np.uint8)
+    top, bottom = (100, 100, 300, 130), (100, 450, 300, 480)
+    for x0, y0, x1, y1 in (top, bottom):
+        img[y0:y1, x0:x1] = 0
+    return Document("two", img, (Question("t", "Top?", ("t",), (top,), "company"),
+                                 Question("b", "Bottom?", ("b",), (bottom,), "total")))
+
+
+def test_page_rows_keeps_the_answers_inside_and_moves_their_boxes():
+    from fovea_book.eval.photo import half_page, page_rows
+
+    doc = _two_answers()
+    top = page_rows(doc, 0, 300, tag="top")
+    assert top.size == (300, 400) and [q.qid for q in top.questions] == ["t"]
+    assert top.questions[0].boxes == ((100, 100, 300, 130),) and _ink_inside(top) == 1.0
+    bottom = page_rows(doc, 300, 600)
+    assert [q.qid for q in bottom.questions] == ["b"]
+    assert bottom.questions[0].boxes == ((100, 150, 300, 180),) and _ink_inside(bottom) == 1.0
+    assert page_rows(doc, 120, 600).questions[0].qid == "b"      # the top answer is cut: dropped
+    for bad in ((0, 0), (300, 200), (-1, 10), (0, 601)):
+        with pytest.raises(ValueError, match="rows must satisfy"):
+            page_rows(doc, *bad)
+    halves = {half_page(doc, np.random.default_rng(s)).doc_id for s in range(8)}
+    assert halves == {"two@top", "two@bottom"}
+
+
+def test_part_page_shows_a_band_or_the_whole_page():
+    from fovea_book.train import PART, part_page
+
+    doc = _two_answers()
+    for s in range(20):
+        out = part_page(doc, np.random.default_rng(s), min_cells=10)
+        if out is doc:
+            continue
+        h = out.size[0]
+        assert PART[0] * 600 - 1 <= h <= PART[1] * 600 + 1 and out.size[1] == 400
+        assert 1 <= len(out.questions) <= 2
+        for q in out.questions:                               # each kept box is its bar
+            x0, y0, x1, y1 = q.boxes[0]
+            assert (out.image[y0:y1, x0:x1] == 0).all() and y1 - y0 == 30
+    # a band too small for the gist, or one holding no answer, gives the page itself
+    assert part_page(doc, np.random.default_rng(0), min_cells=10_000) is doc

@@ -315,3 +315,17 @@ def test_book_wildreceipt_without_the_dataset_gives_a_message(tmp_path):
     assert docs == [] and "skipped" in msg and "wildreceipt-dev" in msg
     with pytest.raises(ValueError, match="profile"):
         book_wildreceipt("huge", data_dir=tmp_path)
+
+
+def test_answer_px_at_resize_divides_by_the_resize_scale():
+    """A 1,024 x 512 page at 128 tokens of 16 px is resized by 4 (a 16 x 8 grid), so a 20 px
+    answer is 5 px in resize's view; an answer's height is its boxes' median."""
+    from fovea_book.eval.documents import Document, Question
+    from fovea_book.eval.wildreceipt import answer_px_at_resize
+
+    qs = (Question("a", "date?", ("1",), ((0, 0, 10, 20),), "date"),
+          Question("b", "total?", ("2",), ((0, 0, 10, 8), (0, 20, 10, 32), (0, 40, 10, 80)),
+                   "total"))
+    doc = Document(doc_id="x", image=np.zeros((1024, 512, 3), np.uint8), questions=qs)
+    assert np.allclose(answer_px_at_resize(doc, 128), [5.0, 3.0])
+    assert np.allclose(answer_px_at_resize(doc, 512), [10.0, 6.0])

@@ -27,7 +27,7 @@ import pandas as pd
 from fovea_book.eval.document_types import Document
 
 __all__ = ["JPEG_QUALITY", "photo_like", "warp", "on_background", "perspective", "rotated",
-           "blurred", "uneven_light", "FACTORS", "factor_table"]
+           "blurred", "uneven_light", "page_rows", "half_page", "FACTORS", "factor_table"]
 
 EPS = 1e-6
 #: JPEG quality of :func:`photo_like` (a phone camera's default is 75-95)
@@ -141,6 +141,32 @@ def uneven_light(doc: Document, rng: np.random.Generator, *, low: float = 0.55) 
     return replace(doc, image=img, elements=())
 
 
+def page_rows(doc: Document, y0: int, y1: int, *, tag: str = "part") -> Document:
+    """The rows ``[y0, y1)`` of the page, its whole width: the text keeps its pixel height
+    while the frame shrinks, so it is taller against the frame (a short receipt, or a long
+    one photographed in part). The questions whose answers lie wholly inside are kept
+    (boxes moved with the rows); the others are dropped, their answer not being in the
+    picture. The id becomes ``"<doc_id>@<tag>"``.
+
+    Raises ``ValueError`` unless ``0 <= y0 < y1 <= H``."""
+    h, _ = doc.size
+    if not (isinstance(y0, (int, np.integer)) and isinstance(y1, (int, np.integer))
+            and 0 <= y0 < y1 <= h):
+        raise ValueError(f"rows must satisfy 0 <= y0 < y1 <= {h}, got {y0!r}, {y1!r}")
+    qs = tuple(replace(q, boxes=tuple((b[0], b[1] - y0, b[2], b[3] - y0) for b in q.boxes))
+               for q in doc.questions if all(y0 <= b[1] and b[3] <= y1 for b in q.boxes))
+    return Document(f"{doc.doc_id}@{tag}", doc.image[y0:y1].copy(), qs, (), doc.source)
+
+
+def half_page(doc: Document, rng: np.random.Generator) -> Document:
+    """A photograph of half of the receipt: its top or bottom half (at random) through
+    :func:`page_rows`, so the text is twice as tall against the frame's height."""
+    h = doc.size[0]
+    top = bool(rng.random() < 0.5)
+    return page_rows(doc, 0, h // 2, tag="top") if top else \
+        page_rows(doc, h - h // 2, h, tag="bottom")
+
+
 #: one factor at a time: ``{name: transform(doc, rng) -> doc}``
 FACTORS: dict[str, Callable[[Document, np.random.Generator], Document]] = {
     "as stored": lambda d, rng: d,
@@ -150,6 +176,7 @@ FACTORS: dict[str, Callable[[Document, np.random.Generator], Document]] = {
     "rotated by up to 5 degrees": rotated,
     "blurred (sigma 2 px)": blurred,
     "uneven light (down to 55 %)": uneven_light,
+    "half of the receipt (text 2x taller in the frame)": half_page,
 }
 
 

@@ -407,6 +407,19 @@ def native_grid(doc: Document, patch: int = 16) -> int:
     return -(-h // patch) * -(-w // patch)
 
 
+def answer_px_at_resize(doc: Document, budget: int, patch: int = 16) -> np.ndarray:
+    """``[Q]`` the height (px) each question's answer has in ``resize``'s view of the page at
+    ``budget`` tokens: the median height of its boxes divided by the resize scale
+    (``2 ** level`` of :func:`~fovea_core.allocators.grid.resize_grid`). A property of the
+    page, not of any method: where it is large, ``resize`` already shows the text large
+    enough to read and a fovea has little to add."""
+    from fovea_core.allocators.grid import resize_grid
+
+    level = resize_grid(doc.image.shape[:2], budget, patch)[2]
+    heights = [float(np.median([b[3] - b[1] for b in q.boxes])) for q in doc.questions]
+    return np.asarray(heights, dtype=float) / 2.0 ** level
+
+
 def carry_over_verdict(diff: float, lo: float, n_docs: int, *,
                        target: tuple[float, float] = CARRY_OVER_TARGET) -> str:
     """``"met"`` when the estimate of ``cascade - resize`` (ANLS points) is at least
