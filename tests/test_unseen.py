@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from fovea_book.eval.unseen import (factor_summary, field_kept, rule_figure, ttft_target,
                                     unseen_targets)
@@ -154,3 +155,103 @@ def test_learning_table_has_a_row_per_run_set_and_field_and_the_committed_weight
     fig = learning_figure(t, {"sroie/heldout": "receipts"})
     assert len(fig.axes[0].lines) == 2                  # the photo runs, the committed line
     plt.close(fig)
+
+
+def test_weights_localiser_is_the_learned_localiser_with_those_weights():
+    """With the committed weights, :class:`WeightsLocaliser` gives the learned localiser's map;
+    it pickles (a process pool sends it), its repr names the weights' hash (the row cache keys
+    on it), and weights without a record are refused with the command that makes them."""
+    import pickle
+
+    from fovea_book.eval.documents import synthetic_documents
+    from fovea_book.eval.unseen import LOCO_WEIGHTS, WeightsLocaliser
+    from fovea_book.train import gist_of
+    from fovea_core.cascade.learned import LearnedLocaliser
+
+    loc = WeightsLocaliser("fovea_core/weights/gist_localiser.pt")
+    doc = synthetic_documents(1, seed=5)[0]
+    g = gist_of(doc, 64)
+    q = doc.questions[0].question
+    assert torch.equal(loc(g, q), LearnedLocaliser()(g, q))
+    assert pickle.loads(pickle.dumps(loc)) == loc
+    assert loc.record()["sha256"][:16] in repr(loc)
+    with pytest.raises(FileNotFoundError, match="python -m fovea_book.train --out"):
+        WeightsLocaliser("data/models/no_such_weights.pt")
+    assert set(LOCO_WEIGHTS) == {"sroie", "funsd"}
+    for ds, w in LOCO_WEIGHTS.items():          # each left-out localiser never saw its folder
+        rec = WeightsLocaliser(w).record()
+        assert f"{ds}-train" not in rec["config"]["real"]
+        assert f"{ds}-train" not in rec["train"]["sources"] and rec["config"]["real"]
+
+
+def test_token_anchors_are_published_and_cite_the_bibliography(tmp_path, monkeypatch):
+    """Every anchor row is a published value, its source a key of book/references.bib and its
+    location the source's own words; a file with a row marked otherwise is refused."""
+    import re
+
+    from fovea_book.eval import unseen
+    from fovea_book.paths import project_root
+
+    t = unseen.token_anchors()
+    assert len(t) >= 5 and (t.status == "published").all() and t.value.notna().all()
+    bib = (project_root() / "book" / "references.bib").read_text()
+    assert set(t.source) <= set(re.findall(r"@\w+\{([^,]+),", bib))
+    assert t.location.str.startswith("Abstract").all()
+    lines = (project_root() / unseen.TOKEN_ANCHORS_CSV).read_text().splitlines()
+    bad = [ln.replace(",published,", ",unverified,", 1) for ln in lines]
+    assert bad != lines
+    (tmp_path / "a.csv").write_text("\n".join(bad) + "\n")
+    monkeypatch.setattr(unseen, "TOKEN_ANCHORS_CSV", str(tmp_path / "a.csv"))
+    with pytest.raises(ValueError, match="not read in their source"):
+        unseen.token_anchors()
+
+
+def test_choose_candidate_takes_the_best_mean_auc_over_factors():
+    from fovea_book.eval.unseen import choose_candidate
+
+    t = pd.DataFrame([dict(factor=f, localiser=loc, doc_id="1", cell_auc=a, fovea_share=0.5)
+                      for f, loc, a in [("a", "x", 0.9), ("b", "x", 0.5), ("a", "y", 0.7),
+                                        ("b", "y", 0.8), ("a", "z", 1.0), ("b", "z", 1.0)]])
+    s = factor_summary(t)
+    assert choose_candidate(s, ["x", "y"]) == "y"              # 0.75 against 0.70; z not asked
+    assert choose_candidate(s, ["y", "x"]) == "y"
+    t2 = t.assign(cell_auc=0.6)                                  # a tie goes to the first named
+    assert choose_candidate(factor_summary(t2), ["x", "y"]) == "x"
+    with pytest.raises(KeyError, match="no factor rows"):
+        choose_candidate(s, ["x", "w"])
+    with pytest.raises(ValueError, match="no candidate"):
+        choose_candidate(s, [])
+
+
+def test_versus_resize_gives_every_glue_text_and_says_what_is_missing():
+    """A method that reads every answer where resize reads half of them is better than resize
+    on the dataset with rows; the dataset without rows is said to be not measured."""
+    from fovea_book.eval.unseen import versus_resize
+
+    rows = _rows({f"d{i}": {"resize": 0.5, "cascade | learned": 0.9, "new": 1.0}
+                  for i in range(30)})
+    words = versus_resize(pd.DataFrame(rows).assign(budget=273), "new",
+                          {"sroie": "rec", "wildreceipt": "wild"}, 273)
+    assert words["kept_new_rec"] == "100 % [100, 100]"
+    assert words["kept_resize_rec"] == "50 % [50, 50]"
+    assert words["res_rec"].startswith("better (+50.0")
+    assert words["bar_rec"] == "**met**"
+    assert words["ref_rec"].startswith("better (+10.0")
+    assert all(words[f"{k}_wild"] == "not measured (no data)"
+               for k in ("kept_new", "kept_resize", "kept_learned", "res", "bar", "ref"))
+
+
+def test_text_height_ratio_is_expected_over_true_height(monkeypatch):
+    """The ratio divides the localiser's expected text height by the answer's boxes' median
+    height, one value per question."""
+    from fovea_book.eval.documents import synthetic_documents
+    from fovea_book.eval.unseen import text_height_ratio
+
+    class Fixed:                                            # expects 12 px everywhere
+        def text_px(self, g, query):
+            return torch.tensor([12.0])
+
+    docs = synthetic_documents(2, seed=3)
+    r = text_height_ratio(docs, 64, localiser=Fixed())
+    heights = [np.median([b[3] - b[1] for b in q.boxes]) for d in docs for q in d.questions]
+    assert r.shape == (len(heights),) and np.allclose(r, 12.0 / np.asarray(heights))

@@ -176,7 +176,7 @@ FACTORS: dict[str, Callable[[Document, np.random.Generator], Document]] = {
     "rotated by up to 5 degrees": rotated,
     "blurred (sigma 2 px)": blurred,
     "uneven light (down to 55 %)": uneven_light,
-    "half of the receipt (text 2x taller in the frame)": half_page,
+    "half of the receipt (top or bottom)": half_page,
 }
 
 

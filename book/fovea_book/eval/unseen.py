@@ -4,6 +4,9 @@
   :mod:`fovea_book.eval.photo`, one at a time, on ``sroie-train`` pages the localiser never
   trained on (its record's held-out fifth and pages added since), scored by the map's cell
   AUC and the answer's share inside the fovea (no OCR);
+* :class:`WeightsLocaliser`: the learned localiser with other weights (trained with a
+  collection left out, :data:`LOCO_WEIGHTS`, or with other augmentation);
+* :func:`token_anchors`: the papers' published values the chapter shows beside its own;
 * :func:`rule_figure`: the fit of the page-size rule (:mod:`fovea_book.eval.resize_rule`)
   from its record;
 * :func:`unseen_targets`: the targets set for these pages and for reading before looking,
@@ -17,7 +20,9 @@ other row.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -26,7 +31,9 @@ from fovea_book.eval.document_types import Document
 
 __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
-           "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS"]
+           "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
+           "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
+           "PART_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
 FACTOR_PAGES = {"smoke": 2, "default": 12, "full": None}
@@ -41,29 +48,97 @@ RUNTIME_BAR_S = 1195.0
 #: (``python -m fovea_book.train --photo --out data/models/gist_localiser_photo.pt``; its
 #: record beside it): a candidate the chapter evaluates, not the committed default
 PHOTO_WEIGHTS = "data/models/gist_localiser_photo.pt"
+#: the localisers trained with one real collection left out (``python -m fovea_book.train
+#: --real funsd-train --out data/models/gist_localiser_no_sroie.pt`` and ``--real sroie-train
+#: --out data/models/gist_localiser_no_funsd.pt``): ``{left-out dataset: weights}``. Each is
+#: reported on the dev set of the collection it never saw, the way a user meets a new one
+LOCO_WEIGHTS = {"sroie": "data/models/gist_localiser_no_sroie.pt",
+                "funsd": "data/models/gist_localiser_no_funsd.pt"}
 
 
-@functools.lru_cache(maxsize=1)
-def _photo_net():
+#: localisers trained with pages shown in part (``--part 0.5``: a band of 35-70 % of the
+#: page's rows, so the text is taller against the frame), without and with photograph-like
+#: augmentation; chapter 14.5 chooses one on training pages (:func:`choose_candidate`)
+PART_WEIGHTS = {"part-trained": "data/models/gist_localiser_part.pt",
+                "photo + part trained": "data/models/gist_localiser_photo_part.pt"}
+
+
+@functools.lru_cache(maxsize=8)
+def _net(weights: str):
     from fovea_book.paths import project_root
     from fovea_core.cascade.learned import LearnedLocaliser
 
-    return LearnedLocaliser(str(project_root() / PHOTO_WEIGHTS))
+    return LearnedLocaliser(str(project_root() / weights))
 
 
 def photo_localiser(g, query: str | None):
     """The cascade's localiser with the photo-trained weights (:data:`PHOTO_WEIGHTS`, SHA-256
     checked against their record): ``(gist, query) -> [B, Gh, Gw]``. A module-level function,
     so evaluations on a process pool pickle it and cache its rows by name."""
-    return _photo_net()(g, query)
+    return _net(PHOTO_WEIGHTS)(g, query)
+
+
+@dataclass(frozen=True)
+class WeightsLocaliser:
+    """The cascade's learned localiser with other weights: ``weights`` is a path relative to
+    the project root (the ``.pt`` file; its JSON record beside it, whose SHA-256 the weights
+    are checked against when loaded). Picklable for a process pool; its ``repr`` names the
+    weights and their SHA-256, so an evaluation's row cache keys on both
+    (:func:`~fovea_book.eval.evaluator.evaluate`)."""
+
+    weights: str
+
+    def __post_init__(self) -> None:
+        from fovea_book.paths import project_root
+
+        rec = (project_root() / self.weights).with_suffix(".json")
+        if not rec.is_file():
+            raise FileNotFoundError(f"no record {rec} beside the localiser weights {self.weights}; "
+                                    "train them with python -m fovea_book.train --out "
+                                    f"{self.weights} (see fovea_book.eval.unseen.LOCO_WEIGHTS)")
+
+    def record(self) -> dict:
+        """The weights' training record (the JSON beside them)."""
+        from fovea_book.paths import project_root
+
+        return json.loads((project_root() / self.weights).with_suffix(".json").read_text())
+
+    def __repr__(self) -> str:
+        return f"WeightsLocaliser({self.weights!r}, sha256={self.record()['sha256'][:16]!r})"
+
+    def __call__(self, g, query: str | None):
+        """``(gist, query) -> [B, Gh, Gw]``, as :class:`~fovea_core.cascade.learned.LearnedLocaliser`."""
+        return _net(self.weights)(g, query)
+
+
+#: published values on spending fewer visual tokens on documents (each paper's abstract, quoted)
+TOKEN_ANCHORS_CSV = "data/papers/token_anchors.csv"
+
+
+def token_anchors() -> pd.DataFrame:
+    """The papers' published values of :data:`TOKEN_ANCHORS_CSV` (see its header): a
+    DataFrame indexed by ``quantity`` with columns ``value, unit, status, source, model,
+    location``; ``source`` is a key of ``book/references.bib``. Raises ``ValueError`` for a
+    row that is not ``published`` (the chapter shows only values read in the source)."""
+    from fovea_book.paths import project_root
+
+    t = pd.read_csv(project_root() / TOKEN_ANCHORS_CSV, comment="#").set_index("quantity")
+    bad = t.index[t.status != "published"].tolist()
+    if bad:
+        raise ValueError(f"{TOKEN_ANCHORS_CSV}: rows not read in their source: {bad}")
+    return t
 
 
 def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
     """``(pages, message)``: the first :data:`FACTOR_PAGES` ``[profile]`` ``sroie-train``
-    receipts (by id) the committed localiser did not train on, or ``([], why)`` when the
-    folder is missing."""
+    receipts (by id) that no localiser here trained on (the committed one's unseen pages in
+    the fifth every run holds out, ``crc32(id) % real_valid_mod == 0``), or ``([], why)``
+    when the folder is missing."""
+    import zlib
+
     from fovea_book.eval.resize_rule import localiser_record, unseen_pages
     from fovea_book.paths import DatasetNotFound
+    from fovea_book.train import TrainConfig
 
     if profile not in FACTOR_PAGES:
         raise ValueError(f"profile must be one of {sorted(FACTOR_PAGES)}, got {profile!r}")
@@ -71,9 +146,76 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
         docs = unseen_pages(localiser_record(), "sroie-train", data_dir=data_dir)
     except DatasetNotFound as err:
         return [], f"photograph factors skipped: {err}"
-    unseen = docs[:FACTOR_PAGES[profile]]
-    return unseen, (f"{len(unseen)} sroie-train receipts the localiser never trained on "
+    # the fifth every training run here holds out (real_valid_mod), so that a candidate
+    # trained on pages added since is compared on pages none of them saw
+    held = [d for d in docs if zlib.crc32(d.doc_id.encode()) % TrainConfig.real_valid_mod == 0]
+    unseen = held[:FACTOR_PAGES[profile]]
+    return unseen, (f"{len(unseen)} sroie-train receipts no localiser here trained on "
                     f"({sum(len(d.questions) for d in unseen)} questions)")
+
+
+def text_height_ratio(docs: Sequence[Document], gist_budget: int, localiser=None) -> np.ndarray:
+    """``[Q]`` per question: the answer's text height the learned localiser expects from the
+    gist (``text_px``, base pixels; the level the fovea reads at follows from it) over the
+    answer's true height (its boxes' median, base pixels). Below 1: the fovea reads finer,
+    and so covers less of the page, than the text needs. ``localiser``: a
+    :class:`~fovea_core.cascade.learned.LearnedLocaliser` (default: the committed weights)."""
+    from fovea_book.train import gist_of
+    from fovea_core.cascade.learned import LearnedLocaliser
+
+    loc = LearnedLocaliser() if localiser is None else localiser
+    out = []
+    for d in docs:                                          # a few dozen pages
+        g = gist_of(d, gist_budget)
+        for q in d.questions:
+            true = float(np.median([b[3] - b[1] for b in q.boxes]))
+            out.append(float(loc.text_px(g, q.question)[0]) / true)
+    return np.asarray(out, dtype=float)
+
+
+def choose_candidate(summary: pd.DataFrame, candidates: Sequence[str]) -> str:
+    """The candidate localiser (a column of :func:`factor_summary`'s ``cell_auc``) whose map
+    ranks the answer's cells best on average over the factors: the highest mean cell AUC
+    over the rows (factors), ties to the first in ``candidates``. Training pages only."""
+    if not candidates:
+        raise ValueError("choose_candidate: no candidate given")
+    auc = summary["cell_auc"]
+    missing = [c for c in candidates if c not in auc.columns]
+    if missing:
+        raise KeyError(f"choose_candidate: no factor rows for {missing}")
+    means = auc[list(candidates)].mean()
+    return str(means.idxmax())
+
+
+def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_ref: int, *,
+                  reference: str = "cascade | learned", seed: int = 0) -> dict[str, str]:
+    """Glue texts for one method ``label`` of an evaluation ``table`` on each dataset of
+    ``keys`` (``{dataset: key}``): ``kept_<row>_<key>`` for ``resize``, ``reference`` and
+    ``label`` (rows ``resize``, ``learned``, ``new``; "95 % CI" texts), ``res_<key>`` (minus
+    ``resize``, Holm over the datasets), ``bar_<key>`` (the carry-over target's verdict,
+    :func:`~fovea_book.eval.wildreceipt.carry_over_verdict`) and ``ref_<key>`` (minus
+    ``reference``, Holm over the datasets). A dataset without rows gives "not measured"."""
+    from fovea_book.eval.realsets import kept_table, real_family, variant_family
+    from fovea_book.eval.wildreceipt import carry_over_verdict
+
+    na = "not measured (no data)"
+    rows = {"resize": "resize", reference: "learned", label: "new"}
+    kept = kept_table(table, list(rows), seed=seed).set_index(["dataset", "method"])
+    res = real_family(table, [label], n_ref, seed=seed).set_index("dataset")
+    ref = variant_family(table, [(label, reference)], n_ref, seed=seed).set_index("dataset")
+    out = {}
+    for ds, dk in keys.items():
+        for m, mk in rows.items():
+            k = kept.loc[(ds, m)] if (ds, m) in kept.index else None
+            out[f"kept_{mk}_{dk}"] = (na if k is None else
+                                      f"{100 * k.kept:.0f} % [{100 * k.lo:.0f}, {100 * k.hi:.0f}]")
+        r = res.loc[ds] if ds in res.index else None
+        out[f"res_{dk}"] = na if r is None else f"{r['verdict']} ({r['text']} points)"
+        out[f"bar_{dk}"] = na if r is None else (
+            f"**{carry_over_verdict(100 * r['diff'], 100 * r['diff_lo'], int(r['n_docs']))}**")
+        r = ref.loc[ds] if ds in ref.index else None
+        out[f"ref_{dk}"] = na if r is None else f"{r['verdict']} ({r['text']} points)"
+    return out
 
 
 def factor_summary(table: pd.DataFrame) -> pd.DataFrame:
