@@ -183,6 +183,35 @@ def test_oracle_cascade_reads_the_answer_at_full_budget():
         cascade(pyr, None, 273, query="an unknown question", localiser=orc, level=0.5)
 
 
+def test_a_given_size_sets_the_fovea_level():
+    """``cascade_parts(size=...)`` reads the level from the given text heights instead of the
+    gist's estimate: the oracle's answer height gives ``log2(height / LEGIBLE_PX)`` (clipped
+    to the allowed levels), a NaN map keeps the estimate, and a map of another shape is
+    refused."""
+    from fovea_core.cascade.allocator import LEGIBLE_PX, cascade_parts
+
+    doc = make_document(5)
+    orc = OracleLocaliser([doc])
+    pyr = build_pyramid(doc.image)
+    q = doc.questions[0]
+    plain = cascade_parts(pyr, 273, query=q.question, localiser="learned")
+    given = cascade_parts(pyr, 273, query=q.question, localiser="learned", size=orc.text_size)
+    h = float(np.median([b[3] - b[1] for b in q.boxes]))
+    top = given.gist.level - 2.0
+    level = min(max(math.log2(h / LEGIBLE_PX), 0.0), top)
+    assert float(given.levels[0]) == pytest.approx(level, abs=1e-5)
+    assert given.tokens.budget == 273
+    tall = cascade_parts(pyr, 273, query=q.question, localiser="learned",
+                         size=lambda g, qq: orc.text_size(g, qq) + 2.0)      # 4x taller text
+    level = min(max(math.log2(4 * h / LEGIBLE_PX), 0.0), top)
+    assert float(tall.levels[0]) == pytest.approx(level, abs=1e-5)
+    nan = cascade_parts(pyr, 273, query=q.question, localiser="learned",
+                        size=lambda g, qq: torch.full_like(orc.text_size(g, qq), float("nan")))
+    assert torch.equal(nan.levels, plain.levels)
+    with pytest.raises(ValueError, match="size returned"):
+        cascade_parts(pyr, 273, query=q.question, size=lambda g, qq: torch.zeros(1, 2, 2))
+
+
 def test_cascade_sees_the_page_only_through_its_gist(monkeypatch):
     """Budgeted: the cascade's decisions depend on the page only through its gist's tokens.
     Every pixel read goes through ``sample`` of the gist (G tokens), and a page that differs

@@ -293,20 +293,27 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   context_weight: float = 0.5, patch: int = 16,
                   gist_obj: Gist | None = None, side: str | None = None,
                   fovea: str = "core", resize_within: float | None = None,
-                  resize_below: float | None = None) -> CascadeParts:
+                  resize_below: float | None = None,
+                  size: Callable[[Gist, "str | None"], torch.Tensor] | None = None
+                  ) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
     parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level; an image
     ``resize_below`` sends to ``resize`` keeps its localiser's map (the one it was judged
-    by) beside ``resize``'s tokens and level."""
+    by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
+    text heights (base pixels) per level-0 cell to read the level from instead of the
+    gist's estimate (NaN cells keep it), e.g. the oracle's
+    (:meth:`~fovea_core.cascade.localisers.OracleLocaliser.text_size`) to measure what the
+    estimate costs; it overrides a side channel's measurement where both are given."""
     if resize_below is not None:
         below = _check_below(resize_below)
         parts = cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                               localiser=localiser, level=level, legible_px=legible_px,
                               surround=surround, context=context,
                               context_weight=context_weight, patch=patch, gist_obj=gist_obj,
-                              side=side, fovea=fovea, resize_within=resize_within)
+                              side=side, fovea=fovea, resize_within=resize_within,
+                              size=size)
         return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below)
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
@@ -355,6 +362,13 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         layout = detect_text(pyramid, patch=patch, key=g.key or None)
         loc = loc.pow(SIDE_TEMPER) * (SIDE_FLOOR + layout.mask)
         cost, size_map = layout.cost, layout.log_px
+    if size is not None:                # given heights (e.g. the oracle's), NaN: the estimate
+        given = torch.as_tensor(size(g, query), dtype=torch.float64)
+        if tuple(given.shape) != (pyramid.batch_size, gh, gw):
+            raise ValueError(f"cascade: size returned {tuple(given.shape)}, expected "
+                             f"{(pyramid.batch_size, gh, gw)}")
+        size_map = given if size_map is None else torch.where(
+            torch.isnan(given), size_map.to(given.dtype), given)
     if fovea == "regions":
         return _regions(pyramid, g, loc, rest, size_map, cost, legible_px=legible_px,
                         context=context, context_weight=context_weight, patch=patch)

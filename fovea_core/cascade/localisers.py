@@ -134,6 +134,21 @@ class OracleLocaliser:
     def add(self, key: str, question: str, boxes) -> None:
         self.table[(key, question)] = tuple(boxes)
 
+    def text_size(self, g: Gist, query: str | None) -> torch.Tensor:
+        """``[B, Gh, Gw]`` log2 of the answer's text height (the median height of its boxes,
+        base pixels) on every level-0 cell: the size a perfect estimate would give the
+        cascade (``cascade_parts(..., size=oracle.text_size)``)."""
+        if not g.key:
+            raise KeyError("the oracle needs the gist's page key")
+        gh, gw = _grid(g, self.patch)
+        out = []
+        for k in g.key:                                         # images of the batch
+            if (k, query) not in self.table:
+                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
+            b = np.asarray(self.table[(k, query)], dtype=np.float64).reshape(-1, 4)
+            out.append(torch.full((gh, gw), math.log2(max(1.0, float(np.median(b[:, 3] - b[:, 1]))))))
+        return torch.stack(out).double()
+
     def __call__(self, g: Gist, query: str | None) -> torch.Tensor:
         if not g.key:
             raise KeyError("the oracle needs the gist's page key")
