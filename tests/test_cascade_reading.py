@@ -321,6 +321,22 @@ def test_the_smallest_budget_reads_the_gist_alone(small, monkeypatch):
     assert split_budget(20, 4, 0.01) == (1, 15) and split_budget(20, 4, 0.99) == (15, 1)
 
 
+def test_a_glance_whose_gist_grid_falls_short_of_its_budget_still_reads(monkeypatch):
+    """A large gist (a glance at most of N) whose grid holds fewer cells than its budget:
+    fixation 1 still gets more than the nominal gist budget (the cascade counts the gist at
+    it), and the tokens are exactly N, all distinct."""
+    from fovea_core.allocators.grid import resize_grid
+
+    monkeypatch.setattr(reading, "read_view", _no_ocr)
+    img = torch.rand(1, 3, 348, 348, generator=torch.Generator().manual_seed(1)) * 0.2 + 0.8
+    pyr = build_pyramid(img)
+    r, c, _ = resize_grid((348, 348), 177, 16)
+    assert r * c < 177                                       # the case: 13 x 13 = 169 cells
+    out = reading_parts(pyr, 273, gist_budget=177, first_share=0.65, localiser="uniform")
+    assert out.tokens.budget == 273 and bool(out.tokens.is_distinct()[0])
+    assert int((out.tokens.stage[0] != STAGE_SECOND).sum()) >= 178
+
+
 def test_bad_arguments_name_the_argument(small):
     one = build_pyramid(small.base[:1])
     for bad in (0, 1, 1.5, -0.2, float("nan"), "0.5", True):

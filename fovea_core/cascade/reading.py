@@ -846,6 +846,14 @@ def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
         raise TypeError(f"{NAME}: query must be a str or None, got {type(query).__name__}")
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
     n_first, n_second = split_budget(budget, g.budget, first_share)
+    # fixation 1 is a cascade whose gist counts at its nominal budget (a gist grid may hold
+    # a few cells fewer): its budget must exceed that, or the page could not be read
+    short = gist_budget + 1 - (g.budget + n_first)
+    if n_first and short > 0:
+        if n_second - short < 1:
+            raise ValueError(f"{NAME}: budget = {budget} leaves no second fixation after a "
+                             f"gist of gist_budget={gist_budget} and one first-fovea token")
+        n_first, n_second = n_first + short, n_second - short
     size = tuple(pyramid.image_size)
     kw = dict(legible_px=legible_px, context=context, context_weight=context_weight)
     if n_first:
