@@ -255,3 +255,38 @@ def test_text_height_ratio_is_expected_over_true_height(monkeypatch):
     r = text_height_ratio(docs, 64, localiser=Fixed())
     heights = [np.median([b[3] - b[1] for b in q.boxes]) for d in docs for q in d.questions]
     assert r.shape == (len(heights),) and np.allclose(r, 12.0 / np.asarray(heights))
+
+
+def test_read_sets_reads_each_set_with_each_reader_and_rescores_wildreceipt(monkeypatch):
+    """One evaluation per non-empty set and reader, the methods chosen per set and reader
+    when a function gives them, WildReceipt's rows (only) rescored without spaces, and a
+    reader with no set to read left out."""
+    import fovea_book.eval.cascade as cascade_mod
+    import fovea_book.eval.wildreceipt as wild_mod
+    from fovea_book.eval.unseen import read_sets
+
+    calls, rescored = [], []
+
+    def fake_evaluate(sets, methods, n_ref, *, reader, seed, workers):
+        (ds, docs), = sets.items()
+        calls.append((ds, reader, tuple(methods), n_ref, seed))
+        return pd.DataFrame(dict(dataset=[ds] * len(docs), doc_id=list(docs), reader=reader))
+
+    def fake_rescore(t, docs):
+        rescored.append(tuple(docs))
+        return t.assign(rescored=True)
+
+    monkeypatch.setattr(cascade_mod, "evaluate", fake_evaluate)
+    monkeypatch.setattr(wild_mod, "rescore_without_spaces", fake_rescore)
+    sets = {"wildreceipt": ["w1", "w2"], "sroie": ["s1"], "funsd": []}
+    out = read_sets(sets, lambda ds, rd: [f"{ds}-{rd}"], 273, {"a": "A", "b": "B"}, seed=4)
+    assert set(out) == {"a", "b"}
+    assert [(ds, r, ms) for ds, r, ms, _, _ in calls] == [
+        ("wildreceipt", "A", ("wildreceipt-a",)), ("sroie", "A", ("sroie-a",)),
+        ("wildreceipt", "B", ("wildreceipt-b",)), ("sroie", "B", ("sroie-b",))]
+    assert all(n == 273 and s == 4 for *_, n, s in calls)
+    assert rescored == [("w1", "w2")] * 2
+    t = out["a"]
+    assert list(t.doc_id) == ["w1", "w2", "s1"]
+    assert t.rescored.fillna(False).tolist() == [True, True, False]
+    assert read_sets({"funsd": []}, ["m"], 273, {"a": "A"}) == {}

@@ -33,7 +33,7 @@ __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
            "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
            "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
-           "PART_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio"]
+           "PART_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio", "read_sets"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
 FACTOR_PAGES = {"smoke": 2, "default": 12, "full": None}
@@ -78,6 +78,20 @@ def photo_localiser(g, query: str | None):
     return _net(PHOTO_WEIGHTS)(g, query)
 
 
+@functools.lru_cache(maxsize=8)
+def _weights_record(weights: str) -> dict:
+    """The training record beside ``weights`` (a path relative to the project root), read
+    once: a localiser's ``repr`` enters every row's cache key."""
+    from fovea_book.paths import project_root
+
+    rec = (project_root() / weights).with_suffix(".json")
+    if not rec.is_file():
+        raise FileNotFoundError(f"no record {rec} beside the localiser weights {weights}; "
+                                f"train them with python -m fovea_book.train --out {weights} "
+                                "(see fovea_book.eval.unseen.LOCO_WEIGHTS)")
+    return json.loads(rec.read_text())
+
+
 @dataclass(frozen=True)
 class WeightsLocaliser:
     """The cascade's learned localiser with other weights: ``weights`` is a path relative to
@@ -89,19 +103,11 @@ class WeightsLocaliser:
     weights: str
 
     def __post_init__(self) -> None:
-        from fovea_book.paths import project_root
-
-        rec = (project_root() / self.weights).with_suffix(".json")
-        if not rec.is_file():
-            raise FileNotFoundError(f"no record {rec} beside the localiser weights {self.weights}; "
-                                    "train them with python -m fovea_book.train --out "
-                                    f"{self.weights} (see fovea_book.eval.unseen.LOCO_WEIGHTS)")
+        _weights_record(self.weights)                     # refuses weights without a record
 
     def record(self) -> dict:
-        """The weights' training record (the JSON beside them)."""
-        from fovea_book.paths import project_root
-
-        return json.loads((project_root() / self.weights).with_suffix(".json").read_text())
+        """The weights' training record (the JSON beside them, read once per process)."""
+        return _weights_record(self.weights)
 
     def __repr__(self) -> str:
         return f"WeightsLocaliser({self.weights!r}, sha256={self.record()['sha256'][:16]!r})"
@@ -171,6 +177,32 @@ def text_height_ratio(docs: Sequence[Document], gist_budget: int, localiser=None
             true = float(np.median([b[3] - b[1] for b in q.boxes]))
             out.append(float(loc.text_px(g, q.question)[0]) / true)
     return np.asarray(out, dtype=float)
+
+
+def read_sets(sets: Mapping[str, Sequence[Document]], methods, n_ref: int,
+              readers: Mapping[str, object], *, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every set of ``sets`` (``{dataset: documents}``, empty ones skipped) read with
+    ``methods`` by each reader of ``readers`` (``{name: Reader}``), one evaluation per set:
+    ``{reader name: rows of every set}``. ``methods``: a list of
+    :class:`~fovea_book.eval.evaluator.Method`, or ``methods(dataset, reader name) -> list``
+    where they differ. WildReceipt's rows are rescored with spaces removed
+    (:func:`~fovea_book.eval.wildreceipt.rescore_without_spaces`: its transcriptions drop
+    them). A reader with no set to read gives no entry."""
+    from fovea_book.eval.cascade import evaluate
+    from fovea_book.eval.wildreceipt import rescore_without_spaces
+
+    out = {}
+    for rd, reader in readers.items():
+        parts = []
+        for ds, docs in sets.items():
+            if not docs:
+                continue
+            ms = methods(ds, rd) if callable(methods) else methods
+            t = evaluate({ds: docs}, ms, n_ref, reader=reader, seed=seed, workers=None)
+            parts.append(rescore_without_spaces(t, docs) if ds == "wildreceipt" else t)
+        if parts:
+            out[rd] = pd.concat(parts, ignore_index=True)
+    return out
 
 
 def choose_candidate(summary: pd.DataFrame, candidates: Sequence[str]) -> str:
