@@ -337,6 +337,53 @@ def test_a_glance_whose_gist_grid_falls_short_of_its_budget_still_reads(monkeypa
     assert int((out.tokens.stage[0] != STAGE_SECOND).sum()) >= 178
 
 
+def _sure_or_flat(g, query):
+    """A localiser sure of one cell on a dark page (mean below 0.7) and flat on a light one."""
+    gh, gw = (math.ceil(s / 16) for s in g.image_size)
+    dark = g.image.mean(dim=(1, 2, 3)) < 0.7                          # [B]
+    one = torch.zeros(gh, gw)
+    one[2, 3] = 1.0
+    return torch.where(dark[:, None, None], one, torch.ones(gh, gw))
+
+
+def test_the_glance_rule_glances_where_the_map_is_unsure(small, monkeypatch):
+    """``glance_below``: a sure map keeps the gist and a first fovea (the plain call's
+    tokens); an unsure one spends fixation 1 on a glance (a gist of ``round(glance_share *
+    N)``); a mixed batch gives each image what it gets alone; exactly N tokens each."""
+    line = _lines(("TOTAL", (20, 40, 50, 50)), ("9.90", (120, 40, 140, 50)))
+    monkeypatch.setattr(reading, "read_view", lambda view: line)
+    dark = small.base.clone()
+    dark[1, :, 60:128] = 0.1                                      # page 1 is dark: a sure map
+    pyr = build_pyramid(dark)
+    one = [build_pyramid(dark[i:i + 1]) for i in range(2)]
+    kw = dict(query="What is the total?", localiser=_sure_or_flat)
+    rule = dict(kw, glance_below=0.5, glance_share=0.6)
+    light, sure = (reading_parts(p, 48, **rule) for p in one)
+    assert torch.equal(sure.tokens.centers, reading_parts(one[1], 48, **kw).tokens.centers)
+    glance = reading_parts(one[0], 48, **dict(kw, gist_budget=29))
+    assert torch.equal(light.tokens.centers, glance.tokens.centers)
+    assert light.gist.budget > sure.gist.budget
+    assert int((light.tokens.stage[0] == 0).sum()) == glance.gist.budget
+    never = reading_parts(one[0], 48, **dict(rule, glance_below=0.0))
+    assert torch.equal(never.tokens.centers, reading_parts(one[0], 48, **kw).tokens.centers)
+    both = reading_parts(pyr, 48, **rule)
+    assert both.first is None and both.tokens.budget == 48
+    for i, alone in enumerate((light, sure)):
+        assert torch.equal(both.tokens[i].centers, alone.tokens.centers)
+        assert bool(both.tokens.is_distinct()[i])
+    assert both.paths == ("read", "read")
+
+
+def test_the_glance_rule_checks_its_arguments(small):
+    one = build_pyramid(small.base[:1])
+    for bad in (-0.1, 1.5, "0.5", None, float("nan")):
+        with pytest.raises(ValueError, match="glance_below"):
+            reading_parts(one, 48, localiser="uniform", glance_below=bad, glance_share=0.6)
+    for bad in (0.0, 1.0, 0.05, None):                      # 0.05 * 48: not more than the gist
+        with pytest.raises(ValueError, match="glance_share"):
+            reading_parts(one, 48, localiser="uniform", glance_below=0.5, glance_share=bad)
+
+
 def test_bad_arguments_name_the_argument(small):
     one = build_pyramid(small.base[:1])
     for bad in (0, 1, 1.5, -0.2, float("nan"), "0.5", True):
@@ -396,6 +443,7 @@ def test_the_allocator_contract_from_the_smallest_to_the_largest_budget(size):
 def test_foveate_accepts_the_read_cascades_own_options_and_only_for_it():
     from fovea_core.foveation import _accepted_options
 
-    assert {"first_share", "geometry"} <= set(_accepted_options("cascade_read"))
+    assert {"first_share", "geometry", "glance_below", "glance_share"} <= set(
+        _accepted_options("cascade_read"))
     assert not {"first_share", "geometry"} & set(_accepted_options("cascade"))
     assert set(_accepted_options("cascade")) < set(_accepted_options("cascade_read"))

@@ -78,8 +78,8 @@ from fovea_core.allocators.registry import register
 from fovea_core.cascade.allocator import (LEGIBLE_PX, RUNNERS, SURROUND, CascadeParts,
                                           cascade_parts, check_cascade_budget, choose_level,
                                           covered_share, fitting_level, gist_budget_for,
-                                          is_number, reads_nothing_else, registered_allocator,
-                                          text_size_map)
+                                          is_number, map_confidence, reads_nothing_else,
+                                          registered_allocator, text_size_map)
 from fovea_core.cascade.core import Gist, combine, fovea_grid, gist, place_fovea
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
@@ -708,7 +708,8 @@ class ReadingParts(NamedTuple):
         levels: ``[B]`` the second fixation's level.
         side: ``None`` (nothing is read outside N).
         first: fixation 1's :class:`~fovea_core.cascade.allocator.CascadeParts` (its
-            ``scores``: the localiser's map).
+            ``scores``: the localiser's map); ``None`` for a batch whose images took
+            different paths under ``glance_below`` (their fixations 1 differ in size).
         read_maps: ``[B, Gh, Gw]`` the maps built from the matches (zero where none).
         readings: one :class:`Reading` per image.
     """
@@ -718,7 +719,7 @@ class ReadingParts(NamedTuple):
     scores: torch.Tensor
     levels: torch.Tensor
     side: None
-    first: CascadeParts
+    first: CascadeParts | None
     read_maps: torch.Tensor
     readings: tuple[Reading, ...]
 
@@ -825,13 +826,20 @@ def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
                   patch: int = 16, geometry: AnswerGeometry = DEFAULT_GEOMETRY,
                   gist_obj: Gist | None = None, side: str | None = None,
-                  fovea: str = "core") -> ReadingParts:
+                  fovea: str = "core", glance_below: float | None = None,
+                  glance_share: float | None = None) -> ReadingParts:
     """Run the read-then-look cascade and return every intermediate (see :func:`cascade_read`).
 
     A batch is run image by image after fixation 1 (each page is read and looked at again
     on its own: a loop over images, never over tokens).
     """
     first_share = _check_args(first_share, geometry, side, fovea)
+    if glance_below is not None or glance_share is not None:
+        return _glance_rule(pyramid, budget, glance_below, glance_share, dict(
+            query=query, first_share=first_share, gist_budget=gist_budget,
+            localiser=localiser, level=level, legible_px=legible_px, surround=surround,
+            context=context, context_weight=context_weight, patch=patch, geometry=geometry,
+            gist_obj=gist_obj, side=side, fovea=fovea))
     budget = check_cascade_budget(budget, pyramid.image_size, patch=patch,
                                   num_levels=pyramid.num_levels, gist_budget=gist_budget,
                                   name=NAME)
@@ -917,6 +925,46 @@ def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                         torch.cat(rmaps), tuple(readings))
 
 
+def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> ReadingParts:
+    """:func:`reading_parts` under the glance rule (``cascade_read``'s ``glance_below`` and
+    ``glance_share``): an image whose localiser map on the gist (``kw``'s ``gist_budget``)
+    has :func:`~fovea_core.cascade.allocator.map_confidence` below ``below`` spends
+    fixation 1 on a glance, a gist of ``round(share * budget)`` tokens (the whole page at
+    that share of N, at least one token left to a first fovea), the others the gist and a
+    first fovea. The glance is finer than the gist it replaces, so the map was computed
+    from pixels the tokens carry. A batch whose images take both paths runs image by image
+    (its ``first`` is then ``None``)."""
+    if not is_number(below) or not 0.0 <= float(below) <= 1.0:
+        raise ValueError(f"{NAME}: glance_below must be a number in [0, 1] (a map confidence, "
+                         f"map_confidence; 0: never glance), got {below!r}")
+    if not is_number(share) or not 0.0 < float(share) < 1.0:
+        raise ValueError(f"{NAME}: glance_share must be a number in (0, 1) (the glance's share "
+                         f"of N), got {share!r}")
+    gb = kw["gist_budget"]
+    g = kw["gist_obj"] if kw["gist_obj"] is not None else gist(
+        pyramid, gist_budget_for(budget) if gb is None else int(gb), patch=kw["patch"])
+    glance = int(round(float(share) * budget))
+    if not g.budget < glance < budget:
+        raise ValueError(f"{NAME}: glance_share={share!r} gives a glance of {glance} tokens; it "
+                         f"must hold more than the gist's {g.budget} and fewer than "
+                         f"budget = {budget}")
+    loc = get_localiser(kw["localiser"])(g, kw["query"]).float().clamp(min=0)
+    unsure = map_confidence(loc) < float(below)                            # [B]
+    sure_kw = dict(kw, gist_obj=g)
+    glance_kw = dict(kw, gist_budget=glance, gist_obj=None)
+    if not bool(unsure.any()) or bool(unsure.all()):
+        return reading_parts(pyramid, budget, **(glance_kw if bool(unsure[0]) else sure_kw))
+    parts = []
+    for b in range(pyramid.batch_size):            # a mixed batch: each image on its own path
+        one = Pyramid(tuple(lvl[b:b + 1] for lvl in pyramid.levels))
+        k = glance_kw if bool(unsure[b]) else dict(kw, gist_obj=None)
+        parts.append(reading_parts(one, budget, **k))
+    cat = lambda name: torch.cat([getattr(p, name) for p in parts])         # noqa: E731
+    return ReadingParts(TokenSet.cat([p.tokens for p in parts]), g, cat("scores"),
+                        cat("levels"), None, None, cat("read_maps"),
+                        tuple(r for p in parts for r in p.readings))
+
+
 def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
                  first_share: float = FIRST_SHARE, fixation=None, seed: int = 0,
                  patch: int = 16, **kw) -> TokenSet:
@@ -935,7 +983,13 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str
        on cells fixation 1 did not already read at that scale.
 
     ``query`` is the question (``None``: no reading, fixation 2 continues on the localiser's
-    map). The cascade's own keywords (``gist_budget``, ``localiser``, ``level``,
+    map). ``glance_below`` (a map confidence in [0, 1], default ``None``: never) with
+    ``glance_share`` (in (0, 1)): an image whose localiser map on the gist is unsure
+    (:func:`~fovea_core.cascade.allocator.map_confidence` below ``glance_below``) spends
+    fixation 1 on a glance instead, the whole page at ``round(glance_share * budget)``
+    tokens (a ``resize`` at that share of N), then reads and looks as above
+    (``python -m fovea_book.eval.glance_rule`` fits the two on photograph-like training
+    pages). The cascade's own keywords (``gist_budget``, ``localiser``, ``level``,
     ``legible_px``, ``surround``, ``context``, ``context_weight``) shape fixation 1 as they
     shape :func:`~fovea_core.cascade.allocator.cascade`; ``scores``, ``fixation`` and
     ``seed`` are ignored (held to the shared rules). ``TokenSet.stage``: 0 gist, 1 first
