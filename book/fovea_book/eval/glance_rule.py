@@ -1,0 +1,255 @@
+"""When should read-then-look glance first? A rule fitted on photograph-like training pages.
+
+The read-then-look cascade (:func:`~fovea_core.cascade.reading.cascade_read`) spends
+fixation 1 on the gist and a first fovea that the localiser places. On a page unlike the
+training pages the localiser's map looks in the wrong place, and fixation 1 reads little.
+A *glance* spends fixation 1 on the whole page instead: a gist of ``round(share * N)``
+tokens, a ``resize`` of the page at that share of N, read before the rest of N goes where
+the answer was read (VisionThink's "downsampled image first", done inside N). The rule
+joins the two: **glance first when the localiser's map on the default gist is unsure**
+(:func:`~fovea_core.cascade.allocator.map_confidence` below ``glance_below``), else the
+gist and a first fovea as before (``cascade_read``'s ``glance_below`` and
+``glance_share``). The default gist is coarser than the glance, so a page that glances
+has read nothing its tokens do not carry: the rule stays *budgeted*.
+
+**Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of
+:func:`~fovea_book.eval.resize_rule.unseen_training_pages` (receipts and forms the
+localiser never trained on, synthetic validation pages), each in the variants of
+:data:`VARIANTS`: the three of :func:`~fovea_book.eval.confidence_rule.photo_variants` (as
+scanned, on a table, photographed) and half of the page
+(:func:`~fovea_book.eval.photo.half_page`, the one simulated factor with the photographs'
+signature in chapter 14.5: text tall against the frame), each at the page-size rule's
+scales as JPEG. ``resize``, the learned cascade (for its map's confidence), read-then-look
+and read-then-look with a glance at each share of :data:`GLANCE_SHARES` read every page
+with the book's reader (rapidocr). No dev page and no WildReceipt page is read.
+
+**The objective, set before the fit** (issue 32, item 0: never worse than ``resize``):
+a rule ``(share, threshold)`` is *feasible* when on every variant its mean ANLS (over
+documents) is at least ``resize``'s. Among the feasible rules the one with the highest
+mean ANLS over all pages is chosen (ties to the smaller threshold, then the smaller share:
+the less glancing). When none is feasible, the rule whose worst variant loses least to
+``resize`` is chosen and the record says so.
+
+``python -m fovea_book.eval.glance_rule [--out PATH] [--data-dir DIR]`` runs the fit and
+writes the record (default ``data/models/glance_rule.json``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fovea_book.eval.document_types import Document
+
+__all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
+           "glance_label", "glance_variants", "glance_curve", "choose_rule", "glance_fit_table",
+           "default_record_path", "read_record", "main"]
+
+#: the variants of each training page (:func:`glance_variants`)
+VARIANTS = ("scan", "table", "photo", "half")
+#: the glance's candidate shares of N (fixation 1's gist: ``round(share * N)`` tokens)
+GLANCE_SHARES = (0.65, 0.8, 0.9)
+#: candidate thresholds on the default gist's map confidence (0: never glance; 1: glance
+#: unless all of the map's mass lies on its top cells)
+THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
+#: the read-then-look cascade (fixation 1: the default gist and a first fovea)
+READ_LABEL = "read | fovea first"
+#: the cascade whose rows carry the default gist's map confidence
+CONF_LABEL = "cascade | learned"
+#: training pages read (the localiser's unseen receipts, first by crc32 of their id; forms;
+#: synthetic validation pages)
+RECEIPTS, FORMS, SYNTHETIC = 12, 4, 4
+
+
+def glance_label(share: float) -> str:
+    """The row label of read-then-look with a glance of ``share`` of N."""
+    return f"read | glance {share:g} N"
+
+
+def glance_variants(doc: Document, scales: Sequence[float] | None = None) -> list[Document]:
+    """``doc`` in each variant of :data:`VARIANTS` at ``scales`` (default the page-size rule's
+    :data:`~fovea_book.eval.resize_rule.SCALES`) as JPEG: the three of
+    :func:`~fovea_book.eval.confidence_rule.photo_variants` and its top or bottom half
+    (:func:`~fovea_book.eval.photo.half_page`, drawn by the page's id; the questions whose
+    answer is cut off are dropped, and a half with none left is not returned). Ids
+    ``"<id>-<variant>@<scale>"``."""
+    from dataclasses import replace
+
+    from fovea_book.eval.confidence_rule import photo_variants
+    from fovea_book.eval.photo import half_page, photo_like
+    from fovea_book.eval.resize_rule import SCALES
+
+    scales = SCALES if scales is None else scales
+    out = photo_variants(doc, scales)
+    half = half_page(doc, np.random.default_rng([zlib.crc32(doc.doc_id.encode()), 1]))
+    if half.questions:
+        out += [photo_like(replace(half, doc_id=f"{doc.doc_id}-half"), s) for s in scales]
+    return out
+
+
+def glance_curve(table: pd.DataFrame, shares: Sequence[float],
+                 thresholds: Sequence[float] = THRESHOLDS, *, read: str = READ_LABEL,
+                 conf: str = CONF_LABEL, resize: str = "resize") -> pd.DataFrame:
+    """The rule's mean ANLS at each ``(share, threshold)``, overall and per variant.
+
+    ``table``: evaluator rows (``dataset``, ``doc_id``, ``qid``, ``allocator``, ``anls``,
+    ``variant``; ``conf``'s rows with ``map_confidence``) holding ``resize``, ``read``,
+    ``conf`` and :func:`glance_label` of each share. A question is read by the glance when
+    its map's confidence is below the threshold, else by ``read``; questions are averaged
+    within a document, documents over all (``anls``) and within each variant
+    (``anls_<variant>``, and ``margin_<variant>``: minus ``resize``'s mean there).
+    ``worst``: the smallest margin; ``feasible``: ``worst >= 0``. One row per pair, with
+    ``glanced`` (the share of questions that glance) and ``n_docs``."""
+    keys = ["dataset", "doc_id", "qid"]
+    need = [resize, read, conf, *(glance_label(s) for s in shares)]
+    missing = [m for m in need if m not in set(table.allocator)]
+    if missing:
+        raise ValueError(f"table has no rows of {missing}")
+    wide = table.pivot_table(index=keys, columns="allocator", values="anls")
+    confidence = table[table.allocator == conf].set_index(keys).map_confidence
+    variant = table.drop_duplicates(keys).set_index(keys).variant
+    both = wide[need].join(confidence).join(variant).dropna(subset=need)
+    c = both.map_confidence.to_numpy()                                       # [Q]
+    t = np.asarray(thresholds, dtype=float)                                  # [T]
+    glance = c[None, :] < t[:, None]                                         # [T, Q]
+    docs = both.index.droplevel("qid")
+    doc_variant = both.variant.groupby(level=[0, 1]).first()
+    res_doc = both[resize].groupby(level=[0, 1]).mean()                      # [D]
+    res_var = res_doc.groupby(doc_variant).mean()
+    rows = []
+    for s in shares:
+        anls = np.where(glance, both[glance_label(s)].to_numpy()[None],
+                        both[read].to_numpy()[None])                          # [T, Q]
+        per_doc = pd.DataFrame(anls.T, index=docs).groupby(level=[0, 1]).mean()   # [D, T]
+        per_var = per_doc.groupby(doc_variant).mean()                        # [V, T]
+        for j, th in enumerate(t):
+            row = dict(share=float(s), threshold=float(th), anls=float(per_doc[j].mean()),
+                       glanced=float(glance[j].mean()), n_docs=len(per_doc))
+            for v in per_var.index:
+                row[f"anls_{v}"] = float(per_var.loc[v, j])
+                row[f"margin_{v}"] = float(per_var.loc[v, j] - res_var[v])
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    margins = out.filter(like="margin_")
+    out["worst"] = margins.min(axis=1)
+    out["feasible"] = out.worst >= 0
+    out.attrs["resize"] = {v: float(res_var[v]) for v in res_var.index}
+    return out
+
+
+def choose_rule(curve: pd.DataFrame, *, tol: float = 1e-9) -> dict:
+    """The rule :func:`glance_curve`'s rows choose (the module's objective): among the
+    feasible rows the highest ``anls`` (ties within ``tol`` to the smaller threshold, then
+    the smaller share); with none feasible, the highest ``worst``. Returns ``dict(share,
+    threshold, feasible, anls, worst)``."""
+    if curve.empty:
+        raise ValueError("empty curve: no rule to choose")
+    pool = curve[curve.feasible] if bool(curve.feasible.any()) else curve
+    score = pool.anls if bool(curve.feasible.any()) else pool.worst
+    best = pool[score >= score.max() - tol].sort_values(["threshold", "share"]).iloc[0]
+    return dict(share=float(best.share), threshold=float(best.threshold),
+                feasible=bool(best.feasible), anls=float(best.anls), worst=float(best.worst))
+
+
+def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
+    """The fit's record as ``(table, sentence)``: one row per share at the chosen threshold
+    and per threshold at the chosen share (mean ANLS and each variant's margin over
+    ``resize``, in points; the share of questions that glance, %), the chosen row marked;
+    and one sentence saying what was chosen and whether it meets the objective on these
+    training pages (tuning numbers, no CI)."""
+    c = pd.DataFrame(record["curve"])
+    ch = record["chosen"]
+    near = c[np.isclose(c.share, ch["share"]) | np.isclose(c.threshold, ch["threshold"])]
+    cols = {"anls": "ANLS", **{f"margin_{v}": f"{v} - resize" for v in record["variants"]}}
+    t = near[["share", "threshold", *cols, "glanced"]].rename(columns=cols).copy()
+    for k in cols.values():
+        t[k] = (100 * t[k]).round(1)
+    t["glanced"] = (100 * t.glanced).round(0).astype(int)
+    t = t.rename(columns={"glanced": "glance (%)"})
+    t["chosen"] = np.where(np.isclose(near.share, ch["share"])
+                           & np.isclose(near.threshold, ch["threshold"]), "<-", "")
+    worst = min(record["variants"], key=lambda v: ch[f"margin_{v}"])
+    if ch["threshold"] == 0:
+        what = "never glance (read-then-look as before)"
+    elif ch["glanced"] >= 1:
+        what = (f"glance at {ch['share']:g} N on every question (no map's confidence on these "
+                f"pages reached {ch['threshold']:g})")
+    else:
+        what = (f"glance at {ch['share']:g} N when the map's confidence is below "
+                f"{ch['threshold']:g} ({100 * ch['glanced']:.0f} % of the questions)")
+    verdict = ("every variant reads at least as well as `resize`" if ch["feasible"] else
+               "no rule tried reads at least as well as `resize` on every variant; this one "
+               "loses least")
+    sentence = (f"The fit chose to {what}: {verdict} (worst: {worst}, "
+                f"{100 * ch[f'margin_{worst}']:+.1f} points; mean ANLS "
+                f"{100 * ch['anls']:.1f}; tuning numbers on training pages, no CI)")
+    return t.reset_index(drop=True), sentence
+
+
+def default_record_path() -> Path:
+    """``data/models/glance_rule.json`` of the repository."""
+    from fovea_book.eval.resize_rule import models_record_path
+
+    return models_record_path("glance_rule")
+
+
+def read_record(path: str | Path | None = None) -> dict:
+    """The fit's record (:func:`main` writes it)."""
+    from fovea_book.eval.resize_rule import read_models_record
+
+    return read_models_record("glance_rule", path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fit the rule (see the module docstring) and write the record."""
+    from fovea_book.eval.cascade import Method, cascade_method, evaluate
+    from fovea_book.eval.reader import Reader
+    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, grid_ratio,
+                                             start_fit, write_fit_record)
+    from fovea_core.cascade.allocator import CONFIDENCE_TOP
+
+    args, record, pages, t0 = start_fit("glance_rule", __doc__, default_record_path(), argv,
+                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
+    sets = {name: [v for d in docs for v in glance_variants(d) if grid_ratio(v) >= MIN_RATIO]
+            for name, docs in pages.items()}
+    for name, docs in sets.items():
+        print(f"{name}: {len(pages[name])} pages, {len(docs)} variants", flush=True)
+    n = 273
+    methods = [Method("resize", "resize", scorer="none", query_aware=False),
+               cascade_method(CONF_LABEL, "learned"),
+               Method(READ_LABEL, "cascade_read", {}, query_aware=True)]
+    methods += [Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n))),
+                       query_aware=True) for s in GLANCE_SHARES]
+    table = evaluate(sets, methods, n, reader=Reader(), workers=args.workers, progress=True)
+    table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
+    curve = glance_curve(table, GLANCE_SHARES)
+    chosen = choose_rule(curve)
+    row = curve[np.isclose(curve.share, chosen["share"])
+                & np.isclose(curve.threshold, chosen["threshold"])].iloc[0]
+    means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
+    out = dict(
+        rule=f"glance first (a gist of round(share * N) tokens) when map_confidence (the "
+             f"default gist's map's mass on its top {CONFIDENCE_TOP:g} of cells) < threshold",
+        chosen=dict(row.to_dict()), glance_share=chosen["share"],
+        glance_below=chosen["threshold"], variants=list(VARIANTS),
+        shares=list(GLANCE_SHARES), thresholds=list(THRESHOLDS), budget=n,
+        scales=list(SCALES), min_ratio=MIN_RATIO,
+        objective="feasible: every variant's mean ANLS (rapidocr, over documents) >= "
+                  "resize's; among those the highest mean ANLS over all pages (ties to the "
+                  "smaller threshold, then share); none feasible: the highest worst margin",
+        curve=curve.to_dict("list"), resize_by_variant=curve.attrs["resize"],
+        anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
+        **fit_provenance(record, sets, t0))
+    path = write_fit_record(out, args.out)
+    print(curve.round(3).to_string(index=False))
+    print(means.round(3).to_string())
+    print(f"chosen: {chosen}; wrote {path} ({out['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The fit of read-then-look's glance rule on photograph-like training pages
+(:mod:`fovea_book.eval.glance_rule`; the rule itself, ``glance_below`` and
+``glance_share``, is tested in ``tests/test_cascade_reading.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fovea_book.eval.documents import make_document
+from fovea_book.eval.glance_rule import (CONF_LABEL, READ_LABEL, VARIANTS, choose_rule,
+                                         glance_curve, glance_fit_table, glance_label,
+                                         glance_variants)
+
+
+def test_the_variants_are_the_photo_variants_and_a_half_at_each_scale():
+    doc = make_document(2, layout="receipt")
+    vs = glance_variants(doc, scales=(1.0, 0.5))
+    names = [v.doc_id.split("-")[-1] for v in vs]
+    assert names[:6] == [f"{n}@{s:g}" for n in VARIANTS[:3] for s in (1.0, 0.5)]
+    halves = vs[6:]
+    if halves:                                        # a half keeps the answers it shows
+        assert [h.doc_id.split("-")[-1] for h in halves] == ["half@1", "half@0.5"]
+        assert halves[0].size[0] <= doc.size[0] // 2 + 1
+        assert 0 < len(halves[0].questions) <= len(doc.questions)
+    again = glance_variants(doc, scales=(1.0, 0.5))
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(vs, again))   # seeded
+
+
+def _rows() -> pd.DataFrame:
+    """Two variants of one document each, two questions: ``resize`` reads 0.5; fovea-first
+    reads 1.0 on the scan (sure map, 0.9) and 0.0 on the photo (unsure, 0.2); a glance of
+    0.8 N reads 0.6 everywhere, one of 0.9 N 0.55."""
+    rows = []
+    for variant, conf, read in (("scan", 0.9, 1.0), ("photo", 0.2, 0.0)):
+        for q in ("q1", "q2"):
+            base = dict(dataset="x", doc_id=f"d-{variant}@1", qid=q, variant=variant)
+            rows += [dict(base, allocator="resize", anls=0.5),
+                     dict(base, allocator=CONF_LABEL, anls=read, map_confidence=conf),
+                     dict(base, allocator=READ_LABEL, anls=read),
+                     dict(base, allocator=glance_label(0.8), anls=0.6),
+                     dict(base, allocator=glance_label(0.9), anls=0.55)]
+    return pd.DataFrame(rows)
+
+
+def test_the_curve_glances_where_the_map_is_unsure_and_the_fit_keeps_resize_beaten():
+    curve = glance_curve(_rows(), (0.8, 0.9), (0.0, 0.5, 1.0))
+    at = curve.set_index(["share", "threshold"])
+    assert at.loc[(0.8, 0.0), "anls"] == pytest.approx(0.5)      # never glance: 1.0 and 0.0
+    assert at.loc[(0.8, 0.5), "anls"] == pytest.approx(0.8)      # the photo glances
+    assert at.loc[(0.8, 1.0), "anls"] == pytest.approx(0.6)      # everything glances
+    assert at.loc[(0.8, 0.5), "glanced"] == pytest.approx(0.5)
+    assert at.loc[(0.8, 0.0), "margin_photo"] == pytest.approx(-0.5)
+    assert at.loc[(0.9, 0.5), "margin_photo"] == pytest.approx(0.05)
+    assert not at.loc[(0.8, 0.0), "feasible"] and at.loc[(0.8, 0.5), "feasible"]
+    assert curve.attrs["resize"] == {"photo": 0.5, "scan": 0.5}
+    chosen = choose_rule(curve)
+    assert (chosen["share"], chosen["threshold"], chosen["feasible"]) == (0.8, 0.5, True)
+    with pytest.raises(ValueError, match="no rows"):
+        glance_curve(_rows(), (0.65,))
+
+
+def test_with_nothing_feasible_the_fit_loses_least():
+    t = _rows()
+    t.loc[t.allocator.str.startswith("read | glance"), "anls"] = 0.3    # every glance < resize
+    curve = glance_curve(t, (0.8, 0.9), (0.0, 0.5, 1.0))
+    assert not curve.feasible.any()
+    chosen = choose_rule(curve)
+    assert chosen["feasible"] is False and (chosen["share"], chosen["threshold"]) == (0.8, 0.5)
+    assert chosen["worst"] == pytest.approx(-0.2)
+
+
+def test_the_fit_table_marks_the_chosen_rule_and_says_whether_it_holds():
+    curve = glance_curve(_rows(), (0.8, 0.9), (0.0, 0.5, 1.0))
+    pick = choose_rule(curve)
+    row = curve[(curve.share == pick["share"]) & (curve.threshold == pick["threshold"])]
+    rec = dict(curve=curve.to_dict("list"), chosen=row.iloc[0].to_dict(),
+               variants=["scan", "photo"])
+    table, words = glance_fit_table(rec)
+    assert table.chosen.tolist().count("<-") == 1
+    assert table[table.chosen == "<-"][["share", "threshold"]].values.tolist() == [[0.8, 0.5]]
+    assert len(table) == 4                  # 3 thresholds at its share, the other share at its threshold
+    assert "glance at 0.8 N when the map's confidence is below 0.5 (50 %" in words
+    assert "every variant reads at least as well" in words and "photo, +10.0 points" in words
+
+
+def test_the_committed_fit_is_consistent():
+    from fovea_book.eval.glance_rule import GLANCE_SHARES, THRESHOLDS, read_record
+
+    rec = read_record()
+    curve = pd.DataFrame(rec["curve"])
+    assert rec["shares"] == list(GLANCE_SHARES) and rec["thresholds"] == list(THRESHOLDS)
+    chosen = choose_rule(curve)
+    assert (rec["glance_share"], rec["glance_below"]) == (chosen["share"], chosen["threshold"])
+    assert rec["chosen"]["feasible"] == chosen["feasible"]
+    ids = [p.split("-")[0] for p in rec["pages"]["sroie-train"]]
+    assert ids and all(int(i[5:]) % 16 for i in ids)            # never a sroie-dev receipt
+    assert {p.split("-")[-1].split("@")[0] for ps in rec["pages"].values() for p in ps} \
+        == set(VARIANTS)
