@@ -149,15 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
     from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, fit_threshold,
-                                             grid_ratio, start_fit, write_fit_record)
+                                             start_fit, variant_sets, write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
     args, record, pages, t0 = start_fit("confidence_rule", __doc__, default_record_path(), argv,
                                         receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
-    sets = {name: [v for d in docs for v in photo_variants(d) if grid_ratio(v) >= MIN_RATIO]
-            for name, docs in pages.items()}
-    for name, docs in sets.items():
-        print(f"{name}: {len(pages[name])} pages, {len(docs)} variants", flush=True)
+    sets = variant_sets(pages, photo_variants)
     methods = [Method("resize", "resize", scorer="none", query_aware=False)]
     methods += [cascade_method(label, loc) for label, loc in BASES.items()]
     table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)

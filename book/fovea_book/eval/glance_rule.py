@@ -208,16 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule (see the module docstring) and write the record."""
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, grid_ratio,
-                                             start_fit, write_fit_record)
+    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, start_fit,
+                                             variant_sets, write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
     args, record, pages, t0 = start_fit("glance_rule", __doc__, default_record_path(), argv,
                                         receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
-    sets = {name: [v for d in docs for v in glance_variants(d) if grid_ratio(v) >= MIN_RATIO]
-            for name, docs in pages.items()}
-    for name, docs in sets.items():
-        print(f"{name}: {len(pages[name])} pages, {len(docs)} variants", flush=True)
+    sets = variant_sets(pages, glance_variants)
     n = 273
     methods = [Method("resize", "resize", scorer="none", query_aware=False),
                cascade_method(CONF_LABEL, "learned"),

@@ -35,7 +35,7 @@ import platform
 import subprocess
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "write_fit_record", "fit_provenance", "git_commit",
+           "start_fit", "variant_sets", "write_fit_record", "fit_provenance", "git_commit",
            "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 
@@ -235,6 +235,19 @@ def start_fit(module: str, description: str, out_default: Path,
     return args, record, pages, started
 
 
+def variant_sets(pages: Mapping[str, Sequence[Document]],
+                 variants: Callable[[Document], list[Document]]) -> dict[str, list[Document]]:
+    """``{set: every variant of its pages}``: ``variants(page)`` for each page of ``pages``
+    (:func:`start_fit`'s), keeping those whose grid holds at least :data:`MIN_RATIO` N
+    (:func:`grid_ratio`); prints one line per set (its pages and variants kept)."""
+    sets = {name: [v for d in docs for v in variants(d) if grid_ratio(v) >= MIN_RATIO]
+            for name, docs in pages.items()}
+    for name, docs in sets.items():
+        print(f"{name}: {len(pages[name])} pages, {len(docs)} variants "
+              f"(grid >= {MIN_RATIO} N)", flush=True)
+    return sets
+
+
 def write_fit_record(out: Mapping, path: Path) -> Path:
     """Write a fit's record ``out`` as indented JSON to ``path`` (its folder made); return
     ``path``."""
@@ -272,12 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fovea_book.eval.reader import Reader
 
     args, record, pages, t0 = start_fit("resize_rule", __doc__, default_record_path(), argv)
-    sets: dict[str, list[Document]] = {}
-    for name, docs in pages.items():
-        scaled = [photo_like(d, s) for d in docs for s in SCALES]
-        sets[name] = [d for d in scaled if grid_ratio(d) >= MIN_RATIO]
-        print(f"{name}: {len(docs)} pages, {len(sets[name])} at {len(SCALES)} scales "
-              f"(grid >= {MIN_RATIO} N)", flush=True)
+    sets = variant_sets(pages, lambda d: [photo_like(d, s) for s in SCALES])
     methods = [Method("resize", "resize", scorer="none", query_aware=False),
                cascade_method("cascade | learned", "learned")]
     table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)
