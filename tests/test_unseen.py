@@ -239,6 +239,16 @@ def test_versus_resize_gives_every_glue_text_and_says_what_is_missing():
     assert words["ref_rec"].startswith("better (+10.0")
     assert all(words[f"{k}_wild"] == "not measured (no data)"
                for k in ("kept_new", "kept_resize", "kept_learned", "res", "bar", "ref"))
+    # a family the caller computed is used as given (the same rows give the same texts)
+    from fovea_book.eval.realsets import real_family
+
+    table = pd.DataFrame(rows).assign(budget=273)
+    fam = real_family(table, ["new"], 273)
+    given = versus_resize(table, "new", {"sroie": "rec"}, 273, family=fam)
+    assert given["res_rec"] == words["res_rec"] and given["bar_rec"] == words["bar_rec"]
+    worse = fam.assign(verdict="worse")
+    assert versus_resize(table, "new", {"sroie": "rec"}, 273,
+                         family=worse)["res_rec"].startswith("worse (")
 
 
 def test_text_height_ratio_is_expected_over_true_height(monkeypatch):

@@ -23,7 +23,8 @@ scales as JPEG. ``resize``, the learned cascade (for its map's confidence), read
 and read-then-look with a glance at each share of :data:`GLANCE_SHARES` read every page
 with the book's reader (rapidocr). No dev page and no WildReceipt page is read.
 
-**The objective, set before the fit** (issue 32, item 0: never worse than ``resize``):
+**The objective, set before the fit** (chapter 14.5's carry-over target: never worse than
+``resize``):
 a rule ``(share, threshold)`` is *feasible* when on every variant its mean ANLS (over
 documents) is at least ``resize``'s. Among the feasible rules the one with the highest
 mean ANLS over all pages is chosen (ties to the smaller threshold, then the smaller share:

@@ -220,11 +220,14 @@ def choose_candidate(summary: pd.DataFrame, candidates: Sequence[str]) -> str:
 
 
 def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_ref: int, *,
-                  reference: str = "cascade | learned", seed: int = 0) -> dict[str, str]:
+                  reference: str = "cascade | learned", seed: int = 0,
+                  family: pd.DataFrame | None = None) -> dict[str, str]:
     """Glue texts for one method ``label`` of an evaluation ``table`` on each dataset of
     ``keys`` (``{dataset: key}``): ``kept_<row>_<key>`` for ``resize``, ``reference`` and
     ``label`` (rows ``resize``, ``learned``, ``new``; "95 % CI" texts), ``res_<key>`` (minus
-    ``resize``, Holm over the datasets), ``bar_<key>`` (the carry-over target's verdict,
+    ``resize``, Holm over the datasets: ``family``, the rows of
+    :func:`~fovea_book.eval.realsets.real_family` of ``[label]`` where the caller has them,
+    else computed here), ``bar_<key>`` (the carry-over target's verdict,
     :func:`~fovea_book.eval.wildreceipt.carry_over_verdict`) and ``ref_<key>`` (minus
     ``reference``, Holm over the datasets). A dataset without rows gives "not measured"."""
     from fovea_book.eval.realsets import kept_table, real_family, variant_family
@@ -233,7 +236,8 @@ def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_re
     na = "not measured (no data)"
     rows = {"resize": "resize", reference: "learned", label: "new"}
     kept = kept_table(table, list(rows), seed=seed).set_index(["dataset", "method"])
-    res = real_family(table, [label], n_ref, seed=seed).set_index("dataset")
+    res = (real_family(table, [label], n_ref, seed=seed) if family is None
+           else family).set_index("dataset")
     ref = variant_family(table, [(label, reference)], n_ref, seed=seed).set_index("dataset")
     out = {}
     for ds, dk in keys.items():
