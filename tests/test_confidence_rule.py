@@ -35,12 +35,6 @@ def test_confidence_is_the_mass_on_the_top_cells():
 
 
 # ----------------------------------------------------------------------------- in the cascade
-@pytest.fixture(scope="module")
-def receipt():
-    doc = make_document(0, layout="receipt")
-    return build_pyramid(doc.image), doc.questions[0].question
-
-
 def test_an_unsure_map_gets_the_resize_tokens_and_a_sure_one_the_cascade(receipt):
     pyr, q = receipt
     plain = cascade_parts(pyr, 273, query=q)

@@ -44,7 +44,8 @@ __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "che
            "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
            "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
            "REGISTERED", "RUNNERS", "registered_parts", "registered_allocator",
-           "CONFIDENCE_TOP", "map_confidence", "fitting_level", "is_number", "check_fixation"]
+           "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
+           "SAFE_RESIZE_LEGIBLE", "fitting_level", "is_number", "check_fixation"]
 
 #: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
 #: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
@@ -293,28 +294,30 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   context_weight: float = 0.5, patch: int = 16,
                   gist_obj: Gist | None = None, side: str | None = None,
                   fovea: str = "core", resize_within: float | None = None,
-                  resize_below: float | None = None,
+                  resize_below: float | None = None, resize_legible: float | None = None,
                   size: Callable[[Gist, "str | None"], torch.Tensor] | None = None
                   ) -> CascadeParts:
     """Run the stages and return every intermediate (see :func:`cascade`). ``gist_obj``:
     the page's gist at ``gist_budget`` if already computed (several questions about one
     page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
     parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level; an image
-    ``resize_below`` sends to ``resize`` keeps its localiser's map (the one it was judged
-    by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
+    ``resize_below`` or ``resize_legible`` sends to ``resize`` keeps its localiser's map
+    (the one it was judged by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
     text heights (base pixels) per level-0 cell to read the level from instead of the
     gist's estimate (NaN cells keep it), e.g. the oracle's
     (:meth:`~fovea_core.cascade.localisers.OracleLocaliser.text_size`) to measure what the
     estimate costs; it overrides a side channel's measurement where both are given."""
-    if resize_below is not None:
-        below = _check_below(resize_below)
+    if resize_below is not None or resize_legible is not None:
+        below = 0.0 if resize_below is None else _check_below(resize_below)
+        within = None if resize_legible is None else _check_legible(resize_legible)
         parts = cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                               localiser=localiser, level=level, legible_px=legible_px,
                               surround=surround, context=context,
                               context_weight=context_weight, patch=patch, gist_obj=gist_obj,
                               side=side, fovea=fovea, resize_within=resize_within,
                               size=size)
-        return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below)
+        return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below,
+                              legible=within, legible_px=legible_px)
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     if fovea not in FOVEAE:
@@ -442,11 +445,31 @@ def _check_below(resize_below) -> float:
     return float(resize_below)
 
 
+def page_legibility(g: Gist, budget: int, *, legible_px: float = LEGIBLE_PX,
+                    patch: int = 16) -> torch.Tensor:
+    """``[B]`` how legible the page's typical text would be if ``budget`` tokens were spent
+    as :func:`~fovea_core.allocators.grid.resize` spends them, in octaves: the median over
+    the page's level-0 cells of the gist's text-height estimate (:func:`text_heights`, log2
+    base pixels), minus ``log2(legible_px)``, minus ``resize``'s level at ``budget``. At 0
+    the median text is ``legible_px`` high in ``resize``'s view; at -1, half of that.
+    Read from the gist alone (inside N: budgeted). The estimate is the learned size head's,
+    fitted on scans: on pages unlike them it is a signal to fit a rule on, not a
+    measurement (:mod:`fovea_book.eval.safe_rule`)."""
+    level = resize_grid(g.image_size, budget, patch)[2]
+    median = text_heights(g).flatten(1).median(1).values                   # [B]
+    return median - math.log2(legible_px) - float(level)
+
+
 def _resize_unsure(parts: CascadeParts, pyramid: Pyramid, budget: int, patch: int,
-                   below: float) -> CascadeParts:
-    """``parts`` with every image whose map's :func:`map_confidence` is below ``below``
-    given ``resize``'s tokens and level instead (its map stays: the one it was judged by)."""
+                   below: float, *, legible: float | None = None,
+                   legible_px: float = LEGIBLE_PX) -> CascadeParts:
+    """``parts`` with every image whose map's :func:`map_confidence` is below ``below``, or
+    (``legible`` given) whose :func:`page_legibility` is at least ``-legible``, given
+    ``resize``'s tokens and level instead (its map stays: the one it was judged by)."""
     unsure = map_confidence(parts.scores) < below                          # [B]
+    if legible is not None:
+        unsure |= page_legibility(parts.gist, budget, legible_px=legible_px,
+                                  patch=patch) >= -legible
     if not bool(unsure.any()):
         return parts
     res = _as_resize(pyramid, parts.gist, budget, patch)
@@ -458,6 +481,14 @@ def _resize_unsure(parts: CascadeParts, pyramid: Pyramid, budget: int, patch: in
     tokens = TokenSet.cat(per) if len(per) > 1 else per[0]
     levels = torch.where(unsure, res.levels, parts.levels.float())
     return parts._replace(tokens=tokens, levels=levels)
+
+
+def _check_legible(resize_legible) -> float:
+    """``resize_legible`` as a float: a finite number (octaves below ``legible_px``)."""
+    if not is_number(resize_legible) or not math.isfinite(float(resize_legible)):
+        raise ValueError(f"cascade: resize_legible must be None or a finite number (octaves "
+                         f"below legible_px, page_legibility), got {resize_legible!r}")
+    return float(resize_legible)
 
 
 def _check_within(resize_within) -> float:
@@ -526,7 +557,8 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
             surround: float = SURROUND, context: tuple[int, int] = (1, 2),
             context_weight: float = 0.5, fixation=None, seed: int = 0,
             patch: int = 16, side: str | None = None, fovea: str = "core",
-            resize_within: float | None = None, resize_below: float | None = None) -> TokenSet:
+            resize_within: float | None = None, resize_below: float | None = None,
+            resize_legible: float | None = None) -> TokenSet:
     """The budgeted cascade: gist, localise, foveate; exactly ``budget`` tokens.
 
     1. (a) :func:`~fovea_core.cascade.core.gist` at ``gist_budget`` tokens (default
@@ -577,6 +609,13 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
     instead (the map was computed from the gist, inside N: still budgeted).
     :mod:`fovea_book.eval.confidence_rule` fits it on photograph-like training pages.
 
+    ``resize_legible`` (a number of octaves, default ``None``: never): an image whose
+    page's median text, estimated from the gist, would be at least ``legible_px /
+    2**resize_legible`` pixels high in ``resize``'s view (:func:`page_legibility` >=
+    ``-resize_legible``) is given ``resize``'s tokens too: a fovea pays where the text is
+    too small for a resize, not where a resize already reads it.
+    :mod:`fovea_book.eval.safe_rule` fits it with ``resize_below``.
+
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
     held to the shared rule, :func:`~fovea_core.allocators.base.resolve_fixation`: finite,
@@ -603,7 +642,8 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
                          localiser=localiser, level=level, legible_px=legible_px,
                          surround=surround, context=context, context_weight=context_weight,
                          patch=patch, side=side, fovea=fovea,
-                         resize_within=resize_within, resize_below=resize_below).tokens
+                         resize_within=resize_within, resize_below=resize_below,
+                         resize_legible=resize_legible).tokens
 
 
 def check_fixation(pyramid: Pyramid, fixation) -> None:
@@ -681,6 +721,15 @@ for _name, _loc, _learned in (("cascade", "learned", True),
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
              reads=reads_nothing_else,
              uses_scores=False)(registered_allocator(_name, localiser=_loc))
+#: the safe cascade's switches to ``resize`` (``cascade_safe``): the pair the fit on
+#: photograph-like training pages chose, objective "never below resize on any variant"
+#: (``python -m fovea_book.eval.safe_rule``, record ``data/models/safe_rule.json``)
+SAFE_RESIZE_BELOW = 0.95
+SAFE_RESIZE_LEGIBLE = 1.0
+register("cascade_safe", family="cascade", version="cascade", content=True, learned=True,
+         reads=reads_nothing_else, uses_scores=False)(
+    registered_allocator("cascade_safe", localiser="learned", resize_below=SAFE_RESIZE_BELOW,
+                         resize_legible=SAFE_RESIZE_LEGIBLE))
 register("cascade_text", family="cascade", version="cascade", content=True, learned=True,
          reads=text_render_reads, uses_scores=False, side_compute=True)(
     registered_allocator("cascade_text", localiser="learned", side="text"))

@@ -66,16 +66,20 @@ def cascade_columns(state: PageState, method: EvalMethod, question: Question,
     ``fovea_level`` of the question's answer boxes
     (:func:`~fovea_book.eval.localisation.localisation_row`, with the localiser's map
     ``parts.scores`` ``[1, Gh, Gw]``), the map's ``map_confidence``
-    (:func:`~fovea_core.cascade.allocator.map_confidence`), and the page's side compute
+    (:func:`~fovea_core.cascade.allocator.map_confidence`), the page's
+    ``page_legibility`` at the question's budget
+    (:func:`~fovea_core.cascade.allocator.page_legibility`), and the page's side compute
     (``parts.side``, :class:`~fovea_core.cascade.side.SideCost`): ``side_flops``,
     ``side_ms`` and ``side_px`` (all 0 for a budgeted cascade, which reads nothing outside
     N)."""
     from fovea_book.eval.localisation import localisation_row
-    from fovea_core.cascade.allocator import map_confidence
+    from fovea_core.cascade.allocator import map_confidence, page_legibility
 
     side = parts.side
     return dict(localisation_row(tokens, parts.scores, question.boxes, patch=state.patch),
                 map_confidence=float(map_confidence(parts.scores[:1])[0]),
+                page_legibility=float(page_legibility(parts.gist, tokens.budget,
+                                                      patch=state.patch)[0]),
                 side_flops=0.0 if side is None else float(side.flops),
                 side_ms=0.0 if side is None else float(side.cpu_ms),
                 side_px=0 if side is None else int(side.pixels))

@@ -146,10 +146,10 @@ def read_record(path: str | Path | None = None) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule for each base (see the module docstring) and write the record."""
-    from fovea_book.eval.cascade import Method, cascade_method, evaluate
-    from fovea_book.eval.reader import Reader
+    from fovea_book.eval.cascade import Method, cascade_method
     from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, fit_threshold,
-                                             start_fit, variant_sets, write_fit_record)
+                                             read_variants, start_fit, variant_sets,
+                                             write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
     args, record, pages, t0 = start_fit("confidence_rule", __doc__, default_record_path(), argv,
@@ -157,8 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sets = variant_sets(pages, photo_variants)
     methods = [Method("resize", "resize", scorer="none", query_aware=False)]
     methods += [cascade_method(label, loc) for label, loc in BASES.items()]
-    table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)
-    table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
+    table = read_variants(sets, methods, args.workers)
     fits = {}
     for label in BASES:
         curve = confidence_curve(table, label)

@@ -47,7 +47,8 @@ import pandas as pd
 from fovea_book.eval.document_types import Document
 
 __all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
-           "glance_label", "glance_variants", "glance_curve", "choose_rule", "glance_fit_table",
+           "glance_label", "glance_variants", "glance_curve", "question_table", "rule_scores", "finish_curve",
+           "choose_rule", "glance_fit_table",
            "default_record_path", "read_record", "main"]
 
 #: the variants of each training page (:func:`glance_variants`)
@@ -105,55 +106,88 @@ def glance_curve(table: pd.DataFrame, shares: Sequence[float],
     (``anls_<variant>``, and ``margin_<variant>``: minus ``resize``'s mean there).
     ``worst``: the smallest margin; ``feasible``: ``worst >= 0``. One row per pair, with
     ``glanced`` (the share of questions that glance) and ``n_docs``."""
-    keys = ["dataset", "doc_id", "qid"]
-    need = [resize, read, conf, *(glance_label(s) for s in shares)]
-    missing = [m for m in need if m not in set(table.allocator)]
-    if missing:
-        raise ValueError(f"table has no rows of {missing}")
-    wide = table.pivot_table(index=keys, columns="allocator", values="anls")
-    confidence = table[table.allocator == conf].set_index(keys).map_confidence
-    variant = table.drop_duplicates(keys).set_index(keys).variant
-    both = wide[need].join(confidence).join(variant).dropna(subset=need)
+    both = question_table(table, [resize, read, conf, *(glance_label(s) for s in shares)],
+                          conf, ["map_confidence"])
     c = both.map_confidence.to_numpy()                                       # [Q]
     t = np.asarray(thresholds, dtype=float)                                  # [T]
     glance = c[None, :] < t[:, None]                                         # [T, Q]
-    docs = both.index.droplevel("qid")
-    doc_variant = both.variant.groupby(level=[0, 1]).first()
-    res_doc = both[resize].groupby(level=[0, 1]).mean()                      # [D]
-    res_var = res_doc.groupby(doc_variant).mean()
     rows = []
     for s in shares:
         anls = np.where(glance, both[glance_label(s)].to_numpy()[None],
                         both[read].to_numpy()[None])                          # [T, Q]
-        per_doc = pd.DataFrame(anls.T, index=docs).groupby(level=[0, 1]).mean()   # [D, T]
-        per_var = per_doc.groupby(doc_variant).mean()                        # [V, T]
-        for j, th in enumerate(t):
-            row = dict(share=float(s), threshold=float(th), anls=float(per_doc[j].mean()),
-                       glanced=float(glance[j].mean()), n_docs=len(per_doc))
-            for v in per_var.index:
-                row[f"anls_{v}"] = float(per_var.loc[v, j])
-                row[f"margin_{v}"] = float(per_var.loc[v, j] - res_var[v])
-            rows.append(row)
-    out = pd.DataFrame(rows)
-    margins = out.filter(like="margin_")
-    out["worst"] = margins.min(axis=1)
-    out["feasible"] = out.worst >= 0
-    out.attrs["resize"] = {v: float(res_var[v]) for v in res_var.index}
+        rows += [dict(share=float(s), threshold=float(th), glanced=float(glance[j].mean()))
+                 for j, th in enumerate(t)]
+        scored = rule_scores(anls, both, resize)
+        for row, sc in zip(rows[-len(t):], scored):
+            row.update(sc)
+    return finish_curve(pd.DataFrame(rows), both, resize)
+
+
+def question_table(table: pd.DataFrame, labels: Sequence[str], source: str,
+                   columns: Sequence[str]) -> pd.DataFrame:
+    """One row per question (index ``dataset, doc_id, qid``): the ANLS of each method of
+    ``labels`` (a column each; questions some method lacks are dropped), ``columns`` of
+    ``source``'s rows (e.g. the cascade's ``map_confidence``) and the ``variant``.
+    ``ValueError`` naming the labels ``table`` has no rows of."""
+    keys = ["dataset", "doc_id", "qid"]
+    missing = [m for m in labels if m not in set(table.allocator)]
+    if missing:
+        raise ValueError(f"table has no rows of {missing}")
+    wide = table.pivot_table(index=keys, columns="allocator", values="anls")
+    extra = table[table.allocator == source].set_index(keys)[list(columns)]
+    variant = table.drop_duplicates(keys).set_index(keys).variant
+    return wide[list(labels)].join(extra).join(variant).dropna(subset=list(labels))
+
+
+def rule_scores(anls: np.ndarray, both: pd.DataFrame, resize: str = "resize") -> list[dict]:
+    """Score ``R`` rules on the same questions: ``anls`` ``[R, Q]`` (what each rule reads
+    on the questions of ``both``, indexed by dataset, doc_id and qid, with a ``variant``
+    column and ``resize``'s ANLS). Questions are averaged within a document, documents
+    over all (``anls``) and within each variant (``anls_<variant>``, and
+    ``margin_<variant>``: minus ``resize``'s mean there). One dict per rule, with
+    ``n_docs``."""
+    docs = both.index.droplevel("qid")
+    doc_variant = both.variant.groupby(level=[0, 1]).first()
+    res_var = both[resize].groupby(level=[0, 1]).mean().groupby(doc_variant).mean()
+    per_doc = pd.DataFrame(np.asarray(anls).T, index=docs).groupby(level=[0, 1]).mean()
+    per_var = per_doc.groupby(doc_variant).mean()                            # [V, R]
+    out = []
+    for j in range(per_doc.shape[1]):
+        row = dict(anls=float(per_doc[j].mean()), n_docs=len(per_doc))
+        for v in per_var.index:
+            row[f"anls_{v}"] = float(per_var.loc[v, j])
+            row[f"margin_{v}"] = float(per_var.loc[v, j] - res_var[v])
+        out.append(row)
     return out
 
 
-def choose_rule(curve: pd.DataFrame, *, tol: float = 1e-9) -> dict:
+def finish_curve(curve: pd.DataFrame, both: pd.DataFrame, resize: str = "resize"
+                 ) -> pd.DataFrame:
+    """``curve`` (rows of :func:`rule_scores`) with ``worst`` (the smallest margin over
+    the variants) and ``feasible`` (``worst >= 0``), and ``resize``'s mean per variant in
+    ``attrs["resize"]``."""
+    doc_variant = both.variant.groupby(level=[0, 1]).first()
+    res_var = both[resize].groupby(level=[0, 1]).mean().groupby(doc_variant).mean()
+    curve["worst"] = curve.filter(like="margin_").min(axis=1)
+    curve["feasible"] = curve.worst >= 0
+    curve.attrs["resize"] = {v: float(res_var[v]) for v in res_var.index}
+    return curve
+
+
+def choose_rule(curve: pd.DataFrame, *, tol: float = 1e-9,
+                order: Sequence[str] = ("threshold", "share")) -> dict:
     """The rule :func:`glance_curve`'s rows choose (the module's objective): among the
-    feasible rows the highest ``anls`` (ties within ``tol`` to the smaller threshold, then
-    the smaller share); with none feasible, the highest ``worst``. Returns ``dict(share,
-    threshold, feasible, anls, worst)``."""
+    feasible rows the highest ``anls`` (ties within ``tol`` to the smallest values of the
+    ``order`` columns, in turn: the smaller threshold, then the smaller share); with none
+    feasible, the highest ``worst``. Returns ``dict(<order columns>, feasible, anls,
+    worst)``."""
     if curve.empty:
         raise ValueError("empty curve: no rule to choose")
     pool = curve[curve.feasible] if bool(curve.feasible.any()) else curve
     score = pool.anls if bool(curve.feasible.any()) else pool.worst
-    best = pool[score >= score.max() - tol].sort_values(["threshold", "share"]).iloc[0]
-    return dict(share=float(best.share), threshold=float(best.threshold),
-                feasible=bool(best.feasible), anls=float(best.anls), worst=float(best.worst))
+    best = pool[score >= score.max() - tol].sort_values(list(order)).iloc[0]
+    return dict({k: float(best[k]) for k in order}, feasible=bool(best.feasible),
+                anls=float(best.anls), worst=float(best.worst))
 
 
 def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
@@ -207,10 +241,9 @@ def read_record(path: str | Path | None = None) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule (see the module docstring) and write the record."""
-    from fovea_book.eval.cascade import Method, cascade_method, evaluate
-    from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, start_fit,
-                                             variant_sets, write_fit_record)
+    from fovea_book.eval.cascade import Method, cascade_method
+    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, read_variants,
+                                             start_fit, variant_sets, write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
     args, record, pages, t0 = start_fit("glance_rule", __doc__, default_record_path(), argv,
@@ -222,8 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                Method(READ_LABEL, "cascade_read", {}, query_aware=True)]
     methods += [Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n))),
                        query_aware=True) for s in GLANCE_SHARES]
-    table = evaluate(sets, methods, n, reader=Reader(), workers=args.workers, progress=True)
-    table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
+    table = read_variants(sets, methods, args.workers)
     curve = glance_curve(table, GLANCE_SHARES)
     chosen = choose_rule(curve)
     row = curve[np.isclose(curve.share, chosen["share"])

@@ -46,7 +46,7 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "variant_sets", "write_fit_record", "fit_provenance", "git_commit",
+           "start_fit", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
            "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 
@@ -246,6 +246,20 @@ def variant_sets(pages: Mapping[str, Sequence[Document]],
         print(f"{name}: {len(pages[name])} pages, {len(docs)} variants "
               f"(grid >= {MIN_RATIO} N)", flush=True)
     return sets
+
+
+def read_variants(sets: Mapping[str, Sequence[Document]], methods: Sequence,
+                  workers: int | None = None):
+    """Every method of ``methods`` on every variant of ``sets`` (:func:`variant_sets`' ids,
+    ``"<page>-<variant>@<scale>"``), read by the book's reader (rapidocr) at N = 273: the
+    evaluator's rows (:func:`~fovea_book.eval.cascade.evaluate`, cached like the chapters'),
+    with the ``variant`` of each row."""
+    from fovea_book.eval.cascade import evaluate
+    from fovea_book.eval.reader import Reader
+
+    table = evaluate(sets, methods, 273, reader=Reader(), workers=workers, progress=True)
+    table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
+    return table
 
 
 def write_fit_record(out: Mapping, path: Path) -> Path:
