@@ -75,7 +75,8 @@ def test_read_answer_reads_what_the_reader_reads_on_the_full_render():
 
 #: the cascade's localisation columns, added by its columns hook (not in the sweep's rows)
 SIDE_COSTS = ("side_flops", "side_ms", "side_px")
-LOCALISATION = ("fovea_share", "core_share", "cell_auc", "fovea_level", "map_confidence")
+LOCALISATION = ("fovea_share", "core_share", "cell_auc", "fovea_level", "map_confidence",
+                "page_legibility")
 
 
 def _every_column_equal(a: pd.DataFrame, b: pd.DataFrame, *, skip: tuple = ()) -> None:
