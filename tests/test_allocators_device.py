@@ -468,9 +468,11 @@ def test_gpu_allocators_sync_free_and_equal_to_cpu(name):
 def test_gpu_default_fixation_on_the_device():
     pyr, s, budget, _ = case(0)
     pyr_d = Pyramid(tuple(lv.cuda() for lv in pyr.levels))
+    s_d = s.cuda()                      # the copy to the device syncs; the allocation must not
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        ts = allocate("topk", pyr_d, s.cuda(), budget)
+        ts = allocate("topk", pyr_d, s_d, budget)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert ts.fixations.is_cuda and ts.centers.is_cuda

@@ -129,16 +129,16 @@ def divprune(pyramid: Pyramid, scores, budget: int, *, features: torch.Tensor | 
 def _divprune_torch(f: torch.Tensor, cur: torch.Tensor, n: int) -> torch.Tensor:
     """The greedy max-min loop in torch (any device): ``f [B, M, D]`` unit features, ``cur
     [B]`` seeds -> ``[B, n]``; ``n - 1`` batched steps, each a ``[B, M, D]`` product."""
-    b, m, _ = f.shape
-    ar = torch.arange(b, device=f.device)
+    b, m, dim = f.shape
     chosen = torch.empty(b, n, dtype=torch.long, device=f.device)
     chosen[:, 0] = cur
     mind = torch.full((b, m), float("inf"), device=f.device)
     ft = f.transpose(1, 2).contiguous()                                # [B, D, M]
     for t in range(1, n):                                              # greedy steps
-        d = 1 - torch.bmm(f[ar, cur][:, None, :], ft)[:, 0]            # [B, M]
-        mind = torch.minimum(mind, d)
-        mind[ar, cur] = -float("inf")
+        # gather / scatter rather than advanced indexing: no host sync on a GPU
+        row = torch.gather(f, 1, cur[:, None, None].expand(b, 1, dim))  # [B, 1, D]
+        d = 1 - torch.bmm(row, ft)[:, 0]                               # [B, M]
+        mind = torch.minimum(mind, d).scatter_(1, cur[:, None], float("-inf"))
         cur = mind.argmax(1)
         chosen[:, t] = cur
     return chosen
