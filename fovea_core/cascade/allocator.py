@@ -309,7 +309,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     estimate costs; it overrides a side channel's measurement where both are given."""
     if resize_below is not None or resize_legible is not None:
         below = 0.0 if resize_below is None else _check_below(resize_below)
-        within = None if resize_legible is None else _check_legible(resize_legible)
+        legible = None if resize_legible is None else _check_legible(resize_legible)
         parts = cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
                               localiser=localiser, level=level, legible_px=legible_px,
                               surround=surround, context=context,
@@ -317,7 +317,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                               side=side, fovea=fovea, resize_within=resize_within,
                               size=size)
         return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below,
-                              legible=within, legible_px=legible_px)
+                              legible=legible, legible_px=legible_px)
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     if fovea not in FOVEAE:

@@ -47,9 +47,9 @@ import pandas as pd
 from fovea_book.eval.document_types import Document
 
 __all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
-           "glance_label", "glance_variants", "glance_curve", "question_table", "rule_scores", "finish_curve",
-           "choose_rule", "glance_fit_table",
-           "default_record_path", "read_record", "main"]
+           "glance_label", "glance_variants", "glance_curve", "question_table", "score_rules",
+           "choose_rule", "margin_table", "glance_fit_table", "default_record_path",
+           "read_record", "main"]
 
 #: the variants of each training page (:func:`glance_variants`)
 VARIANTS = ("scan", "table", "photo", "half")
@@ -111,16 +111,12 @@ def glance_curve(table: pd.DataFrame, shares: Sequence[float],
     c = both.map_confidence.to_numpy()                                       # [Q]
     t = np.asarray(thresholds, dtype=float)                                  # [T]
     glance = c[None, :] < t[:, None]                                         # [T, Q]
-    rows = []
-    for s in shares:
-        anls = np.where(glance, both[glance_label(s)].to_numpy()[None],
-                        both[read].to_numpy()[None])                          # [T, Q]
-        rows += [dict(share=float(s), threshold=float(th), glanced=float(glance[j].mean()))
-                 for j, th in enumerate(t)]
-        scored = rule_scores(anls, both, resize)
-        for row, sc in zip(rows[-len(t):], scored):
-            row.update(sc)
-    return finish_curve(pd.DataFrame(rows), both, resize)
+    read_q = both[read].to_numpy()[None]                                      # [1, Q]
+    anls = np.concatenate([np.where(glance, both[glance_label(s)].to_numpy()[None], read_q)
+                           for s in shares])                                 # [S*T, Q]
+    rules = [dict(share=float(s), threshold=float(th), glanced=float(glance[j].mean()))
+             for s in shares for j, th in enumerate(t)]
+    return score_rules(rules, anls, both, resize)
 
 
 def question_table(table: pd.DataFrame, labels: Sequence[str], source: str,
@@ -139,35 +135,29 @@ def question_table(table: pd.DataFrame, labels: Sequence[str], source: str,
     return wide[list(labels)].join(extra).join(variant).dropna(subset=list(labels))
 
 
-def rule_scores(anls: np.ndarray, both: pd.DataFrame, resize: str = "resize") -> list[dict]:
-    """Score ``R`` rules on the same questions: ``anls`` ``[R, Q]`` (what each rule reads
-    on the questions of ``both``, indexed by dataset, doc_id and qid, with a ``variant``
-    column and ``resize``'s ANLS). Questions are averaged within a document, documents
-    over all (``anls``) and within each variant (``anls_<variant>``, and
-    ``margin_<variant>``: minus ``resize``'s mean there). One dict per rule, with
-    ``n_docs``."""
+def score_rules(rules: Sequence[Mapping], anls: np.ndarray, both: pd.DataFrame,
+                resize: str = "resize") -> pd.DataFrame:
+    """Score ``R`` rules on the same questions: ``rules`` (one dict of the rule's columns
+    each, e.g. its thresholds) and ``anls`` ``[R, Q]`` (what each rule reads on the
+    questions of ``both``, :func:`question_table`'s, with ``resize``'s ANLS). Questions are
+    averaged within a document, documents over all (``anls``) and within each variant
+    (``anls_<variant>``, and ``margin_<variant>``: minus ``resize``'s mean there). One row
+    per rule: its columns, ``anls``, ``n_docs``, the per-variant columns, ``worst`` (the
+    smallest margin) and ``feasible`` (``worst >= 0``); ``resize``'s mean per variant in
+    ``attrs["resize"]``."""
     docs = both.index.droplevel("qid")
     doc_variant = both.variant.groupby(level=[0, 1]).first()
     res_var = both[resize].groupby(level=[0, 1]).mean().groupby(doc_variant).mean()
     per_doc = pd.DataFrame(np.asarray(anls).T, index=docs).groupby(level=[0, 1]).mean()
     per_var = per_doc.groupby(doc_variant).mean()                            # [V, R]
     out = []
-    for j in range(per_doc.shape[1]):
-        row = dict(anls=float(per_doc[j].mean()), n_docs=len(per_doc))
+    for j, rule in enumerate(rules):
+        row = dict(rule, anls=float(per_doc[j].mean()), n_docs=len(per_doc))
         for v in per_var.index:
             row[f"anls_{v}"] = float(per_var.loc[v, j])
             row[f"margin_{v}"] = float(per_var.loc[v, j] - res_var[v])
         out.append(row)
-    return out
-
-
-def finish_curve(curve: pd.DataFrame, both: pd.DataFrame, resize: str = "resize"
-                 ) -> pd.DataFrame:
-    """``curve`` (rows of :func:`rule_scores`) with ``worst`` (the smallest margin over
-    the variants) and ``feasible`` (``worst >= 0``), and ``resize``'s mean per variant in
-    ``attrs["resize"]``."""
-    doc_variant = both.variant.groupby(level=[0, 1]).first()
-    res_var = both[resize].groupby(level=[0, 1]).mean().groupby(doc_variant).mean()
+    curve = pd.DataFrame(out)
     curve["worst"] = curve.filter(like="margin_").min(axis=1)
     curve["feasible"] = curve.worst >= 0
     curve.attrs["resize"] = {v: float(res_var[v]) for v in res_var.index}
@@ -179,15 +169,29 @@ def choose_rule(curve: pd.DataFrame, *, tol: float = 1e-9,
     """The rule :func:`glance_curve`'s rows choose (the module's objective): among the
     feasible rows the highest ``anls`` (ties within ``tol`` to the smallest values of the
     ``order`` columns, in turn: the smaller threshold, then the smaller share); with none
-    feasible, the highest ``worst``. Returns ``dict(<order columns>, feasible, anls,
-    worst)``."""
+    feasible, the highest ``worst``. Returns the chosen row as a dict of Python scalars."""
     if curve.empty:
         raise ValueError("empty curve: no rule to choose")
     pool = curve[curve.feasible] if bool(curve.feasible.any()) else curve
     score = pool.anls if bool(curve.feasible.any()) else pool.worst
     best = pool[score >= score.max() - tol].sort_values(list(order)).iloc[0]
-    return dict({k: float(best[k]) for k in order}, feasible=bool(best.feasible),
-                anls=float(best.anls), worst=float(best.worst))
+    return {k: v.item() if isinstance(v, np.generic) else v for k, v in best.items()}
+
+
+def margin_table(near: pd.DataFrame, keys: Sequence[str], share: str, share_name: str,
+                 variants: Sequence[str], chosen: np.ndarray) -> pd.DataFrame:
+    """The rows a fit table shows: ``near`` (rows of :func:`score_rules`' curve) with its
+    ``keys`` columns, ``anls`` and each variant's margin over ``resize`` in points, the
+    ``share`` column in whole % (renamed ``share_name``) and ``"<-"`` where ``chosen``
+    (a boolean per row of ``near``)."""
+    cols = {"anls": "ANLS", **{f"margin_{v}": f"{v} - resize" for v in variants}}
+    t = near[[*keys, *cols, share]].rename(columns=cols).copy()
+    for k in cols.values():
+        t[k] = (100 * t[k]).round(1)
+    t[share] = (100 * t[share]).round(0).astype(int)
+    t = t.rename(columns={share: share_name})
+    t["chosen"] = np.where(chosen, "<-", "")
+    return t.reset_index(drop=True)
 
 
 def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
@@ -199,14 +203,9 @@ def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
     c = pd.DataFrame(record["curve"])
     ch = record["chosen"]
     near = c[np.isclose(c.share, ch["share"]) | np.isclose(c.threshold, ch["threshold"])]
-    cols = {"anls": "ANLS", **{f"margin_{v}": f"{v} - resize" for v in record["variants"]}}
-    t = near[["share", "threshold", *cols, "glanced"]].rename(columns=cols).copy()
-    for k in cols.values():
-        t[k] = (100 * t[k]).round(1)
-    t["glanced"] = (100 * t.glanced).round(0).astype(int)
-    t = t.rename(columns={"glanced": "glance (%)"})
-    t["chosen"] = np.where(np.isclose(near.share, ch["share"])
-                           & np.isclose(near.threshold, ch["threshold"]), "<-", "")
+    t = margin_table(near, ["share", "threshold"], "glanced", "glance (%)", record["variants"],
+                     np.isclose(near.share, ch["share"])
+                     & np.isclose(near.threshold, ch["threshold"]))
     worst = min(record["variants"], key=lambda v: ch[f"margin_{v}"])
     if ch["threshold"] == 0:
         what = "never glance (read-then-look as before)"
@@ -222,7 +221,7 @@ def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
     sentence = (f"The fit chose to {what}: {verdict} (worst: {worst}, "
                 f"{100 * ch[f'margin_{worst}']:+.1f} points; mean ANLS "
                 f"{100 * ch['anls']:.1f}; tuning numbers on training pages, no CI)")
-    return t.reset_index(drop=True), sentence
+    return t, sentence
 
 
 def default_record_path() -> Path:
@@ -258,13 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = read_variants(sets, methods, args.workers)
     curve = glance_curve(table, GLANCE_SHARES)
     chosen = choose_rule(curve)
-    row = curve[np.isclose(curve.share, chosen["share"])
-                & np.isclose(curve.threshold, chosen["threshold"])].iloc[0]
     means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
     out = dict(
         rule=f"glance first (a gist of round(share * N) tokens) when map_confidence (the "
              f"default gist's map's mass on its top {CONFIDENCE_TOP:g} of cells) < threshold",
-        chosen=dict(row.to_dict()), glance_share=chosen["share"],
+        chosen=chosen, glance_share=chosen["share"],
         glance_below=chosen["threshold"], variants=list(VARIANTS),
         shares=list(GLANCE_SHARES), thresholds=list(THRESHOLDS), budget=n,
         scales=list(SCALES), min_ratio=MIN_RATIO,

@@ -66,7 +66,7 @@ def safe_curve(table: pd.DataFrame, confidences: Sequence[float] = CONFIDENCES,
     ``resize_legible`` (NaN for ``None``), ``resized`` (the share of questions sent to
     ``resize``) and the columns of :func:`~fovea_book.eval.glance_rule.rule_scores`, with
     ``worst`` and ``feasible`` (:func:`~fovea_book.eval.glance_rule.finish_curve`)."""
-    from fovea_book.eval.glance_rule import finish_curve, question_table, rule_scores
+    from fovea_book.eval.glance_rule import question_table, score_rules
 
     both = question_table(table, [resize, base], base, ["map_confidence", "page_legibility"])
     c = both.map_confidence.to_numpy()                                       # [Q]
@@ -76,16 +76,15 @@ def safe_curve(table: pd.DataFrame, confidences: Sequence[float] = CONFIDENCES,
     switch = np.stack([(c < b) | (never if lg is None else leg >= -float(lg))
                        for b, lg in pairs])                                  # [R, Q]
     anls = np.where(switch, both[resize].to_numpy()[None], both[base].to_numpy()[None])
-    rows = [dict(resize_below=b, resize_legible=np.nan if lg is None else float(lg),
-                 resized=float(sw.mean()), **sc)
-            for (b, lg), sw, sc in zip(pairs, switch, rule_scores(anls, both, resize))]
-    return finish_curve(pd.DataFrame(rows), both, resize)
+    rules = [dict(resize_below=b, resize_legible=np.nan if lg is None else float(lg),
+                  resized=float(sw.mean())) for (b, lg), sw in zip(pairs, switch)]
+    return score_rules(rules, anls, both, resize)
 
 
 def choose_safe(curve: pd.DataFrame, *, tol: float = 1e-9) -> dict:
     """The pair :func:`safe_curve`'s rows choose (the module's objective; ties to the fewer
-    questions resized, then the smaller ``resize_below``). Returns ``dict(resize_below,
-    resize_legible (None: never), resized, feasible, anls, worst)``."""
+    questions resized, then the smaller ``resize_below``). Returns the chosen row as a dict
+    (``resize_legible`` ``None``: never)."""
     from fovea_book.eval.glance_rule import choose_rule
 
     best = choose_rule(curve.fillna({"resize_legible": -np.inf}), tol=tol,
@@ -101,20 +100,17 @@ def safe_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
     ``resize``, in points; the share of questions resized, %), the chosen row marked; and
     one sentence saying what was chosen and whether it meets the objective on these training
     pages (tuning numbers, no CI)."""
+    from fovea_book.eval.glance_rule import margin_table
+
     c = pd.DataFrame(record["curve"])
     ch = record["chosen"]
     leg = np.nan if ch["resize_legible"] is None else ch["resize_legible"]
     same_leg = c.resize_legible.isna() if np.isnan(leg) else np.isclose(c.resize_legible, leg)
     same_below = np.isclose(c.resize_below, ch["resize_below"])
     near = c[same_leg | same_below]
-    cols = {"anls": "ANLS", **{f"margin_{v}": f"{v} - resize" for v in record["variants"]}}
-    t = near[["resize_below", "resize_legible", *cols, "resized"]].rename(columns=cols).copy()
-    for k in cols.values():
-        t[k] = (100 * t[k]).round(1)
-    t["resized"] = (100 * t.resized).round(0).astype(int)
+    t = margin_table(near, ["resize_below", "resize_legible"], "resized", "resized (%)",
+                     record["variants"], (same_leg & same_below)[near.index])
     t["resize_legible"] = t.resize_legible.map(lambda x: "never" if pd.isna(x) else f"{x:g}")
-    t = t.rename(columns={"resized": "resized (%)"})
-    t["chosen"] = np.where((same_leg & same_below)[near.index], "<-", "")
     worst = min(record["variants"], key=lambda v: ch[f"margin_{v}"])
     legible = ("never for legibility" if ch["resize_legible"] is None else
                f"when the page's text is at most {ch['resize_legible']:g} "
@@ -128,7 +124,7 @@ def safe_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
                 f"questions): {verdict} (worst: {worst}, {100 * ch[f'margin_{worst}']:+.1f} "
                 f"points; mean ANLS {100 * ch['anls']:.1f}; tuning numbers on training pages, "
                 "no CI)")
-    return t.reset_index(drop=True), sentence
+    return t, sentence
 
 
 def switch_summary(table: pd.DataFrame, label: str, *, resize_below: float,
@@ -214,18 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = read_variants(sets, methods, args.workers)
     curve = safe_curve(table)
     chosen = choose_safe(curve)
-    hit = np.isclose(curve.resize_below, chosen["resize_below"]) & (
-        curve.resize_legible.isna() if chosen["resize_legible"] is None
-        else np.isclose(curve.resize_legible, chosen["resize_legible"]))
-    row = curve[hit].iloc[0].to_dict()
-    row["resize_legible"] = chosen["resize_legible"]
     means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
     out = dict(
         rule=f"spend the budget like resize when map_confidence (the map's mass on its top "
              f"{CONFIDENCE_TOP:g} of cells) < resize_below, or when page_legibility (the "
              f"gist's median text height read at resize's level, octaves from "
              f"{LEGIBLE_PX:g} px) >= -resize_legible",
-        chosen=row, resize_below=chosen["resize_below"],
+        chosen=chosen, resize_below=chosen["resize_below"],
         resize_legible=chosen["resize_legible"], variants=sorted(curve.attrs["resize"]),
         confidences=list(CONFIDENCES), legibles=list(LEGIBLES), budget=n,
         scales=list(SCALES), min_ratio=MIN_RATIO,
