@@ -73,7 +73,7 @@ def _committed_config() -> dict:
 
 #: configuration fields added after the committed run, at the values that train as it did
 #: (``photo``: no photo-like augmentation; ``steps``: epochs x an epoch's batches)
-ADDED_FIELDS = {"photo": False, "steps": None, "part": 0.0}
+ADDED_FIELDS = {"photo": False, "steps": None, "part": 0.0, "position": True}
 
 
 @needs_weights
@@ -621,3 +621,40 @@ def test_real_names_the_folders_to_train_on(tmp_path, monkeypatch):
         assert seen["cfg"].real == real
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--real", "sroie-dev"])
+
+
+# ----------------------------------------------------------------------------- position-free
+def test_a_position_free_net_never_reads_where_a_pixel_lies():
+    """``position=False`` zeroes the position and aspect channels before the stem: its maps
+    do not move when those channels change (the default net's do), and its weights have the
+    default net's shapes."""
+    torch.manual_seed(0)
+    free, plain = GistLocaliserNet(position=False), GistLocaliserNet()
+    plain.load_state_dict(free.state_dict())                          # the same weights
+    x = torch.rand(2, 7, 24, 20)
+    y = x.clone()
+    y[:, list(GistLocaliserNet.POSITION_CHANNELS)] = torch.rand(2, 5, 24, 20)
+    m_free, s_free = free.encode(x)
+    assert torch.equal(m_free, free.encode(y)[0]) and torch.equal(s_free, free.encode(y)[1])
+    assert not torch.allclose(plain.encode(x)[0], plain.encode(y)[0])
+    z = x.clone()
+    z[:, 0] = torch.rand(2, 24, 20)                                   # the ink is read
+    assert not torch.allclose(m_free, free.encode(z)[0])
+    assert "position=False" in repr(free) and "position" not in repr(plain)
+
+
+def test_position_free_weights_load_as_a_position_free_net(tmp_path):
+    """The record's ``arch`` builds the net the weights were trained as: ``--no-position``
+    reaches the config, and a saved position-free net loads with ``position=False``."""
+    assert build_parser().parse_args(["--no-position"]).position is False
+    assert build_parser().parse_args([]).position is True
+    torch.manual_seed(1)
+    net = GistLocaliserNet(position=False)
+    out = tmp_path / "free.pt"
+    torch.save(net.state_dict(), out)
+    out.with_suffix(".json").write_text(json.dumps(dict(
+        sha256=file_sha256(out), arch=dict(width=16, maps=32, position=False))))
+    loaded = load_model(str(out))
+    assert loaded.position is False
+    x = torch.rand(1, 7, 16, 16)
+    assert torch.equal(loaded.encode(x)[0], net.encode(x)[0])

@@ -184,6 +184,29 @@ def test_weights_localiser_is_the_learned_localiser_with_those_weights():
         assert f"{ds}-train" not in rec["train"]["sources"] and rec["config"]["real"]
 
 
+def test_position_free_candidates_are_position_free_nets_as_recorded():
+    """Each :data:`FREE_WEIGHTS` file loads (its hash checked) as a net that never reads the
+    position channels, trained with the recorded augmentation and every real training
+    folder; its map does not move when the page's position channels do."""
+    from fovea_book.eval.unseen import FREE_WEIGHTS, WeightsLocaliser
+    from fovea_book.train import REAL_SOURCES
+    from fovea_core.cascade.learned import GistLocaliserNet, load_model
+    from fovea_book.paths import project_root
+
+    assert set(FREE_WEIGHTS) == {"position-free", "photo + position-free"}
+    for label, w in FREE_WEIGHTS.items():
+        rec = WeightsLocaliser(w).record()
+        assert rec["arch"]["position"] is False and rec["config"]["position"] is False
+        assert rec["config"]["photo"] is label.startswith("photo")
+        assert tuple(rec["config"]["real"]) == tuple(REAL_SOURCES)
+        net = load_model(str(project_root() / w))
+        assert net.position is False
+        x = torch.rand(1, 7, 16, 12)
+        y = x.clone()
+        y[:, list(GistLocaliserNet.POSITION_CHANNELS)] = 0.5
+        assert torch.equal(net.encode(x)[0], net.encode(y)[0])
+
+
 def test_token_anchors_are_published_and_cite_the_bibliography(tmp_path, monkeypatch):
     """Every anchor row is a published value, its source a key of book/references.bib and its
     location the source's own words; a file with a row marked otherwise is refused."""

@@ -157,6 +157,8 @@ class TrainConfig:
     part: float = 0.0                     # share of training pages shown in part (:func:`part_page`:
                                           # a band of rows, so the text is taller against the
                                           # frame; 0.0: the committed run)
+    position: bool = True                 # the net sees where on the page a pixel lies
+                                          # (GistLocaliserNet; False: position-free)
 
 
 @dataclass
@@ -922,7 +924,7 @@ def train(cfg: TrainConfig = TrainConfig(), *, max_steps: int | None = None,
         cv2.setNumThreads(threads)
     data = TrainingSet(cfg, data_dir=data_dir, allow_missing=allow_missing, only_ids=only_ids)
     torch.manual_seed(cfg.seed)
-    net = GistLocaliserNet(width=cfg.width, maps=cfg.maps)
+    net = GistLocaliserNet(width=cfg.width, maps=cfg.maps, position=cfg.position)
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(epoch_batches(cfg, torch.Generator().manual_seed(cfg.seed), data))
     if steps_per_epoch == 0:
@@ -1143,6 +1145,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train on photo-like copies of every page (photo_page: scale-down, "
                              "crop, rotation, keystone, blur, uneven light, tone curve, JPEG; "
                              "default: %(default)s, the committed run's)")
+    parser.add_argument("--position", action=argparse.BooleanOptionalAction,
+                        default=cfg.position,
+                        help="let the network see where on the page each pixel lies (its "
+                             "position and aspect channels; --no-position zeroes them, so no "
+                             "layout prior can be learned; default: %(default)s, the "
+                             "committed run's)")
     return parser
 
 
@@ -1187,7 +1195,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.part <= 1.0:
         parser.error(f"--part must be in [0, 1], got {args.part}")
     cfg = TrainConfig(seed=args.seed, pages=args.pages, epochs=args.epochs, photo=args.photo,
-                      part=args.part,
+                      part=args.part, position=args.position,
                       real=tuple(r for r in REAL_SOURCES if r in args.real))
     where = "the COMMITTED weights " if out == weights_path() else ""
     print(f"training the gist localiser into {where}{out}: {cfg}", flush=True)
@@ -1202,7 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().float() for k, v in net.state_dict().items()}
     torch.save(state, out)
-    meta = dict(sha256=file_sha256(out), arch=dict(width=cfg.width, maps=cfg.maps),
+    meta = dict(sha256=file_sha256(out), arch=dict(width=cfg.width, maps=cfg.maps, position=cfg.position),
                 parameters=int(sum(v.numel() for v in state.values())),
                 config=asdict(cfg), train=rec,
                 data=dict(allow_missing_real=args.allow_missing_real,

@@ -223,11 +223,26 @@ class GistLocaliserNet(nn.Module):
     embedding, :math:`[K]`). A low-rank bilinear form between question and place: a question
     about a total raises the maps that fire on bottom-right amounts, one about a company
     those that fire on large top lines. Logits off the page are ``-inf``.
+
+    ``position=False``: the network never sees where on the page a pixel lies -- the
+    position channels (1-4) and the aspect ratio (6) are zeroed before the stem, so the maps
+    come from the ink, the page mask and the row and column context alone (a layout prior
+    such as "the date is near the top" cannot be learned; a test of whether the map's
+    failure on photographs and crops is that prior). Its weights have the same shapes; the
+    record's ``arch`` says which net they belong to.
     """
 
-    def __init__(self, width: int = 16, maps: int = 32):
+    #: the input channels a position-free net zeroes (page and extent positions, aspect)
+    POSITION_CHANNELS = (1, 2, 3, 4, 6)
+
+    def __init__(self, width: int = 16, maps: int = 32, position: bool = True):
         super().__init__()
         c = width
+        self.position = bool(position)
+        keep = torch.ones(IN_CHANNELS)
+        if not self.position:
+            keep[list(self.POSITION_CHANNELS)] = 0.0
+        self.register_buffer("keep", keep.view(1, IN_CHANNELS, 1, 1), persistent=False)
         self.stem = nn.Conv2d(IN_CHANNELS, c, 3, padding=1)
         self.trunk = nn.ModuleList([nn.Conv2d(c, c, 3, padding=d, dilation=d) for d in (1, 2, 4, 8)])
         self.mix = nn.Sequential(nn.Conv2d(3 * c + 5, 2 * c, 1), nn.ReLU(),
@@ -245,7 +260,8 @@ class GistLocaliserNet(nn.Module):
         row and column means of the trunk's features over the page (global context) and
         the position channels are mixed into the maps.
         """
-        x = F.avg_pool2d(x, 2, ceil_mode=True).contiguous(memory_format=torch.channels_last)
+        x = F.avg_pool2d(x * self.keep, 2, ceil_mode=True).contiguous(
+            memory_format=torch.channels_last)
         f = F.relu(self.stem(x))
         for conv in self.trunk:
             f = f + F.relu(conv(f))
@@ -264,6 +280,9 @@ class GistLocaliserNet(nn.Module):
         logit = torch.einsum("qk,qkhw->qhw", a, m[page])
         keep = F.max_pool2d(mask[:, None].float(), 2, ceil_mode=True)[:, 0] > 0
         return logit.masked_fill(~keep[page], float("-inf")), size
+
+    def extra_repr(self) -> str:
+        return "" if self.position else "position=False"
 
 
 def pool_target(t: torch.Tensor) -> torch.Tensor:

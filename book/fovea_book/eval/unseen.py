@@ -33,7 +33,7 @@ __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
            "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
            "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
-           "PART_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio", "read_sets"]
+           "PART_WEIGHTS", "FREE_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio", "read_sets"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
 FACTOR_PAGES = {"smoke": 2, "default": 12, "full": None}
@@ -61,6 +61,12 @@ LOCO_WEIGHTS = {"sroie": "data/models/gist_localiser_no_sroie.pt",
 #: augmentation; chapter 14.5 chooses one on training pages (:func:`choose_candidate`)
 PART_WEIGHTS = {"part-trained": "data/models/gist_localiser_part.pt",
                 "photo + part trained": "data/models/gist_localiser_photo_part.pt"}
+#: localisers whose network never sees where on the page a pixel lies (``--no-position``:
+#: the position and aspect channels zeroed, so no layout prior can be learned), without and
+#: with photograph-like augmentation; chapter 14.5 chooses one on training pages
+#: (:func:`choose_candidate`)
+FREE_WEIGHTS = {"position-free": "data/models/gist_localiser_noposition.pt",
+                "photo + position-free": "data/models/gist_localiser_photo_noposition.pt"}
 
 
 @functools.lru_cache(maxsize=8)
