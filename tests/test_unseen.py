@@ -323,3 +323,24 @@ def test_read_sets_reads_each_set_with_each_reader_and_rescores_wildreceipt(monk
     assert list(t.doc_id) == ["w1", "w2", "s1"]
     assert t.rescored.fillna(False).tolist() == [True, True, False]
     assert read_sets({"funsd": []}, ["m"], 273, {"a": "A"}) == {}
+
+
+def test_map_auc_ranks_maps_on_pages_as_they_are_and_pairs_them_over_documents():
+    """A flat map ranks every cell alike (cell AUC 0.5 on every field); the oracle's map
+    ranks the answer's cells first (1.0); the family pairs each localiser with the reference
+    over documents and says which is better; an unknown reference is refused."""
+    from fovea_book.eval.documents import synthetic_documents
+    from fovea_book.eval.unseen import map_auc
+    from fovea_core.cascade.localisers import OracleLocaliser
+
+    docs = synthetic_documents(20, seed=11)
+    oracle = OracleLocaliser(docs)
+    by_field, fam = map_auc({"syn": docs}, {"flat": "uniform", "oracle": oracle},
+                            reference="flat")
+    assert list(by_field.columns) == ["flat", "oracle"]
+    assert ("syn", "all") in by_field.index and len(by_field) > 2
+    assert np.allclose(by_field["flat"], 0.5) and (by_field["oracle"] > 0.95).all()
+    assert len(fam) == 1 and fam.method.iloc[0] == "oracle" and fam.n_docs.iloc[0] == 20
+    assert fam["diff"].iloc[0] > 0.4 and fam.verdict.iloc[0] == "better"
+    with pytest.raises(ValueError, match="reference 'learned'"):
+        map_auc({"syn": docs}, {"flat": "uniform"})

@@ -33,7 +33,8 @@ __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
            "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
            "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
-           "PART_WEIGHTS", "FREE_WEIGHTS", "choose_candidate", "versus_resize", "text_height_ratio", "read_sets"]
+           "PART_WEIGHTS", "FREE_WEIGHTS", "choose_candidate", "map_auc", "versus_resize",
+           "text_height_ratio", "read_sets"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
 FACTOR_PAGES = {"smoke": 2, "default": 12, "full": None}
@@ -164,6 +165,42 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
     unseen = held[:FACTOR_PAGES[profile]]
     return unseen, (f"{len(unseen)} sroie-train receipts no localiser here trained on "
                     f"({sum(len(d.questions) for d in unseen)} questions)")
+
+
+def map_auc(sets: Mapping[str, Sequence[Document]], localisers: Mapping, *,
+            reference: str = "learned", budget: int = 273, seed: int = 0
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """How well each localiser's map ranks the answer's cells on pages as they are, read by
+    nobody (no OCR: :func:`~fovea_book.eval.photo.factor_table` with the page as stored).
+
+    ``sets``: ``{dataset: documents}``; ``localisers``: ``{label: localiser}`` (a
+    :data:`~fovea_core.cascade.localisers.LOCALISERS` name or a callable), ``reference``
+    among them. Returns ``(by_field, family)``: the mean cell AUC per dataset and field
+    (rows) and localiser (columns), plus an ``"all"`` field per dataset (the questions'
+    mean); and each other localiser minus ``reference`` in cell AUC, paired over documents
+    (a document's questions averaged first), one Holm family over localisers and datasets
+    (:func:`~fovea_book.eval.stats.paired_family`'s columns; ``text`` in AUC points x 100).
+    """
+    from fovea_book.eval.photo import FACTORS, factor_table
+    from fovea_book.eval.stats import paired_family
+
+    if reference not in localisers:
+        raise ValueError(f"map_auc: reference {reference!r} is not one of {list(localisers)}")
+    parts = [factor_table(docs, localisers, factors={"as stored": FACTORS["as stored"]},
+                          budget=budget, seed=seed).assign(dataset=ds)
+             for ds, docs in sets.items() if docs]
+    if not parts:
+        raise ValueError("map_auc: no document in sets")
+    t = pd.concat(parts, ignore_index=True)
+    by = t.groupby(["dataset", "field", "localiser"]).cell_auc.mean().unstack("localiser")
+    every = t.groupby(["dataset", "localiser"]).cell_auc.mean().unstack("localiser")
+    every.index = pd.MultiIndex.from_product([every.index, ["all"]], names=["dataset", "field"])
+    by_field = pd.concat([by, every]).sort_index()[list(localisers)]
+    rows = t.rename(columns={"localiser": "allocator"}).assign(budget=budget)
+    others = [k for k in localisers if k != reference]
+    family = (paired_family(rows, others, reference, metric="cell_auc", seed=seed)
+              if others else pd.DataFrame())
+    return by_field, family
 
 
 def text_height_ratio(docs: Sequence[Document], gist_budget: int, localiser=None) -> np.ndarray:
