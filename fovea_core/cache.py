@@ -109,6 +109,19 @@ class SqliteCache:
             except (OSError, sqlite3.OperationalError) as err:
                 self._give_up(err)
 
+    def __len__(self) -> int:
+        """The number of entries stored (0 without a path, or before the file exists: a
+        count never creates it). Entries written by other processes count too, so the
+        difference of two counts is what every process stored in between."""
+        if self.path is None or not self.path.exists():
+            return 0
+        with self._lock:
+            try:
+                return int(self._db().execute("SELECT COUNT(*) FROM ocr").fetchone()[0])
+            except (OSError, sqlite3.OperationalError) as err:
+                self._give_up(err)
+                return 0
+
     def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
         return {"path": self.path}
 

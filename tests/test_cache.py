@@ -42,6 +42,20 @@ def test_pickles_by_path_and_reopens(tmp_path):
     assert again.get("a") == "1" and (again.hits, again.misses) == (1, 0)
 
 
+def test_len_counts_every_process_entries_and_never_creates_the_file(tmp_path):
+    """``len`` is the number of keys stored, by this object or another on the same file (a
+    replaced key counts once); a count of a file that does not exist is 0 and leaves no
+    file behind; a path-less cache holds nothing."""
+    path = tmp_path / "n.sqlite"
+    store = SqliteCache(path)
+    assert len(store) == 0 and not path.exists()
+    store.put("a", "1")
+    store.put("a", "2")
+    SqliteCache(path).put("b", "3")                             # another writer
+    assert len(store) == 2 and len(SqliteCache(path)) == 2
+    assert len(SqliteCache(None)) == 0
+
+
 def test_without_a_path_it_stores_nothing(tmp_path):
     store = SqliteCache(None)
     store.put("a", "1")

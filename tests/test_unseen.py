@@ -70,9 +70,10 @@ def test_ttft_target_interpolates_at_the_saving_factor(monkeypatch):
     assert ttft_target(_ttft_record(), censored, "c", 273)[0] is None
 
 
-def _targets(**over):
+def _targets_kw() -> dict:
+    """The keyword arguments of :func:`unseen_targets` for a made-up chapter."""
     d = dict(diff=0.05, lo=0.01, hi=0.09, n_docs=40)
-    kw = dict(carry={("m", "rapidocr"): dict(diff=-0.10, lo=-0.15, hi=-0.05, n_docs=59),
+    return dict(carry={("m", "rapidocr"): dict(diff=-0.10, lo=-0.15, hi=-0.05, n_docs=59),
                      ("m", "tesseract"): dict(diff=0.01, lo=-0.01, hi=0.03, n_docs=59)},
               sroie_gain={("m", "rapidocr"): dict(diff=0.15, lo=0.11, hi=0.20, n_docs=40)},
               kept={("sroie", "rapidocr"): dict(kept=0.98, lo=0.975, hi=0.985, n_docs=40),
@@ -83,8 +84,10 @@ def _targets(**over):
               saving=pd.DataFrame([dict(dataset="sroie", factor=5.0, lo=4.5, hi=6.5, n_docs=40)]),
               read_vs_one={**d, "verdict": "better"}, runtime_s=1300.0, runtime_bar_s=1195.0,
               ttft=dict(speedup=2.5, lo=2.1, hi=2.9, n_docs=40))
-    kw.update(over)
-    return unseen_targets(**kw).set_index("target").verdict
+
+
+def _targets(**over):
+    return unseen_targets(**{**_targets_kw(), **over}).set_index("target").verdict
 
 
 def test_the_targets_take_their_verdicts_from_the_cis():
@@ -112,6 +115,24 @@ def test_missing_inputs_are_said_and_verdicts_follow_the_words():
     assert v[[t for t in v.index if "read-then-look" in t][0]] == "not met"
     assert v[[t for t in v.index if "every field" in t][0]] == "not measured (no data)"
     assert v[[t for t in v.index if "builds in" in t][0]] == "met"
+
+
+def test_the_build_time_is_judged_only_when_the_build_computed_its_cells():
+    """A build that read every evaluation cell from the row cache times the cache: its
+    runtime row says so instead of a verdict; one that computed cells is judged against
+    the bar and says how many it computed."""
+    def runtime(**over):
+        t = unseen_targets(**{**_targets_kw(), **over}).set_index("target")
+        row = t.loc[[x for x in t.index if "builds in" in x][0]]
+        return row.verdict, row.measured
+
+    verdict, measured = runtime(runtime_s=140.0, runtime_computed=0)
+    assert verdict.startswith("not measured (every evaluation cell came from the row cache")
+    assert "140 s" in verdict and measured == "-"
+    assert runtime(runtime_s=140.0, runtime_computed=12) == ("met", "140 s, 12 cells computed")
+    assert runtime(runtime_s=1700.0, runtime_computed=9000) == ("not met",
+                                                                "1700 s, 9000 cells computed")
+    assert runtime(runtime_s=1700.0) == ("not met", "1700 s")          # not counted
 
 
 def test_rule_figure_draws_every_set():

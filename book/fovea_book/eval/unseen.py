@@ -456,6 +456,7 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
                    read_vs_one: Mapping | None,
                    saving_read: pd.DataFrame | None = None,
                    runtime_s: float | None, runtime_bar_s: float,
+                   runtime_computed: int | None = None,
                    ttft: Mapping | None) -> pd.DataFrame:
     """The targets for pages unlike the training pages and for reading before looking (set
     before any of these measurements), as rows ``target, measured, verdict``
@@ -481,7 +482,11 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
       inside its N, so every token is counted), the same bars (``None``: no rows);
     * ``read_vs_one``: ``cascade_read`` minus the one-fixation cascade on FUNSD dev with its
       Holm verdict (``verdict``): met when the family calls it better;
-    * ``runtime_s``: the chapter's build time so far, at most ``runtime_bar_s``;
+    * ``runtime_s``: the chapter's build time so far, at most ``runtime_bar_s``, judged only
+      when the build computed its evaluation cells: ``runtime_computed``, the cells (rows
+      and score maps) this build stored in the row cache; 0 (every cell read from the cache)
+      gives "not measured", since such a build times the cache, not the chapter (``None``:
+      not counted, judged as timed);
     * ``ttft``: ``{"speedup", "lo", "hi", "n_docs"}``: time to first token, resize at the
       token count that reads as well over the cascade at N, >= 2x (moonshot 3x).
 
@@ -575,9 +580,13 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
                          v if v.startswith("too few") else "not met"))
     if runtime_s is None:
         missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "no timing")
+    elif runtime_computed == 0:
+        missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "every evaluation cell "
+                f"came from the row cache; this build took {runtime_s:.0f} s")
     else:
+        cells = "" if runtime_computed is None else f", {runtime_computed} cells computed"
         rows.append(dict(target=f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s (one run on "
-                         "a shared 2-core machine; no CI)", measured=f"{runtime_s:.0f} s",
+                         "a shared 2-core machine; no CI)", measured=f"{runtime_s:.0f} s{cells}",
                          verdict="met" if runtime_s <= runtime_bar_s else "not met"))
     if ttft is None:
         for b, tag in ((2.0, ""), (3.0, " (moonshot)")):
