@@ -48,7 +48,8 @@ from fovea_book.eval.document_types import Document
 
 __all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
            "glance_label", "glance_variants", "glance_curve", "question_table", "score_rules",
-           "choose_rule", "margin_table", "glance_fit_table", "default_record_path",
+           "choose_rule", "margin_table", "glance_fit_table", "fit_on_variants",
+           "default_record_path",
            "read_record", "main"]
 
 #: the variants of each training page (:func:`glance_variants`)
@@ -238,44 +239,73 @@ def read_record(path: str | Path | None = None) -> dict:
     return read_models_record("glance_rule", path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Fit the rule (see the module docstring) and write the record."""
-    from fovea_book.eval.cascade import Method, cascade_method
+def fit_on_variants(module: str, description: str, out_default: Path,
+                    argv: Sequence[str] | None, methods: Sequence, fit) -> int:
+    """The body of a fit on the training-page variants of :func:`glance_variants`
+    (``python -m fovea_book.eval.<module>``; the glance rule's and the safe rule's).
+
+    Reads ``resize`` and ``methods`` (evaluator methods) on every variant with the book's
+    reader at N = 273 (:func:`~fovea_book.eval.resize_rule.read_variants`, after
+    :func:`~fovea_book.eval.resize_rule.start_fit` and
+    :func:`~fovea_book.eval.resize_rule.variant_sets`), then calls ``fit(table)`` for
+    ``(curve, chosen, head, objective)``: the curve (a frame whose ``attrs["resize"]`` holds
+    ``resize``'s mean per variant), the chosen row, the record's leading fields (the rule,
+    the choice, the grid) and the objective's words. Writes the record: ``head``, then the
+    fields every such fit shares (budget, scales, objective, curve with NaN as null,
+    ``resize``'s and every method's mean per variant, provenance); prints the curve, the
+    means and the choice. Returns 0."""
+    from fovea_book.eval.cascade import Method
     from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, read_variants,
                                              start_fit, variant_sets, write_fit_record)
-    from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
-    args, record, pages, t0 = start_fit("glance_rule", __doc__, default_record_path(), argv,
+    args, record, pages, t0 = start_fit(module, description, out_default, argv,
                                         receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     sets = variant_sets(pages, glance_variants)
     n = 273
-    methods = [Method("resize", "resize", scorer="none", query_aware=False),
-               cascade_method(CONF_LABEL, "learned"),
-               Method(READ_LABEL, "cascade_read", {}, query_aware=True)]
-    methods += [Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n))),
-                       query_aware=True) for s in GLANCE_SHARES]
-    table = read_variants(sets, methods, args.workers)
-    curve = glance_curve(table, GLANCE_SHARES)
-    chosen = choose_rule(curve)
+    table = read_variants(sets, [Method("resize", "resize", scorer="none", query_aware=False),
+                                 *methods], args.workers)
+    curve, chosen, head, objective = fit(table)
     means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
-    out = dict(
-        rule=f"glance first (a gist of round(share * N) tokens) when map_confidence (the "
-             f"default gist's map's mass on its top {CONFIDENCE_TOP:g} of cells) < threshold",
-        chosen=chosen, glance_share=chosen["share"],
-        glance_below=chosen["threshold"], variants=list(VARIANTS),
-        shares=list(GLANCE_SHARES), thresholds=list(THRESHOLDS), budget=n,
-        scales=list(SCALES), min_ratio=MIN_RATIO,
-        objective="feasible: every variant's mean ANLS (rapidocr, over documents) >= "
-                  "resize's; among those the highest mean ANLS over all pages (ties to the "
-                  "smaller threshold, then share); none feasible: the highest worst margin",
-        curve=curve.to_dict("list"), resize_by_variant=curve.attrs["resize"],
-        anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
-        **fit_provenance(record, sets, t0))
+    out = dict(**head, budget=n, scales=list(SCALES), min_ratio=MIN_RATIO,
+               objective=objective,
+               curve=curve.astype(object).where(curve.notna(), None).to_dict("list"),
+               resize_by_variant=curve.attrs["resize"],
+               anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
+               **fit_provenance(record, sets, t0))
     path = write_fit_record(out, args.out)
     print(curve.round(3).to_string(index=False))
     print(means.round(3).to_string())
     print(f"chosen: {chosen}; wrote {path} ({out['seconds']:.0f} s)")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fit the rule (see the module docstring) and write the record."""
+    from fovea_book.eval.cascade import Method, cascade_method
+    from fovea_core.cascade.allocator import CONFIDENCE_TOP
+
+    n = 273
+    methods = [cascade_method(CONF_LABEL, "learned"),
+               Method(READ_LABEL, "cascade_read", {}, query_aware=True)]
+    methods += [Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n))),
+                       query_aware=True) for s in GLANCE_SHARES]
+
+    def fit(table: pd.DataFrame):
+        curve = glance_curve(table, GLANCE_SHARES)
+        chosen = choose_rule(curve)
+        head = dict(
+            rule=f"glance first (a gist of round(share * N) tokens) when map_confidence (the "
+                 f"default gist's map's mass on its top {CONFIDENCE_TOP:g} of cells) < "
+                 "threshold",
+            chosen=chosen, glance_share=chosen["share"],
+            glance_below=chosen["threshold"], variants=list(VARIANTS),
+            shares=list(GLANCE_SHARES), thresholds=list(THRESHOLDS))
+        return curve, chosen, head, (
+            "feasible: every variant's mean ANLS (rapidocr, over documents) >= resize's; "
+            "among those the highest mean ANLS over all pages (ties to the smaller "
+            "threshold, then share); none feasible: the highest worst margin")
+
+    return fit_on_variants("glance_rule", __doc__, default_record_path(), argv, methods, fit)
 
 
 if __name__ == "__main__":

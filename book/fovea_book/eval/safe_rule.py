@@ -195,43 +195,28 @@ def read_record(path: str | Path | None = None) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule (see the module docstring) and write the record."""
-    from fovea_book.eval.cascade import Method, cascade_method
-    from fovea_book.eval.glance_rule import FORMS, RECEIPTS, SYNTHETIC, glance_variants
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, read_variants,
-                                             start_fit, variant_sets, write_fit_record)
+    from fovea_book.eval.cascade import cascade_method
+    from fovea_book.eval.glance_rule import fit_on_variants
     from fovea_core.cascade.allocator import CONFIDENCE_TOP, LEGIBLE_PX
 
-    args, record, pages, t0 = start_fit("safe_rule", __doc__, default_record_path(), argv,
-                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
-    sets = variant_sets(pages, glance_variants)
-    n = 273
-    methods = [Method("resize", "resize", scorer="none", query_aware=False),
-               cascade_method(BASE, "learned")]
-    table = read_variants(sets, methods, args.workers)
-    curve = safe_curve(table)
-    chosen = choose_safe(curve)
-    means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
-    out = dict(
-        rule=f"spend the budget like resize when map_confidence (the map's mass on its top "
-             f"{CONFIDENCE_TOP:g} of cells) < resize_below, or when page_legibility (the "
-             f"gist's median text height read at resize's level, octaves from "
-             f"{LEGIBLE_PX:g} px) >= -resize_legible",
-        chosen=chosen, resize_below=chosen["resize_below"],
-        resize_legible=chosen["resize_legible"], variants=sorted(curve.attrs["resize"]),
-        confidences=list(CONFIDENCES), legibles=list(LEGIBLES), budget=n,
-        scales=list(SCALES), min_ratio=MIN_RATIO,
-        objective="feasible: every variant's mean ANLS (rapidocr, over documents) >= "
-                  "resize's; among those the highest mean ANLS over all pages (ties to the "
-                  "fewer questions resized); none feasible: the highest worst margin",
-        curve=curve.astype(object).where(curve.notna(), None).to_dict("list"),
-        resize_by_variant=curve.attrs["resize"],
-        anls_by_variant={v: means.loc[v].to_dict() for v in means.index},
-        **fit_provenance(record, sets, t0))
-    path = write_fit_record(out, args.out)
-    print(curve.round(3).to_string(index=False))
-    print(means.round(3).to_string())
-    print(f"chosen: {chosen}; wrote {path} ({out['seconds']:.0f} s)")
-    return 0
+    def fit(table: pd.DataFrame):
+        curve = safe_curve(table)
+        chosen = choose_safe(curve)
+        head = dict(
+            rule=f"spend the budget like resize when map_confidence (the map's mass on its "
+                 f"top {CONFIDENCE_TOP:g} of cells) < resize_below, or when page_legibility "
+                 f"(the gist's median text height read at resize's level, octaves from "
+                 f"{LEGIBLE_PX:g} px) >= -resize_legible",
+            chosen=chosen, resize_below=chosen["resize_below"],
+            resize_legible=chosen["resize_legible"], variants=sorted(curve.attrs["resize"]),
+            confidences=list(CONFIDENCES), legibles=list(LEGIBLES))
+        return curve, chosen, head, (
+            "feasible: every variant's mean ANLS (rapidocr, over documents) >= resize's; "
+            "among those the highest mean ANLS over all pages (ties to the fewer questions "
+            "resized); none feasible: the highest worst margin")
+
+    return fit_on_variants("safe_rule", __doc__, default_record_path(), argv,
+                           [cascade_method(BASE, "learned")], fit)
 
 
 if __name__ == "__main__":
