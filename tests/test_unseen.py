@@ -295,6 +295,26 @@ def test_versus_resize_gives_every_glue_text_and_says_what_is_missing():
                          family=worse)["res_rec"].startswith("worse (")
 
 
+def test_versus_resize_glue_names_every_text_by_prefix_key_and_reader():
+    """Each reader with a table gets :func:`versus_resize`'s texts under
+    ``<name>_<key>_<reader>``; a reader without one is not measured."""
+    from fovea_book.eval.unseen import versus_resize, versus_resize_glue
+
+    rows = _rows({f"d{i}": {"resize": 0.5, "cascade | learned": 0.9, "new": 1.0}
+                  for i in range(30)})
+    table = pd.DataFrame(rows).assign(budget=273)
+    keys = {"sroie": "rec", "wildreceipt": "wild"}
+    out = versus_resize_glue({"rapidocr": table}, "new", keys, 273)
+    words = versus_resize(table, "new", keys, 273)
+    names = ("kept_new", "res", "bar", "ref")
+    assert set(out) == {f"{n}_{k}_{rd}" for n in names for k in ("rec", "wild")
+                        for rd in ("rapidocr", "tesseract")}
+    assert all(out[f"{n}_{k}_rapidocr"] == words[f"{n}_{k}"] for n in names
+               for k in ("rec", "wild"))
+    assert out["res_rec_rapidocr"].startswith("better (+50.0")
+    assert all(v == "not measured (no data)" for k, v in out.items() if k.endswith("tesseract"))
+
+
 def test_text_height_ratio_is_expected_over_true_height(monkeypatch):
     """The ratio divides the localiser's expected text height by the answer's boxes' median
     height, one value per question."""

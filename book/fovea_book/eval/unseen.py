@@ -34,6 +34,7 @@ __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
            "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
            "PART_WEIGHTS", "FREE_WEIGHTS", "choose_candidate", "map_auc", "versus_resize",
+           "versus_resize_glue",
            "text_height_ratio", "read_sets"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
@@ -294,6 +295,26 @@ def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_re
             f"**{carry_over_verdict(100 * r['diff'], 100 * r['diff_lo'], int(r['n_docs']))}**")
         r = ref.loc[ds] if ds in ref.index else None
         out[f"ref_{dk}"] = na if r is None else f"{r['verdict']} ({r['text']} points)"
+    return out
+
+
+def versus_resize_glue(tables: Mapping[str, pd.DataFrame], label: str, keys: Mapping[str, str],
+                       n_ref: int, *, seed: int = 0,
+                       readers: Sequence[str] = ("rapidocr", "tesseract")) -> dict[str, str]:
+    """:func:`versus_resize`'s texts of ``label`` for every reader of ``readers``, named for
+    a chapter's glue (the chapter prefixes each name with its section's, which its glue
+    check reads): ``{f"{name}_{key}_{reader}": text}`` for ``name`` in ``kept_new``,
+    ``res``, ``bar``, ``ref`` and every ``key`` of ``keys``; a reader without a table in
+    ``tables`` (``{reader: rows}``), or a dataset without rows, gives "not measured (no
+    data)"."""
+    out = {}
+    for rd in readers:
+        words = (versus_resize(tables[rd], label, keys, n_ref, seed=seed) if rd in tables
+                 else {})
+        for dk in keys.values():
+            for name in ("kept_new", "res", "bar", "ref"):
+                out[f"{name}_{dk}_{rd}"] = words.get(f"{name}_{dk}",
+                                                             "not measured (no data)")
     return out
 
 
