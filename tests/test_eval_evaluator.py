@@ -3,6 +3,7 @@ process pool (issue 21, items 2 and 4)."""
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures.process import BrokenProcessPool
 
@@ -133,6 +134,56 @@ def test_cells_are_cached_in_the_fingerprinted_file_and_stale_files_are_evicted(
     gone = E.evict_stale_caches(tmp_path)
     assert sorted(gone) == sorted(stale[:4])
     assert path.exists() and (tmp_path / "other.sqlite").exists()
+
+
+def _query_columns(state, method, question, tokens, parts):
+    """A columns hook for :func:`_first_row_grid`'s parts (the query), counting its calls."""
+    HOOK_CALLS.append(("columns", question.qid))
+    return {"asked": parts, "finest": float(tokens.levels.min())}
+
+
+def test_a_second_reader_reuses_the_allocation_and_reads_it_as_if_allocated_again(tmp_path):
+    """The allocation of a (method, budget, question) does not depend on the reader: with a
+    cache, a second reader of the page reads the first one's tokens (no allocate or columns
+    hook call) and gets the rows an uncached evaluation gives it, timings aside."""
+    first, second = (Reader(cache_dir=tmp_path / "ocr", margin=m) for m in (0.3, 0.5))
+    m = E.Method("rows", "resize", query_aware=True, allocate=_first_row_grid,
+                 columns=_query_columns)
+    cache = SqliteCache(tmp_path / "rows.sqlite")
+    HOOK_CALLS.clear()
+    E.evaluate_document(DOC, "syn", [m], [50], reader=first, cache=cache)
+    n_q = len(DOC.questions)
+    assert len(HOOK_CALLS) == 2 * n_q                     # one allocation, one columns call
+    HOOK_CALLS.clear()
+    reused = E.rows_frame(E.evaluate_document(DOC, "syn", [m], [50], reader=second,
+                                              cache=cache))
+    assert HOOK_CALLS == []
+    fresh = E.rows_frame(E.evaluate_document(DOC, "syn", [m], [50], reader=second))
+    assert len(HOOK_CALLS) == 2 * n_q
+    timing = list(E.TIMING_COLUMNS)
+    assert reused.drop(columns=timing).equals(fresh.drop(columns=timing))
+    ctx_a, ctx_b = (E._context("syn", DOC, r, 0, 16, 8, "cpu") for r in (first, second))
+    q = DOC.questions[0].question
+    key = E.allocation_key(ctx_a, m, 50, q)
+    assert key == E.allocation_key(ctx_b, m, 50, q) and cache.get(key) is not None
+    assert len({key, E.allocation_key(ctx_a, m, 51, q), E.allocation_key(ctx_a, m, 50, None),
+                E.allocation_key(E._context("syn", DOC, first, 1, 16, 8, "cpu"), m, 50, q),
+                E.allocation_key(ctx_a, E.Method("other", "resize", query_aware=True,
+                                                 allocate=_first_row_grid), 50, q)}) == 5
+
+
+def test_packed_tokens_come_back_bit_for_bit():
+    t = TokenSet(torch.rand(2, 5, 2), torch.rand(2, 5) * 3, torch.randn(2, 5),
+                 torch.rand(2, 3, 2), (97, 131), patch=14,
+                 stage=torch.tensor([[0, 0, 1, 1, 2]] * 2))
+    for stage in (t.stage, None):
+        a = TokenSet(t.centers, t.levels, t.scores, t.fixations, t.image_size, t.patch, stage)
+        b = E.unpack_tokens(json.loads(json.dumps(E.pack_tokens(a))))
+        assert (b.image_size, b.patch) == (a.image_size, a.patch)
+        for name in ("centers", "levels", "scores", "fixations"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        assert (b.stage is None) if stage is None else torch.equal(b.stage, a.stage)
 
 
 def test_the_pool_is_replaced_after_a_shutdown_and_after_a_break():

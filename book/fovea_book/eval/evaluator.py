@@ -50,6 +50,12 @@ fingerprint, library versions (:func:`library_versions`), and the method's ident
 (label, allocator, parameters, scorer, query-awareness, ``key``, hook names) and budget.
 A code change starts a new file; :func:`evict_stale_caches` removes the files of other
 fingerprints (and the unversioned ``rows.sqlite`` / ``cells-*.sqlite`` of older code).
+A cell's allocation does not depend on the reader, so the same file also holds one record
+per allocation (:func:`allocation_key`: the cell key without the reader, with the
+question): its tokens (:func:`pack_tokens`), timings and hook columns. A second reader of
+the page reads those tokens instead of allocating again (chapter 14.5 reads its methods
+with two readers, and a read-then-look allocation, which renders and reads a whole view,
+costs far more than the reader's few crops).
 
 **Dispatch.** :func:`evaluate_documents` runs the documents in this process
 (``workers=1``) or spread over a kept process pool (:func:`process_pool`), one document a
@@ -86,13 +92,14 @@ from fovea_book.paths import project_root
 from fovea_core.pyramid import Pyramid, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["CELL_KEY_VERSION", "COST_LABELS", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook", "ChainColumns",
-           "ColumnsHook", "Method", "PageState", "alloc_read_tokens", "allocate_with_scores", "cached_score",
-           "cell_cache_path", "cell_key", "code_fingerprint", "cost_label", "default_cache_dir",
+__all__ = ["CELL_KEY_VERSION", "COST_LABELS", "ROW_COLUMNS", "TIMING_COLUMNS", "AllocateHook",
+           "ChainColumns", "ColumnsHook", "Method", "PageState", "alloc_read_tokens",
+           "allocate_with_scores", "allocation_key", "cached_score", "cell_cache_path",
+           "cell_key", "code_fingerprint", "cost_label", "default_cache_dir",
            "document_fingerprint", "evaluate_document", "evaluate_documents",
-           "evict_stale_caches", "library_versions", "map_processes", "process_pool",
-           "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute", "stale_caches",
-           "uses_scores"]
+           "evict_stale_caches", "library_versions", "map_processes", "pack_array", "pack_tokens",
+           "process_pool", "rows_frame", "scorer_tokens", "shutdown_pools", "side_compute",
+           "stale_caches", "unpack_array", "unpack_tokens", "uses_scores"]
 
 #: columns that differ between identical runs (wall-clock measurements)
 TIMING_COLUMNS = ("alloc_ms", "render_ms", "peak_mem_mb")
@@ -209,18 +216,45 @@ def cached_score(cache: SqliteCache | None, doc_hash: str, scorer: str | Callabl
     key = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
     text = None if refresh else cache.get(key)
     if text is not None:
-        d = json.loads(text)
-        arr = np.frombuffer(base64.b64decode(d["data"]), dtype=d["dtype"]).reshape(d["shape"])
-        return torch.from_numpy(arr.copy()).to(image.device)
+        return unpack_array(json.loads(text)).to(image.device)
     if page is not None and "saliency" not in page and _uses_saliency(scorer):
         # the page's saliency map is a cached map too (the query-agnostic sweeps stored it)
         page["saliency"] = cached_score(cache, doc_hash, "saliency", image, None, patch,
                                         refresh=refresh)
     s = run()
-    arr = s.detach().cpu().numpy()
-    cache.put(key, json.dumps(dict(shape=list(arr.shape), dtype=str(arr.dtype),
-                                   data=base64.b64encode(arr.tobytes()).decode())))
+    cache.put(key, json.dumps(pack_array(s)))
     return s
+
+
+def pack_array(t: torch.Tensor) -> dict:
+    """``t`` (any shape and dtype) as JSON-able text that :func:`unpack_array` turns back
+    into the same tensor, bit for bit: shape, dtype and the zlib-compressed bytes (base64)."""
+    arr = t.detach().cpu().contiguous().numpy()
+    return dict(shape=list(arr.shape), dtype=str(arr.dtype),
+                data=base64.b64encode(zlib.compress(arr.tobytes(), 1)).decode())
+
+
+def unpack_array(d: Mapping) -> torch.Tensor:
+    """The CPU tensor :func:`pack_array` packed."""
+    raw = zlib.decompress(base64.b64decode(d["data"]))
+    return torch.from_numpy(np.frombuffer(raw, dtype=d["dtype"]).reshape(d["shape"]).copy())
+
+
+def pack_tokens(tokens: TokenSet) -> dict:
+    """A :class:`~fovea_core.tokens.TokenSet` as JSON-able text (:func:`pack_array` of each
+    tensor); :func:`unpack_tokens` gives back an equal one."""
+    return dict(centers=pack_array(tokens.centers), levels=pack_array(tokens.levels),
+                scores=pack_array(tokens.scores), fixations=pack_array(tokens.fixations),
+                image_size=list(tokens.image_size), patch=tokens.patch,
+                stage=None if tokens.stage is None else pack_array(tokens.stage))
+
+
+def unpack_tokens(d: Mapping) -> TokenSet:
+    """The CPU :class:`~fovea_core.tokens.TokenSet` :func:`pack_tokens` packed."""
+    return TokenSet(unpack_array(d["centers"]), unpack_array(d["levels"]),
+                    unpack_array(d["scores"]), unpack_array(d["fixations"]),
+                    tuple(d["image_size"]), int(d["patch"]),
+                    None if d["stage"] is None else unpack_array(d["stage"]))
 
 
 # ----------------------------------------------------------------------------- page state
@@ -450,6 +484,15 @@ def cell_key(context: dict, method: Method, budget: int | None) -> str:
     return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def allocation_key(context: dict, method: Method, budget: int, query: str | None) -> str:
+    """The key of one allocation's reader-free record (:func:`evaluate_document`): the
+    :func:`cell_key` rule without the reader, with the question (``None`` for a method that
+    allocates once per page). Every reader of the page reuses the record."""
+    cfg = dict({k: v for k, v in context.items() if k != "r"}, kind="allocation",
+               m=method.identity(), b=int(budget), q=query)
+    return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+
+
 # ----------------------------------------------------------------------------- one document
 def _answer_level(tokens: TokenSet, box: tuple[int, int, int, int]) -> float:
     """Finest level among tokens whose footprint contains the answer box centre (NaN: none)."""
@@ -532,6 +575,45 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
                             scorer=_FULL.scorer, query_aware=False))
         return out
 
+    def allocation(m: Method, budget: int, query: str | None,
+                   qs: Sequence[Question]) -> dict:
+        """What a cell's rows take from its allocation for ``query`` whatever reads it: the
+        tokens (CPU), the timings, the coverage and the columns of each question of ``qs``
+        (``answer_level`` and the method's hook); stored in ``cache`` by
+        :func:`allocation_key`, so a second reader of the page does not allocate again."""
+        key = allocation_key(ctx, m, budget, query)
+        text = None if cache is None or refresh else cache.get(key)
+        if text is not None:
+            rec = json.loads(text)
+            return dict(rec, tokens=unpack_tokens(rec["tokens"]))
+
+        def call():
+            return (m.allocate or allocate_with_scores)(state, m, query, budget, doc_seed)
+
+        t0 = time.perf_counter()
+        tokens, parts = call()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        alloc_ms = (time.perf_counter() - t0) * 1e3
+        if tokens.budget != budget:
+            raise ValueError(f"method {m.label!r} returned {tokens.budget} tokens for "
+                             f"budget {budget}")
+        tok = tokens.to("cpu")
+        columns = {}
+        for q in qs:
+            more = {} if m.columns is None else m.columns(state, m, q, tok, parts)
+            clash = sorted(set(more) & set(ROW_COLUMNS))
+            if clash:
+                raise ValueError(f"method {m.label!r}: its columns hook returned {clash}, "
+                                 f"which are evaluator columns")
+            columns[q.qid] = dict(answer_level=_answer_level(tok, q.union_box), **more)
+        rec = dict(alloc_ms=alloc_ms, peak_mem_mb=_peak_memory(call, dev),
+                   strata_cov=float(strata_coverage(tok, strata)[0]),
+                   empty_disc_px=float(largest_empty_disc(tok)[0]), columns=columns)
+        if cache is not None:
+            cache.put(key, json.dumps(dict(rec, tokens=pack_tokens(tok)), default=float))
+        return dict(rec, tokens=tok)
+
     def cell_rows(m: Method, budget: int) -> list[dict]:
         pyr = state.pyramid
         gh, gw = pyr.grid_shape(patch, 0)
@@ -542,47 +624,29 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
         s_tok = scorer_tokens(m.scorer, (h, w)) if uses_scores(m.allocator) else 0.0
         extra = s_tok + a_tok
         side = side_compute(m.allocator)
-        hook = m.allocate or allocate_with_scores
         groups = ([(q.question, [q]) for q in doc.questions] if m.query_aware
                   else [(None, list(doc.questions))])
         out = []
         for query, qs in groups:
-            def call(query=query):
-                return hook(state, m, query, budget, doc_seed)
-
-            t0 = time.perf_counter()
-            tokens, parts = call()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            alloc_ms = (time.perf_counter() - t0) * 1e3
-            if tokens.budget != budget:
-                raise ValueError(f"method {m.label!r} returned {tokens.budget} tokens for "
-                                 f"budget {budget}")
-            tok = tokens.to("cpu")
+            a = allocation(m, budget, query, qs)
+            tok = a["tokens"]
             t0 = time.perf_counter()            # the reader's crops only (read_answer)
             preds = [read_answer(reader, state.pyramid_cpu, tok, None, q.boxes) for q in qs]
             render_ms = (time.perf_counter() - t0) * 1e3
-            cov = float(strata_coverage(tok, strata)[0])
-            disc = float(largest_empty_disc(tok)[0])
-            mem = _peak_memory(call, dev)
             for q, pred in zip(qs, preds):
+                cols = a["columns"][q.qid]
                 row = dict(base, qid=q.qid, field=q.field, size_px=q.size_px,
                            allocator=m.label, budget=budget, pred=pred,
                            anls=anls(pred, q.answers), em=exact_match(pred, q.answers),
-                           strata_cov=cov, empty_disc_px=disc,
-                           answer_level=_answer_level(tok, q.union_box), alloc_ms=alloc_ms,
-                           render_ms=render_ms, peak_mem_mb=mem, scorer_tokens=s_tok,
-                           alloc_read_tokens=a_tok, total_tokens=budget + extra,
+                           strata_cov=a["strata_cov"], empty_disc_px=a["empty_disc_px"],
+                           answer_level=cols["answer_level"], alloc_ms=a["alloc_ms"],
+                           render_ms=render_ms, peak_mem_mb=a["peak_mem_mb"],
+                           scorer_tokens=s_tok, alloc_read_tokens=a_tok,
+                           total_tokens=budget + extra,
                            unbudgeted=(False if side else bool(extra > budget)
                                        if math.isfinite(extra) else None),
                            side_compute=side, scorer=m.scorer_name, query_aware=bool(m.query_aware))
-                if m.columns is not None:
-                    more = m.columns(state, m, q, tok, parts)
-                    clash = sorted(set(more) & set(ROW_COLUMNS))
-                    if clash:
-                        raise ValueError(f"method {m.label!r}: its columns hook returned "
-                                         f"{clash}, which are evaluator columns")
-                    row.update(more)
+                row.update((k, v) for k, v in cols.items() if k != "answer_level")
                 out.append(row)
         return out
 
