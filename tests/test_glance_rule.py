@@ -98,3 +98,38 @@ def test_the_committed_fit_is_consistent():
     assert ids and all(int(i[5:]) % 16 for i in ids)            # never a sroie-dev receipt
     assert {p.split("-")[-1].split("@")[0] for ps in rec["pages"].values() for p in ps} \
         == set(VARIANTS)
+
+
+def test_the_fit_takes_other_localiser_weights_and_names_its_record_after_them(monkeypatch,
+                                                                             tmp_path):
+    """``--localiser``: the methods carry the weights, the training pages are those the
+    weights never trained on, the record is named after them; unknown weights are refused."""
+    from fovea_book.eval import resize_rule
+    from fovea_book.eval.glance_rule import GLANCE_SHARES, default_record_path, glance_methods
+    from fovea_book.eval.unseen import FREE_WEIGHTS, WeightsLocaliser
+
+    weights = FREE_WEIGHTS["photo + position-free"]
+    seen = []
+    monkeypatch.setattr(resize_rule, "unseen_training_pages",
+                        lambda record, **kw: seen.append(record["sha256"]) or {})
+    args, record, pages, _ = resize_rule.start_fit(
+        "glance_rule", "doc", default_record_path(), ["--localiser", weights], localiser=True)
+    loc = WeightsLocaliser(weights)
+    assert args.localiser == loc and record == loc.record() and seen == [record["sha256"]]
+    assert args.out == default_record_path(weights)
+    assert args.out.name == "glance_rule_photo_noposition.json"
+    args, record, _, _ = resize_rule.start_fit("glance_rule", "doc", default_record_path(), [],
+                                               localiser=True)
+    assert args.localiser is None and args.out == default_record_path()
+    assert record == resize_rule.localiser_record()
+    with pytest.raises(SystemExit):
+        resize_rule.start_fit("glance_rule", "doc", default_record_path(),
+                              ["--localiser", str(tmp_path / "none.pt")], localiser=True)
+    with pytest.raises(SystemExit):             # a fit that does not take the option refuses it
+        resize_rule.start_fit("resize_rule", "doc", default_record_path(),
+                              ["--localiser", weights])
+    ms = glance_methods(loc)
+    assert len(ms) == 2 + len(GLANCE_SHARES)
+    assert ms[0].params["localiser"] == loc and all(m.params["localiser"] == loc for m in ms[1:])
+    # the committed localiser's methods are the committed fit's (their rows stay cached)
+    assert all("localiser" not in m.params for m in glance_methods()[1:])

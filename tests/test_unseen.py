@@ -129,9 +129,10 @@ def test_the_build_time_is_judged_only_when_the_build_computed_its_cells():
     verdict, measured = runtime(runtime_s=140.0, runtime_computed=0)
     assert verdict.startswith("not measured (every evaluation cell came from the row cache")
     assert "140 s" in verdict and measured == "-"
-    assert runtime(runtime_s=140.0, runtime_computed=12) == ("met", "140 s, 12 cells computed")
-    assert runtime(runtime_s=1700.0, runtime_computed=9000) == ("not met",
-                                                                "1700 s, 9000 cells computed")
+    assert runtime(runtime_s=140.0, runtime_computed=12) == (
+        "met", "140 s, 12 row-cache entries computed")
+    assert runtime(runtime_s=1700.0, runtime_computed=9000) == (
+        "not met", "1700 s, 9000 row-cache entries computed")
     assert runtime(runtime_s=1700.0) == ("not met", "1700 s")          # not counted
 
 

@@ -31,14 +31,18 @@ mean ANLS over all pages is chosen (ties to the smaller threshold, then the smal
 the less glancing). When none is feasible, the rule whose worst variant loses least to
 ``resize`` is chosen and the record says so.
 
-``python -m fovea_book.eval.glance_rule [--out PATH] [--data-dir DIR]`` runs the fit and
-writes the record (default ``data/models/glance_rule.json``).
+``python -m fovea_book.eval.glance_rule [--out PATH] [--data-dir DIR] [--localiser WEIGHTS]``
+runs the fit and writes the record (default ``data/models/glance_rule.json``). With
+``--localiser`` (other weights, e.g. chapter 14.5's position-free candidates) the map whose
+confidence gates the glance, the first fovea and the fallback are that localiser's, the
+training pages are those it never trained on, and the record
+(``data/models/glance_rule_<weights>.json``, :func:`default_record_path`) names it.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +53,7 @@ from fovea_book.eval.document_types import Document
 __all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
            "glance_label", "glance_variants", "glance_curve", "question_table", "score_rules",
            "choose_rule", "margin_table", "glance_fit_table", "fit_on_variants",
-           "default_record_path",
-           "read_record", "main"]
+           "default_record_path", "glance_methods", "read_record", "main"]
 
 #: the variants of each training page (:func:`glance_variants`)
 VARIANTS = ("scan", "table", "photo", "half")
@@ -225,11 +228,28 @@ def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
     return t, sentence
 
 
-def default_record_path() -> Path:
-    """``data/models/glance_rule.json`` of the repository."""
-    from fovea_book.eval.resize_rule import models_record_path
+def default_record_path(localiser: str | None = None) -> Path:
+    """``data/models/glance_rule.json`` of the repository; with ``localiser`` (weights, as
+    ``--localiser`` takes them) the record of the fit with them
+    (:func:`~fovea_book.eval.resize_rule.with_localiser`)."""
+    from fovea_book.eval.resize_rule import models_record_path, with_localiser
 
-    return models_record_path("glance_rule")
+    return with_localiser(models_record_path("glance_rule"), localiser)
+
+
+def glance_methods(localiser="learned") -> list:
+    """The methods the fit reads besides ``resize``, all with ``localiser`` (``"learned"``,
+    the committed one, or a :class:`~fovea_book.eval.unseen.WeightsLocaliser`): the cascade
+    (its map's confidence, :data:`CONF_LABEL`), read-then-look with the gist and a first
+    fovea (:data:`READ_LABEL`) and with a glance at each share of :data:`GLANCE_SHARES`."""
+    from fovea_book.eval.cascade import Method, cascade_method
+
+    n = 273
+    kw = {} if localiser == "learned" else dict(localiser=localiser)
+    return [cascade_method(CONF_LABEL, localiser),
+            Method(READ_LABEL, "cascade_read", dict(kw), query_aware=True),
+            *(Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n)), **kw),
+                     query_aware=True) for s in GLANCE_SHARES)]
 
 
 def read_record(path: str | Path | None = None) -> dict:
@@ -240,12 +260,14 @@ def read_record(path: str | Path | None = None) -> dict:
 
 
 def fit_on_variants(module: str, description: str, out_default: Path,
-                    argv: Sequence[str] | None, methods: Sequence, fit) -> int:
+                    argv: Sequence[str] | None, methods: Sequence | Callable, fit) -> int:
     """The body of a fit on the training-page variants of :func:`glance_variants`
     (``python -m fovea_book.eval.<module>``; the glance rule's and the safe rule's).
 
-    Reads ``resize`` and ``methods`` (evaluator methods) on every variant with the book's
-    reader at N = 273 (:func:`~fovea_book.eval.resize_rule.read_variants`, after
+    Reads ``resize`` and ``methods`` (evaluator methods; or ``methods(localiser)`` giving
+    them for a localiser, ``"learned"`` or the ``--localiser`` weights'
+    :class:`~fovea_book.eval.unseen.WeightsLocaliser`, which the command line then takes,
+    and the record names) on every variant with the book's reader at N = 273 (:func:`~fovea_book.eval.resize_rule.read_variants`, after
     :func:`~fovea_book.eval.resize_rule.start_fit` and
     :func:`~fovea_book.eval.resize_rule.variant_sets`), then calls ``fit(table)`` for
     ``(curve, chosen, head, objective)``: the curve (a frame whose ``attrs["resize"]`` holds
@@ -259,13 +281,18 @@ def fit_on_variants(module: str, description: str, out_default: Path,
                                              start_fit, variant_sets, write_fit_record)
 
     args, record, pages, t0 = start_fit(module, description, out_default, argv,
-                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
+                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC,
+                                        localiser=callable(methods))
+    loc = getattr(args, "localiser", None) or "learned"
     sets = variant_sets(pages, glance_variants)
     n = 273
     table = read_variants(sets, [Method("resize", "resize", scorer="none", query_aware=False),
-                                 *methods], args.workers)
+                                 *(methods(loc) if callable(methods) else methods)],
+                          args.workers)
     curve, chosen, head, objective = fit(table)
     means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
+    if callable(methods):
+        head = dict(head, localiser=loc if loc == "learned" else loc.weights)
     out = dict(**head, budget=n, scales=list(SCALES), min_ratio=MIN_RATIO,
                objective=objective,
                curve=curve.astype(object).where(curve.notna(), None).to_dict("list"),
@@ -281,14 +308,7 @@ def fit_on_variants(module: str, description: str, out_default: Path,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule (see the module docstring) and write the record."""
-    from fovea_book.eval.cascade import Method, cascade_method
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
-
-    n = 273
-    methods = [cascade_method(CONF_LABEL, "learned"),
-               Method(READ_LABEL, "cascade_read", {}, query_aware=True)]
-    methods += [Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n))),
-                       query_aware=True) for s in GLANCE_SHARES]
 
     def fit(table: pd.DataFrame):
         curve = glance_curve(table, GLANCE_SHARES)
@@ -305,7 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "among those the highest mean ANLS over all pages (ties to the smaller "
             "threshold, then share); none feasible: the highest worst margin")
 
-    return fit_on_variants("glance_rule", __doc__, default_record_path(), argv, methods, fit)
+    return fit_on_variants("glance_rule", __doc__, default_record_path(), argv, glance_methods,
+                           fit)
 
 
 if __name__ == "__main__":

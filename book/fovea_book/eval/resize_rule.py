@@ -46,7 +46,7 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
+           "start_fit", "with_localiser", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
            "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 
@@ -199,26 +199,47 @@ def read_record(path: str | Path | None = None) -> dict:
     return read_models_record("resize_rule", path)
 
 
+def with_localiser(path: Path, weights: str | None) -> Path:
+    """``path`` of a fit's record, for a fit with other localiser ``weights`` (``None``: the
+    committed localiser, ``path`` itself): the weights' file name, less
+    ``gist_localiser_``, appended to the stem (``glance_rule.json`` with
+    ``data/models/gist_localiser_photo_noposition.pt``: ``glance_rule_photo_noposition.json``)."""
+    if weights is None:
+        return path
+    stem = Path(weights).stem.removeprefix("gist_localiser_")
+    return path.with_name(f"{path.stem}_{stem}{path.suffix}")
+
+
 def start_fit(module: str, description: str, out_default: Path,
               argv: Sequence[str] | None, *, receipts: int | None = None,
-              forms: int | None = 12, synthetic: int = 12
+              forms: int | None = 12, synthetic: int = 12, localiser: bool = False
               ) -> tuple[argparse.Namespace, dict, dict[str, list[Document]], float]:
     """The common start of a fit on training pages, ``python -m fovea_book.eval.<module>``.
 
     Parses ``argv``: ``--out`` (the record's path, default ``out_default``), ``--data-dir``,
-    ``--receipts``, ``--forms``, ``--synthetic`` (these defaults) and ``--workers``; uses one
-    torch thread (the evaluation's processes share the cores); starts the clock; reads the
-    committed localiser's training record (:func:`localiser_record`) and the training pages
-    it never trained on (:func:`unseen_training_pages`). Returns ``(args, record, pages,
-    started)``, ``args.out`` set to the path to write."""
+    ``--receipts``, ``--forms``, ``--synthetic`` (these defaults) and ``--workers``; with
+    ``localiser``, also ``--localiser WEIGHTS`` (other localiser weights, a path relative
+    to the project root with their training record beside them; default: the committed
+    localiser; given, ``--out`` defaults to ``out_default`` with the weights' name appended,
+    e.g. ``glance_rule_photo_noposition.json``). Uses one torch thread (the evaluation's
+    processes share the cores); starts the clock; reads the localiser's training record
+    (:func:`localiser_record`, or the weights') and the training pages it never trained on
+    (:func:`unseen_training_pages`). Returns ``(args, record, pages, started)``,
+    ``args.out`` set to the path to write (and ``args.localiser``: ``None`` or a
+    :class:`~fovea_book.eval.unseen.WeightsLocaliser`)."""
     import torch
 
     from fovea_book.paths import project_root
 
     ap = argparse.ArgumentParser(prog=f"python -m fovea_book.eval.{module}",
                                  description=description.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=out_default,
+    ap.add_argument("--out", type=Path, default=None,
                     help=f"record path (default {out_default.relative_to(project_root())})")
+    if localiser:
+        ap.add_argument("--localiser", default=None, metavar="WEIGHTS",
+                        help="localiser weights to fit with, relative to the project root "
+                             "(e.g. data/models/gist_localiser_photo_noposition.pt; default: "
+                             "the committed localiser)")
     ap.add_argument("--data-dir", default=None, help="folder holding sroie-train/ and "
                     "funsd-train/ (default $FOVEA_DATA, else data/external)")
     ap.add_argument("--receipts", type=int, default=receipts,
@@ -227,9 +248,20 @@ def start_fit(module: str, description: str, out_default: Path,
     ap.add_argument("--synthetic", type=int, default=synthetic)
     ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
     args = ap.parse_args(argv)
+    loc = getattr(args, "localiser", None)
+    if loc is not None:
+        from fovea_book.eval.unseen import WeightsLocaliser
+
+        try:
+            args.localiser = WeightsLocaliser(loc)
+        except FileNotFoundError as err:
+            ap.error(f"--localiser: {err}")
+        out_default = with_localiser(out_default, loc)
+    if args.out is None:
+        args.out = out_default
     torch.set_num_threads(1)
     started = time.perf_counter()
-    record = localiser_record()
+    record = localiser_record() if loc is None else args.localiser.record()
     pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
                                   forms=args.forms, receipts=args.receipts)
     return args, record, pages, started
