@@ -163,13 +163,31 @@ def test_a_second_reader_reuses_the_allocation_and_reads_it_as_if_allocated_agai
     timing = list(E.TIMING_COLUMNS)
     assert reused.drop(columns=timing).equals(fresh.drop(columns=timing))
     ctx_a, ctx_b = (E._context("syn", DOC, r, 0, 16, 8, "cpu") for r in (first, second))
-    q = DOC.questions[0].question
-    key = E.allocation_key(ctx_a, m, 50, q)
-    assert key == E.allocation_key(ctx_b, m, 50, q) and cache.get(key) is not None
-    assert len({key, E.allocation_key(ctx_a, m, 51, q), E.allocation_key(ctx_a, m, 50, None),
-                E.allocation_key(E._context("syn", DOC, first, 1, 16, 8, "cpu"), m, 50, q),
+    q, ids = DOC.questions[0].question, [DOC.questions[0].qid]
+    key = E.allocation_key(ctx_a, m, 50, q, ids)
+    assert key == E.allocation_key(ctx_b, m, 50, q, ids) and cache.get(key) is not None
+    assert len({key, E.allocation_key(ctx_a, m, 51, q, ids),
+                E.allocation_key(ctx_a, m, 50, None, ids), E.allocation_key(ctx_a, m, 50, q, []),
+                E.allocation_key(E._context("syn", DOC, first, 1, 16, 8, "cpu"), m, 50, q, ids),
                 E.allocation_key(ctx_a, E.Method("other", "resize", query_aware=True,
-                                                 allocate=_first_row_grid), 50, q)}) == 5
+                                                 allocate=_first_row_grid), 50, q, ids)}) == 6
+
+
+def test_two_questions_in_the_same_words_keep_their_own_rows(tmp_path, reader):
+    """A page may ask the same words of two boxes (a form's repeated key): each question's
+    record holds its own columns, so a cached evaluation gives the uncached rows."""
+    from dataclasses import replace
+
+    q0, q1 = DOC.questions[:2]
+    doc = replace(DOC, questions=(q0, replace(q1, question=q0.question)))
+    m = E.Method("rows", "resize", query_aware=True, allocate=_first_row_grid,
+                 columns=_query_columns)
+    cache = SqliteCache(tmp_path / "rows.sqlite")
+    timing = list(E.TIMING_COLUMNS)
+    cached = E.rows_frame(E.evaluate_document(doc, "syn", [m], [50], reader=reader, cache=cache))
+    fresh = E.rows_frame(E.evaluate_document(doc, "syn", [m], [50], reader=reader))
+    assert cached.drop(columns=timing).equals(fresh.drop(columns=timing))
+    assert set(cached[cached.allocator == "rows"].qid) == {q0.qid, q1.qid}
 
 
 def test_packed_tokens_come_back_bit_for_bit():

@@ -484,12 +484,15 @@ def cell_key(context: dict, method: Method, budget: int | None) -> str:
     return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def allocation_key(context: dict, method: Method, budget: int, query: str | None) -> str:
+def allocation_key(context: dict, method: Method, budget: int, query: str | None,
+                   qids: Sequence[str]) -> str:
     """The key of one allocation's reader-free record (:func:`evaluate_document`): the
     :func:`cell_key` rule without the reader, with the question (``None`` for a method that
-    allocates once per page). Every reader of the page reuses the record."""
+    allocates once per page) and the ids of the questions whose columns the record holds (a
+    page may ask the same words twice, of different boxes). Every reader of the page reuses
+    the record."""
     cfg = dict({k: v for k, v in context.items() if k != "r"}, kind="allocation",
-               m=method.identity(), b=int(budget), q=query)
+               m=method.identity(), b=int(budget), q=query, qids=list(qids))
     return hashlib.sha1(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -581,7 +584,7 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
         tokens (CPU), the timings, the coverage and the columns of each question of ``qs``
         (``answer_level`` and the method's hook); stored in ``cache`` by
         :func:`allocation_key`, so a second reader of the page does not allocate again."""
-        key = allocation_key(ctx, m, budget, query)
+        key = allocation_key(ctx, m, budget, query, [q.qid for q in qs])
         text = None if cache is None or refresh else cache.get(key)
         if text is not None:
             rec = json.loads(text)
