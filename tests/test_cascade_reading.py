@@ -447,3 +447,30 @@ def test_foveate_accepts_the_read_cascades_own_options_and_only_for_it():
         _accepted_options("cascade_read"))
     assert not {"first_share", "geometry"} & set(_accepted_options("cascade"))
     assert set(_accepted_options("cascade")) < set(_accepted_options("cascade_read"))
+
+
+def test_a_glance_is_rendered_once_for_the_questions_of_a_page(small, monkeypatch):
+    """The view of fixation 1 is kept on the pyramid: a glance (the same tokens for every
+    question) is rendered once per page, and the view it gives is the one a fresh render
+    gives; other tokens or another pyramid render again."""
+    from fovea_core import sample
+
+    renders = []
+    real = sample.render
+    monkeypatch.setattr(sample, "render", lambda *a, **k: renders.append(1) or real(*a, **k))
+    monkeypatch.setattr(reading, "read_view", lambda view: _lines())
+    one = build_pyramid(small.base[:1])
+    rule = dict(localiser="uniform", glance_below=1.0, glance_share=0.6)
+    a = reading_parts(one, 48, query="What is the total?", **rule)
+    n = len(renders)
+    b = reading_parts(one, 48, query="What is the date?", **rule)
+    assert len(renders) == n                                   # the same glance: no render
+    assert torch.equal(a.first.tokens.centers, b.first.tokens.centers)
+    tok = a.first.tokens
+    kept = reading.first_view(one, tok)
+    assert len(renders) == n
+    fresh = reading.first_view(build_pyramid(small.base[:1]), tok)      # another pyramid
+    assert len(renders) == n + 1 and torch.equal(kept, fresh)
+    other = reading.first_view(one, reading_parts(one, 48, query="What is the total?",
+                                                  localiser="uniform").first.tokens)
+    assert len(renders) > n + 1 and other.shape == kept.shape

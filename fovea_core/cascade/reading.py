@@ -650,10 +650,28 @@ def read_map(matches: Sequence[Match], read: TextRead, image_size: tuple[int, in
 def first_view(pyramid: Pyramid, tokens: TokenSet) -> torch.Tensor:
     """``[B, C, H, W]`` in ``[0, 1]``: what ``tokens`` show, rendered from their own patches
     (:func:`~fovea_core.sample.render`, smooth painter) over each image's mean token colour
-    (never the pyramid's coarse level: nothing outside the tokens)."""
+    (never the pyramid's coarse level: nothing outside the tokens).
+
+    The last view is kept on the pyramid (as :mod:`fovea_core.sample` keeps its tables):
+    the same tokens on the same pyramid are not rendered again (a glance does not depend
+    on the question, so each question of a page asks for the same view). Do not write into
+    the returned tensor."""
     from fovea_core.sample import render, sample
 
-    return render(tokens, sample(pyramid, tokens), background=None).clamp(0, 1)
+    last = pyramid.__dict__.get("_first_view")
+    if last is not None and _same_tokens(last[0], tokens):
+        return last[1]
+    view = render(tokens, sample(pyramid, tokens), background=None).clamp(0, 1)
+    pyramid.__dict__["_first_view"] = (tokens, view)
+    return view
+
+
+def _same_tokens(a: TokenSet, b: TokenSet) -> bool:
+    """Whether ``a`` and ``b`` place the same tokens (centres, levels, page, patch): what a
+    render reads of them."""
+    return (a.image_size == b.image_size and a.patch == b.patch
+            and a.centers.shape == b.centers.shape and a.centers.device == b.centers.device
+            and bool(torch.equal(a.centers, b.centers)) and bool(torch.equal(a.levels, b.levels)))
 
 
 def read_view(view: torch.Tensor) -> TextRead:
