@@ -85,10 +85,21 @@ def test_the_fit_table_marks_the_chosen_rule_and_says_whether_it_holds():
     assert "every variant reads at least as well" in words and "photo, +10.0 points" in words
 
 
-def test_the_committed_fit_is_consistent():
-    from fovea_book.eval.glance_rule import GLANCE_SHARES, THRESHOLDS, read_record
+@pytest.mark.parametrize("weights", [None, "data/models/gist_localiser_photo_noposition.pt"])
+def test_the_committed_fit_is_consistent(weights):
+    """The committed localiser's fit and the position-free candidate's (chapter 14.5)."""
+    from fovea_book.eval.glance_rule import (GLANCE_SHARES, THRESHOLDS, default_record_path,
+                                             read_record)
+    from fovea_book.eval.resize_rule import localiser_record
+    from fovea_book.eval.unseen import WeightsLocaliser
 
-    rec = read_record()
+    rec = read_record(default_record_path(weights))
+    assert rec.get("localiser", "learned") == (weights or "learned")
+    trained = (localiser_record() if weights is None else WeightsLocaliser(weights).record()
+               )["train"]["sources"]
+    for name in ("sroie-train", "funsd-train"):                 # pages it never trained on
+        pages = {p.split("-")[0] for p in rec["pages"][name]}
+        assert pages and not pages & set(trained[name]["page_ids"])
     curve = pd.DataFrame(rec["curve"])
     assert rec["shares"] == list(GLANCE_SHARES) and rec["thresholds"] == list(THRESHOLDS)
     chosen = choose_rule(curve)
