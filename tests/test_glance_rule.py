@@ -126,7 +126,7 @@ def test_the_fit_takes_other_localiser_weights_and_names_its_record_after_them(m
     args, record, pages, _ = resize_rule.start_fit(
         "glance_rule", "doc", default_record_path(), ["--localiser", weights], localiser=True)
     loc = WeightsLocaliser(weights)
-    assert args.localiser == loc and record == loc.record() and seen == [record["sha256"]]
+    assert args.localiser == weights and record == loc.record() and seen == [record["sha256"]]
     assert args.out == default_record_path(weights)
     assert args.out.name == "glance_rule_photo_noposition.json"
     args, record, _, _ = resize_rule.start_fit("glance_rule", "doc", default_record_path(), [],

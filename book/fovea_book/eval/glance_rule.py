@@ -283,7 +283,11 @@ def fit_on_variants(module: str, description: str, out_default: Path,
     args, record, pages, t0 = start_fit(module, description, out_default, argv,
                                         receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC,
                                         localiser=callable(methods))
-    loc = getattr(args, "localiser", None) or "learned"
+    loc = "learned"
+    if getattr(args, "localiser", None) is not None:
+        from fovea_book.eval.unseen import WeightsLocaliser
+
+        loc = WeightsLocaliser(args.localiser)
     sets = variant_sets(pages, glance_variants)
     n = 273
     table = read_variants(sets, [Method("resize", "resize", scorer="none", query_aware=False),

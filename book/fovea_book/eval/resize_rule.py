@@ -29,6 +29,7 @@ curve. ``resize_within`` therefore stays an option of the cascade, not a registe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -46,7 +47,7 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "with_localiser", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
+           "start_fit", "weights_record", "with_localiser", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
            "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 
@@ -71,6 +72,21 @@ def localiser_record() -> dict:
     from fovea_core.cascade.learned import weights_path
 
     return json.loads(weights_path().with_suffix(".json").read_text())
+
+
+@functools.lru_cache(maxsize=8)
+def weights_record(weights: str) -> dict:
+    """The training record beside localiser ``weights`` (a path relative to the project
+    root, e.g. ``data/models/gist_localiser_photo.pt``), read once (a localiser's ``repr``
+    enters every row's cache key); ``FileNotFoundError`` naming the command that trains them."""
+    from fovea_book.paths import project_root
+
+    rec = (project_root() / weights).with_suffix(".json")
+    if not rec.is_file():
+        raise FileNotFoundError(f"no record {rec} beside the localiser weights {weights}; "
+                                f"train them with python -m fovea_book.train --out {weights} "
+                                "(see fovea_book.eval.unseen.LOCO_WEIGHTS)")
+    return json.loads(rec.read_text())
 
 
 def unseen_pages(record: Mapping, name: str, *, data_dir=None) -> list[Document]:
@@ -225,8 +241,8 @@ def start_fit(module: str, description: str, out_default: Path,
     processes share the cores); starts the clock; reads the localiser's training record
     (:func:`localiser_record`, or the weights') and the training pages it never trained on
     (:func:`unseen_training_pages`). Returns ``(args, record, pages, started)``,
-    ``args.out`` set to the path to write (and ``args.localiser``: ``None`` or a
-    :class:`~fovea_book.eval.unseen.WeightsLocaliser`)."""
+    ``args.out`` set to the path to write (and ``args.localiser``: ``None`` or the weights'
+    path)."""
     import torch
 
     from fovea_book.paths import project_root
@@ -249,19 +265,14 @@ def start_fit(module: str, description: str, out_default: Path,
     ap.add_argument("--workers", type=int, default=None, help="processes (default: CPUs)")
     args = ap.parse_args(argv)
     loc = getattr(args, "localiser", None)
-    if loc is not None:
-        from fovea_book.eval.unseen import WeightsLocaliser
-
-        try:
-            args.localiser = WeightsLocaliser(loc)
-        except FileNotFoundError as err:
-            ap.error(f"--localiser: {err}")
-        out_default = with_localiser(out_default, loc)
+    try:
+        record = localiser_record() if loc is None else weights_record(loc)
+    except FileNotFoundError as err:
+        ap.error(f"--localiser: {err}")
     if args.out is None:
-        args.out = out_default
+        args.out = with_localiser(out_default, loc)
     torch.set_num_threads(1)
     started = time.perf_counter()
-    record = localiser_record() if loc is None else args.localiser.record()
     pages = unseen_training_pages(record, data_dir=args.data_dir, synthetic=args.synthetic,
                                   forms=args.forms, receipts=args.receipts)
     return args, record, pages, started

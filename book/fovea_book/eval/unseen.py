@@ -20,7 +20,6 @@ other row.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from fovea_book.eval.document_types import Document
+from fovea_book.eval.resize_rule import weights_record
 
 __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
@@ -86,18 +86,6 @@ def photo_localiser(g, query: str | None):
     return _net(PHOTO_WEIGHTS)(g, query)
 
 
-@functools.lru_cache(maxsize=8)
-def _weights_record(weights: str) -> dict:
-    """The training record beside ``weights`` (a path relative to the project root), read
-    once: a localiser's ``repr`` enters every row's cache key."""
-    from fovea_book.paths import project_root
-
-    rec = (project_root() / weights).with_suffix(".json")
-    if not rec.is_file():
-        raise FileNotFoundError(f"no record {rec} beside the localiser weights {weights}; "
-                                f"train them with python -m fovea_book.train --out {weights} "
-                                "(see fovea_book.eval.unseen.LOCO_WEIGHTS)")
-    return json.loads(rec.read_text())
 
 
 @dataclass(frozen=True)
@@ -111,11 +99,11 @@ class WeightsLocaliser:
     weights: str
 
     def __post_init__(self) -> None:
-        _weights_record(self.weights)                     # refuses weights without a record
+        weights_record(self.weights)                      # refuses weights without a record
 
     def record(self) -> dict:
         """The weights' training record (the JSON beside them, read once per process)."""
-        return _weights_record(self.weights)
+        return weights_record(self.weights)
 
     def __repr__(self) -> str:
         return f"WeightsLocaliser({self.weights!r}, sha256={self.record()['sha256'][:16]!r})"
