@@ -186,11 +186,13 @@ def factor_table(docs: Sequence[Document], localisers: Mapping[str, str], *,
     """One row per (factor, localiser, page, question): ``cell_auc`` and ``fovea_share`` of
     the cascade with that localiser (a name of
     :data:`~fovea_core.cascade.localisers.LOCALISERS`, ``{label: name}``) on the page after
-    the factor, and the page's ``grid`` (level-0 cells). The generator of page ``i`` is
+    the factor, its map's ``map_confidence``
+    (:func:`~fovea_core.cascade.allocator.map_confidence`, what the glance rule's gate
+    reads), and the page's ``grid`` (level-0 cells). The generator of page ``i`` is
     ``default_rng([seed, i])`` for every factor and localiser. Pages the cascade cannot
     run at ``budget`` after a factor (too small) are skipped."""
     from fovea_book.eval.localisation import cell_auc, fovea_share
-    from fovea_core.cascade.allocator import budget_range, cascade_parts
+    from fovea_core.cascade.allocator import budget_range, cascade_parts, map_confidence
     from fovea_core.cascade.core import gist
     from fovea_core.cascade.allocator import gist_budget_for
     from fovea_core.pyramid import build_pyramid
@@ -211,5 +213,6 @@ def factor_table(docs: Sequence[Document], localisers: Mapping[str, str], *,
                                      field=q.field, grid=pyr.grid_shape(16, 0)[0] *
                                      pyr.grid_shape(16, 0)[1],
                                      cell_auc=cell_auc(p.scores[0], q.boxes, page.size),
-                                     fovea_share=fovea_share(p.tokens, q.boxes)))
+                                     fovea_share=fovea_share(p.tokens, q.boxes),
+                                     map_confidence=float(map_confidence(p.scores[:1])[0])))
     return pd.DataFrame(rows)

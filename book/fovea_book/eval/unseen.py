@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -33,9 +34,8 @@ __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
            "ttft_target", "unseen_targets", "PHOTO_WEIGHTS", "photo_localiser", "LEARNING_SETS",
            "LOCO_WEIGHTS", "WeightsLocaliser", "TOKEN_ANCHORS_CSV", "token_anchors",
-           "PART_WEIGHTS", "FREE_WEIGHTS", "choose_candidate", "map_auc", "versus_resize",
-           "versus_resize_glue",
-           "text_height_ratio", "read_sets"]
+           "PART_WEIGHTS", "FREE_WEIGHTS", "MapScores", "choose_candidate", "map_auc",
+           "versus_resize", "versus_resize_glue", "text_height_ratio", "read_sets"]
 
 #: unseen ``sroie-train`` pages the factor table reads, per profile (``None``: all)
 FACTOR_PAGES = {"smoke": 2, "default": 12, "full": None}
@@ -156,19 +156,30 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
                     f"({sum(len(d.questions) for d in unseen)} questions)")
 
 
+class MapScores(NamedTuple):
+    """:func:`map_auc`'s result: ``by_field`` (mean cell AUC per dataset and field, and
+    localiser), ``family`` (each localiser minus the reference, paired over documents,
+    Holm) and ``rows`` (one per dataset, localiser and question:
+    :func:`~fovea_book.eval.photo.factor_table`'s columns, ``map_confidence`` among them)."""
+
+    by_field: pd.DataFrame
+    family: pd.DataFrame
+    rows: pd.DataFrame
+
+
 def map_auc(sets: Mapping[str, Sequence[Document]], localisers: Mapping, *,
-            reference: str = "learned", budget: int = 273, seed: int = 0
-            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+            reference: str = "learned", budget: int = 273, seed: int = 0) -> MapScores:
     """How well each localiser's map ranks the answer's cells on pages as they are, read by
     nobody (no OCR: :func:`~fovea_book.eval.photo.factor_table` with the page as stored).
 
     ``sets``: ``{dataset: documents}``; ``localisers``: ``{label: localiser}`` (a
     :data:`~fovea_core.cascade.localisers.LOCALISERS` name or a callable), ``reference``
-    among them. Returns ``(by_field, family)``: the mean cell AUC per dataset and field
+    among them. Returns a :class:`MapScores`: the mean cell AUC per dataset and field
     (rows) and localiser (columns), plus an ``"all"`` field per dataset (the questions'
-    mean); and each other localiser minus ``reference`` in cell AUC, paired over documents
+    mean); each other localiser minus ``reference`` in cell AUC, paired over documents
     (a document's questions averaged first), one Holm family over localisers and datasets
-    (:func:`~fovea_book.eval.stats.paired_family`'s columns; ``text`` in AUC points x 100).
+    (:func:`~fovea_book.eval.stats.paired_family`'s columns; ``text`` in AUC points x 100);
+    and the rows (each map's confidence among their columns).
     """
     from fovea_book.eval.photo import FACTORS, factor_table
     from fovea_book.eval.stats import paired_family
@@ -189,7 +200,7 @@ def map_auc(sets: Mapping[str, Sequence[Document]], localisers: Mapping, *,
     others = [k for k in localisers if k != reference]
     family = (paired_family(rows, others, reference, metric="cell_auc", seed=seed)
               if others else pd.DataFrame())
-    return by_field, family
+    return MapScores(by_field, family, t)
 
 
 def text_height_ratio(docs: Sequence[Document], gist_budget: int, localiser=None) -> np.ndarray:
