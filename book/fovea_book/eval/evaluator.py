@@ -554,7 +554,9 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
     state = PageState(doc, ctx["dh"], patch=patch, device=dev, cache=cache, refresh=refresh)
     base = dict(dataset=dataset, doc_id=doc.doc_id, height=h, width=w)
 
-    def cached(key: str, compute: Callable[[], list[dict]]) -> list[dict]:
+    def cached(key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``'s JSON-able result (a cell's rows, an allocation's record), read
+        from ``cache`` under ``key`` when there, else computed and stored."""
         text = None if cache is None or refresh else cache.get(key)
         if text is not None:
             return json.loads(text)
@@ -584,38 +586,34 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
         tokens (CPU), the timings, the coverage and the columns of each question of ``qs``
         (``answer_level`` and the method's hook); stored in ``cache`` by
         :func:`allocation_key`, so a second reader of the page does not allocate again."""
-        key = allocation_key(ctx, m, budget, query, [q.qid for q in qs])
-        text = None if cache is None or refresh else cache.get(key)
-        if text is not None:
-            rec = json.loads(text)
-            return dict(rec, tokens=unpack_tokens(rec["tokens"]))
-
         def call():
             return (m.allocate or allocate_with_scores)(state, m, query, budget, doc_seed)
 
-        t0 = time.perf_counter()
-        tokens, parts = call()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        alloc_ms = (time.perf_counter() - t0) * 1e3
-        if tokens.budget != budget:
-            raise ValueError(f"method {m.label!r} returned {tokens.budget} tokens for "
-                             f"budget {budget}")
-        tok = tokens.to("cpu")
-        columns = {}
-        for q in qs:
-            more = {} if m.columns is None else m.columns(state, m, q, tok, parts)
-            clash = sorted(set(more) & set(ROW_COLUMNS))
-            if clash:
-                raise ValueError(f"method {m.label!r}: its columns hook returned {clash}, "
-                                 f"which are evaluator columns")
-            columns[q.qid] = dict(answer_level=_answer_level(tok, q.union_box), **more)
-        rec = dict(alloc_ms=alloc_ms, peak_mem_mb=_peak_memory(call, dev),
-                   strata_cov=float(strata_coverage(tok, strata)[0]),
-                   empty_disc_px=float(largest_empty_disc(tok)[0]), columns=columns)
-        if cache is not None:
-            cache.put(key, json.dumps(dict(rec, tokens=pack_tokens(tok)), default=float))
-        return dict(rec, tokens=tok)
+        def compute() -> dict:
+            t0 = time.perf_counter()
+            tokens, parts = call()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            alloc_ms = (time.perf_counter() - t0) * 1e3
+            if tokens.budget != budget:
+                raise ValueError(f"method {m.label!r} returned {tokens.budget} tokens for "
+                                 f"budget {budget}")
+            tok = tokens.to("cpu")
+            columns = {}
+            for q in qs:
+                more = {} if m.columns is None else m.columns(state, m, q, tok, parts)
+                clash = sorted(set(more) & set(ROW_COLUMNS))
+                if clash:
+                    raise ValueError(f"method {m.label!r}: its columns hook returned {clash}, "
+                                     f"which are evaluator columns")
+                columns[q.qid] = dict(answer_level=_answer_level(tok, q.union_box), **more)
+            return dict(alloc_ms=alloc_ms, peak_mem_mb=_peak_memory(call, dev),
+                        strata_cov=float(strata_coverage(tok, strata)[0]),
+                        empty_disc_px=float(largest_empty_disc(tok)[0]), columns=columns,
+                        tokens=pack_tokens(tok))
+
+        rec = cached(allocation_key(ctx, m, budget, query, [q.qid for q in qs]), compute)
+        return dict(rec, tokens=unpack_tokens(rec["tokens"]))
 
     def cell_rows(m: Method, budget: int) -> list[dict]:
         pyr = state.pyramid

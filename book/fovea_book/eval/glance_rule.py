@@ -267,7 +267,8 @@ def fit_on_variants(module: str, description: str, out_default: Path,
     Reads ``resize`` and ``methods`` (evaluator methods; or ``methods(localiser)`` giving
     them for a localiser, ``"learned"`` or the ``--localiser`` weights'
     :class:`~fovea_book.eval.unseen.WeightsLocaliser`, which the command line then takes,
-    and the record names) on every variant with the book's reader at N = 273 (:func:`~fovea_book.eval.resize_rule.read_variants`, after
+    and the record names) on every variant with the book's reader at N = 273
+    (:func:`~fovea_book.eval.resize_rule.read_variants`, after
     :func:`~fovea_book.eval.resize_rule.start_fit` and
     :func:`~fovea_book.eval.resize_rule.variant_sets`), then calls ``fit(table)`` for
     ``(curve, chosen, head, objective)``: the curve (a frame whose ``attrs["resize"]`` holds

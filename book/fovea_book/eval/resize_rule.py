@@ -47,7 +47,8 @@ from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
 __all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
            "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "weights_record", "with_localiser", "variant_sets", "read_variants", "write_fit_record", "fit_provenance", "git_commit",
+           "start_fit", "weights_record", "with_localiser", "variant_sets", "read_variants",
+           "write_fit_record", "fit_provenance", "git_commit",
            "models_record_path", "read_models_record",
            "default_record_path", "read_record", "main"]
 

@@ -86,8 +86,6 @@ def photo_localiser(g, query: str | None):
     return _net(PHOTO_WEIGHTS)(g, query)
 
 
-
-
 @dataclass(frozen=True)
 class WeightsLocaliser:
     """The cascade's learned localiser with other weights: ``weights`` is a path relative to
@@ -300,21 +298,19 @@ def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_re
 def versus_resize_glue(tables: Mapping[str, pd.DataFrame], label: str, keys: Mapping[str, str],
                        n_ref: int, *, seed: int = 0, reference: str = "cascade | learned",
                        readers: Sequence[str] = ("rapidocr", "tesseract")) -> dict[str, str]:
-    """:func:`versus_resize`'s texts of ``label`` (``ref``: minus ``reference``) for every
-    reader of ``readers``, named for
-    a chapter's glue (the chapter prefixes each name with its section's, which its glue
-    check reads): ``{f"{name}_{key}_{reader}": text}`` for ``name`` in ``kept_new``,
-    ``res``, ``bar``, ``ref`` and every ``key`` of ``keys``; a reader without a table in
-    ``tables`` (``{reader: rows}``), or a dataset without rows, gives "not measured (no
-    data)"."""
+    """:func:`versus_resize`'s texts of ``label`` (``ref``: minus ``reference``) for every reader
+    of ``readers``, named for a chapter's glue (the chapter prefixes each name with its
+    section's, which its glue check reads): ``{f"{name}_{key}_{reader}": text}`` for
+    ``name`` in ``kept_new``, ``res``, ``bar``, ``ref`` and every ``key`` of ``keys``; a
+    reader without a table in ``tables`` (``{reader: rows}``), or a dataset without rows,
+    gives "not measured (no data)"."""
     out = {}
     for rd in readers:
         words = (versus_resize(tables[rd], label, keys, n_ref, reference=reference, seed=seed)
                  if rd in tables else {})
         for dk in keys.values():
             for name in ("kept_new", "res", "bar", "ref"):
-                out[f"{name}_{dk}_{rd}"] = words.get(f"{name}_{dk}",
-                                                             "not measured (no data)")
+                out[f"{name}_{dk}_{rd}"] = words.get(f"{name}_{dk}", "not measured (no data)")
     return out
 
 
@@ -505,9 +501,9 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
       Holm verdict (``verdict``): met when the family calls it better;
     * ``runtime_s``: the chapter's build time so far, at most ``runtime_bar_s``, judged only
       when the build computed its evaluation cells: ``runtime_computed``, the entries (rows,
-      score maps and allocations) this build stored in the row cache; 0 (every cell read from the cache)
-      gives "not measured", since such a build times the cache, not the chapter (``None``:
-      not counted, judged as timed);
+      score maps and allocations) this build stored in the row cache; 0 (every cell read
+      from the cache) gives "not measured", since such a build times the cache, not the
+      chapter (``None``: not counted, judged as timed);
     * ``ttft``: ``{"speedup", "lo", "hi", "n_docs"}``: time to first token, resize at the
       token count that reads as well over the cascade at N, >= 2x (moonshot 3x).
 
