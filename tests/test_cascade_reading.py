@@ -474,3 +474,23 @@ def test_a_glance_is_rendered_once_for_the_questions_of_a_page(small, monkeypatc
     other = reading.first_view(one, reading_parts(one, 48, query="What is the total?",
                                                   localiser="uniform").first.tokens)
     assert len(renders) > n + 1 and other.shape == kept.shape
+
+
+# ----------------------------------------------------------------------------- the default
+def test_cascade_glance_is_the_read_cascade_under_the_fitted_glance_rule(page, monkeypatch):
+    """``foveate``'s default: ``cascade_read`` with ``glance_below``/``glance_share`` the
+    package's pair (an override reaches it), exactly N tokens, the second look stage 2."""
+    from fovea_core.foveation import DEFAULT_METHOD
+    from fovea_core.methods import allocate
+
+    doc, pyr, loc, _ = page
+    monkeypatch.setattr(reading, "read_view", lambda view: _lines())
+    assert DEFAULT_METHOD == reading.GLANCE_NAME == "cascade_glance"
+    got = allocate("cascade_glance", pyr, None, N, query=QUESTION)
+    want = reading_parts(pyr, N, query=QUESTION, localiser="learned",
+                         glance_below=reading.GLANCE_BELOW, glance_share=reading.GLANCE_SHARE)
+    assert got.budget == N and torch.equal(got.centers, want.tokens.centers)
+    assert torch.equal(got.levels, want.tokens.levels)
+    assert int((got.stage[0] == 0).sum()) > 0.8 * N and STAGE_SECOND in got.stage[0].tolist()
+    other = allocate("cascade_glance", pyr, None, N, query=QUESTION, glance_share=0.6)
+    assert int((other.stage[0] == 0).sum()) < int((got.stage[0] == 0).sum())

@@ -144,3 +144,32 @@ def test_the_fit_takes_other_localiser_weights_and_names_its_record_after_them(m
     assert ms[0].params["localiser"] == loc and all(m.params["localiser"] == loc for m in ms[1:])
     # the committed localiser's methods are the committed fit's (their rows stay cached)
     assert all("localiser" not in m.params for m in glance_methods()[1:])
+
+
+def test_the_package_default_is_the_committed_fit():
+    """``cascade_glance`` (``foveate``'s default) runs the pair the committed localiser's
+    fit chose, on the localiser that fit was run with."""
+    from fovea_book.eval.glance_rule import default_record_path, read_record
+    from fovea_core.cascade.reading import GLANCE_BELOW, GLANCE_SHARE
+    from fovea_core.cascade.allocator import REGISTERED
+
+    rec = read_record(default_record_path())
+    assert (GLANCE_BELOW, GLANCE_SHARE) == (rec["glance_below"], rec["glance_share"])
+    assert REGISTERED["cascade_glance"]["localiser"] == rec.get("localiser", "learned")
+
+
+def test_the_ungated_rule_is_the_one_whose_worst_variant_loses_least():
+    from fovea_book.eval.glance_rule import ungated_table
+
+    means = {"scan": {"resize": 0.5, CONF_LABEL: 0.9, READ_LABEL: 0.95,
+                      glance_label(0.8): 0.6, glance_label(0.9): 0.55},
+             "photo": {"resize": 0.5, CONF_LABEL: 0.2, READ_LABEL: 0.1,
+                       glance_label(0.8): 0.45, glance_label(0.9): 0.48}}
+    rec = dict(anls_by_variant=means, variants=["scan", "photo"], shares=[0.8, 0.9])
+    t, chosen = ungated_table(rec)
+    assert chosen == glance_label(0.9)                        # worst -2 against -5, -30, -40
+    assert t.set_index("method").loc[CONF_LABEL, "worst"] == -30.0
+    assert list(t.chosen) == ["", "", "", "<-"]
+    del means["photo"][READ_LABEL]
+    with pytest.raises(ValueError, match="read \\| fovea first on photo"):
+        ungated_table(rec)

@@ -79,14 +79,15 @@ from fovea_core.cascade.allocator import (LEGIBLE_PX, RUNNERS, SURROUND, Cascade
                                           cascade_parts, check_cascade_budget, choose_level,
                                           covered_share, fitting_level, gist_budget_for,
                                           is_number, map_confidence, reads_nothing_else,
-                                          registered_allocator, text_size_map)
+                                          registered_allocator, registered_parts,
+                                          text_size_map)
 from fovea_core.cascade.core import Gist, combine, fovea_grid, gist, place_fovea
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["NAME", "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
+__all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance", "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
            "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "PAIR_CLASSES", "X_EDGES", "Y_EDGES",
            "pair_offsets", "fit_geometry",
            "geometry_to_dict", "geometry_from_dict", "fitted_path", "load_fitted", "FITTED",
@@ -1033,3 +1034,41 @@ _fn = registered_allocator(NAME, localiser="learned")
 _fn.__doc__ = cascade_read.__doc__
 register(NAME, family="cascade", version="cascade", content=True, learned=True,
          reads=reads_nothing_else, uses_scores=False, side_compute=False)(_fn)
+
+#: ``foveate``'s default, ``"cascade_glance"``: this cascade under the glance rule fitted for
+#: the committed localiser on photograph-like training pages (``python -m
+#: fovea_book.eval.glance_rule``, record ``data/models/glance_rule.json``; objective set
+#: before the fit: every variant at least ``resize``'s mean ANLS, else the rule whose worst
+#: variant loses least). No rule met the bar there; the one that lost least glances at
+#: 0.9 N on every page (no map's confidence reached 1), reads the glance and spends the
+#: last tenth where the reading points. Chapter 14.5 measures it on the photographs, the
+#: receipts and the forms.
+GLANCE_NAME = "cascade_glance"
+GLANCE_BELOW = 1.0
+GLANCE_SHARE = 0.9
+
+
+def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *,
+                   fixation=None, query: str | None = None, seed: int = 0, patch: int = 16,
+                   **kw) -> TokenSet:
+    """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default).
+
+    Fixation 1 is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
+    share of N); it is read, and the rest of N goes where the reading points.
+
+    :func:`cascade_read` with ``glance_below=``:data:`GLANCE_BELOW` and
+    ``glance_share=``:data:`GLANCE_SHARE` (both overridable), the pair the glance rule's
+    fit on photograph-like training pages chose for the committed localiser. Every token
+    counts toward N (``budget``); the reading reads only the glance's tokens (*budgeted*).
+    With ``query=None`` nothing is read and the last tokens follow the localiser's map.
+    Returns the tokens ``[B, N]``; raises what :func:`cascade_read` raises.
+    """
+    return registered_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
+                            query=query, seed=seed, patch=patch, **kw).tokens
+
+
+RUNNERS[GLANCE_NAME] = reading_parts
+registered_allocator(GLANCE_NAME, localiser="learned", glance_below=GLANCE_BELOW,
+                     glance_share=GLANCE_SHARE)
+register(GLANCE_NAME, family="cascade", version="cascade", content=True, learned=True,
+         reads=reads_nothing_else, uses_scores=False, side_compute=False)(cascade_glance)

@@ -53,7 +53,7 @@ from fovea_book.eval.document_types import Document
 __all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
            "glance_label", "glance_variants", "glance_curve", "question_table", "score_rules",
            "choose_rule", "margin_table", "glance_fit_table", "fit_on_variants",
-           "default_record_path", "glance_methods", "read_record", "main"]
+           "ungated_table", "default_record_path", "glance_methods", "read_record", "main"]
 
 #: the variants of each training page (:func:`glance_variants`)
 VARIANTS = ("scan", "table", "photo", "half")
@@ -226,6 +226,37 @@ def glance_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
                 f"{100 * ch[f'margin_{worst}']:+.1f} points; mean ANLS "
                 f"{100 * ch['anls']:.1f}; tuning numbers on training pages, no CI)")
     return t, sentence
+
+
+def ungated_table(record: Mapping) -> tuple[pd.DataFrame, str]:
+    """The rules of the fit's record whose path no fitted gate chooses, and the one whose
+    worst training variant loses least to ``resize``: ``(table, chosen label)``.
+
+    The candidates are the one-fixation cascade (:data:`CONF_LABEL`), read-then-look from
+    the gist and a first fovea (:data:`READ_LABEL`) and a glance on every page at each of
+    the record's shares (:func:`glance_label`). Per variant the margin is the candidate's
+    mean ANLS over the variant's questions minus ``resize``'s (``anls_by_variant``, in
+    points); ``worst`` is the smallest; the chosen row (``chosen``: ``"<-"``) has the
+    largest ``worst`` (ties to the first candidate). This is the principle behind
+    ``foveate``'s default (chapter 14.5): a gate fitted on simulated photographs did not
+    carry over to real ones, so the default's safety may not rest on one.
+
+    Raises:
+        ValueError: a candidate or ``resize`` missing from a variant of the record.
+    """
+    means, variants = record["anls_by_variant"], list(record["variants"])
+    cands = [CONF_LABEL, READ_LABEL, *(glance_label(s) for s in record["shares"])]
+    missing = sorted({f"{m} on {v}" for v in variants for m in ("resize", *cands)
+                      if m not in means.get(v, {})})
+    if missing:
+        raise ValueError(f"the record lacks {', '.join(missing)} (refit with "
+                         f"python -m fovea_book.eval.glance_rule)")
+    t = pd.DataFrame([{"method": m, **{f"{v} - resize": 100 * (means[v][m] - means[v]["resize"])
+                                       for v in variants}} for m in cands])
+    t["worst"] = t[[f"{v} - resize" for v in variants]].min(axis=1)
+    best = int(t.worst.to_numpy().argmax())
+    t["chosen"] = np.where(np.arange(len(t)) == best, "<-", "")
+    return t.round(1), str(t.method.iloc[best])
 
 
 def default_record_path(localiser: str | None = None) -> Path:
