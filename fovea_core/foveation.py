@@ -9,8 +9,11 @@ wiring as a single function, for a researcher's own pages::
     TokenSet --sample--> patches [1, N, C, p, p] --render--> view [C, H, W]
 
 ``method`` is any name of :data:`fovea_core.allocators.ALLOCATORS`; the default,
-``"cascade"``, is the budgeted learned cascade of chapter 14.5 (a gist of the page, a
-learned localiser that reads the gist and the question, a fovea; every token inside N).
+``"cascade_glance"`` (:data:`DEFAULT_METHOD`), is chapter 14.5's read-then-look cascade under
+the glance rule: the whole page at 0.9 N, read by the core's OCR, and the rest of N where
+the reading points; ``"cascade"`` is the one-fixation learned cascade (a gist of the page,
+a learned localiser that reads the gist and the question, a fovea). Both spend every token
+inside N.
 Methods that rank a score map get ``scorer="saliency"`` without a question and the
 query-aware ``"query_saliency"`` with one (an OCR of the half-resolution page, outside the
 budget: chapter 07), unless ``scorer=`` says otherwise.
