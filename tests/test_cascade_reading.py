@@ -379,9 +379,13 @@ def test_the_glance_rule_checks_its_arguments(small):
     for bad in (-0.1, 1.5, "0.5", None, float("nan")):
         with pytest.raises(ValueError, match="glance_below"):
             reading_parts(one, 48, localiser="uniform", glance_below=bad, glance_share=0.6)
-    for bad in (0.0, 1.0, 0.05, None):                      # 0.05 * 48: not more than the gist
+    for bad in (0.0, 1.0, None, "0.5", float("nan")):
         with pytest.raises(ValueError, match="glance_share"):
             reading_parts(one, 48, localiser="uniform", glance_below=0.5, glance_share=bad)
+    # a glance no finer than the gist (0.05 * 48 tokens) is no glance: the gist path
+    tiny = reading_parts(one, 48, localiser="uniform", glance_below=1.0, glance_share=0.05)
+    never = reading_parts(one, 48, localiser="uniform", glance_below=0.0, glance_share=0.6)
+    assert torch.equal(tiny.tokens.centers, never.tokens.centers)
 
 
 def test_bad_arguments_name_the_argument(small):
@@ -494,3 +498,24 @@ def test_cascade_glance_is_the_read_cascade_under_the_fitted_glance_rule(page, m
     assert int((got.stage[0] == 0).sum()) > 0.8 * N and STAGE_SECOND in got.stage[0].tolist()
     other = allocate("cascade_glance", pyr, None, N, query=QUESTION, glance_share=0.6)
     assert int((other.stage[0] == 0).sum()) < int((got.stage[0] == 0).sum())
+
+
+@pytest.mark.parametrize("budget", [5, 12, 40])
+def test_the_glance_rule_runs_at_every_budget_of_the_cascades_range(small, budget, monkeypatch):
+    """A budget too small for a glance finer than the gist (5: the glance would be the
+    gist's 4 tokens) takes the gist path; one whose glance would leave no second look (12:
+    round(0.9 * 12) = 11) glances at N - 2; exactly N tokens either way."""
+    from fovea_core.cascade.allocator import budget_range, gist_budget_for
+
+    monkeypatch.setattr(reading, "read_view", lambda view: _lines())
+    one = build_pyramid(small.base[:1])
+    lo, hi = budget_range(one.image_size)
+    assert lo <= budget <= hi
+    kw = dict(localiser="uniform", glance_below=1.0, glance_share=0.9)
+    got = reading_parts(one, budget, query="What is the total?", **kw)
+    assert got.tokens.budget == budget and bool(got.tokens.is_distinct()[0])
+    gist_n = int((got.tokens.stage[0] == 0).sum())
+    if budget == 5:                                        # no glance: the default gist
+        assert gist_n <= gist_budget_for(budget)
+    else:                                                  # a glance of at most N - 2
+        assert gist_budget_for(budget) < gist_n <= budget - 2

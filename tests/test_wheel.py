@@ -155,5 +155,7 @@ def test_the_command_runs_installed(installed):
     assert "1 done" in res.stdout
     assert {p.name for p in out.iterdir()} == {"page.foveated.png", "page.tokens.png",
                                                  "page.foveation.json"}
-    assert json.loads((out / "page.foveation.json").read_text())["method"] == "cascade"
+    from fovea_core.foveation import DEFAULT_METHOD
+
+    assert json.loads((out / "page.foveation.json").read_text())["method"] == DEFAULT_METHOD
     assert _files(installed["package"]) == installed["before"]

@@ -949,8 +949,9 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
     ``glance_share``): an image whose localiser map on the gist (``kw``'s ``gist_budget``)
     has :func:`~fovea_core.cascade.allocator.map_confidence` below ``below`` spends
     fixation 1 on a glance, a gist of ``round(share * budget)`` tokens (the whole page at
-    that share of N, at least one token left to a first fovea), the others the gist and a
-    first fovea. The glance is finer than the gist it replaces, so the map was computed
+    that share of N; at most ``budget - 2``, which leaves a first-fovea token and a second
+    look), the others the gist and a first fovea. At a budget too small for a glance finer
+    than the gist, every image takes the gist path. The glance is finer than the gist it replaces, so the map was computed
     from pixels the tokens carry. A batch whose images take both paths runs image by image
     (its ``first`` is then ``None``)."""
     if not is_number(below) or not 0.0 <= float(below) <= 1.0:
@@ -962,11 +963,11 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
     gb = kw["gist_budget"]
     g = kw["gist_obj"] if kw["gist_obj"] is not None else gist(
         pyramid, gist_budget_for(budget) if gb is None else int(gb), patch=kw["patch"])
-    glance = int(round(float(share) * budget))
-    if not g.budget < glance < budget:
-        raise ValueError(f"{NAME}: glance_share={share!r} gives a glance of {glance} tokens; it "
-                         f"must hold more than the gist's {g.budget} and fewer than "
-                         f"budget = {budget}")
+    # the glance leaves a first-fovea token and a second look (at least 2 tokens); a budget
+    # too small for a glance finer than the gist runs the gist path, as for a sure map
+    glance = min(int(round(float(share) * budget)), budget - 2)
+    if glance <= g.budget:
+        return reading_parts(pyramid, budget, **dict(kw, gist_obj=g))
     loc = get_localiser(kw["localiser"])(g, kw["query"]).float().clamp(min=0)
     unsure = map_confidence(loc) < float(below)                            # [B]
     sure_kw = dict(kw, gist_obj=g)
