@@ -299,6 +299,7 @@ def test_versus_resize_gives_every_glue_text_and_says_what_is_missing():
 def test_versus_resize_glue_names_every_text_by_prefix_key_and_reader():
     """Each reader with a table gets :func:`versus_resize`'s texts under
     ``<name>_<key>_<reader>``; a reader without one is not measured."""
+    from fovea_book.eval.realsets import real_family
     from fovea_book.eval.unseen import versus_resize, versus_resize_glue
 
     rows = _rows({f"d{i}": {"resize": 0.5, "cascade | learned": 0.9, "new": 1.0}
@@ -314,6 +315,12 @@ def test_versus_resize_glue_names_every_text_by_prefix_key_and_reader():
                for k in ("rec", "wild"))
     assert out["res_rec_rapidocr"].startswith("better (+50.0")
     assert all(v == "not measured (no data)" for k, v in out.items() if k.endswith("tesseract"))
+    # a family the caller already has is the one the texts read
+    fam = real_family(table, ["new"], 273)
+    fam.loc[fam.dataset == "sroie", "verdict"] = "stated"
+    given = versus_resize_glue({"rapidocr": table}, "new", keys, 273, families={"rapidocr": fam})
+    assert given["res_rec_rapidocr"].startswith("stated (")
+    assert given["res_wild_rapidocr"] == out["res_wild_rapidocr"]
 
 
 def test_text_height_ratio_is_expected_over_true_height(monkeypatch):

@@ -87,7 +87,8 @@ from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance", "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
+__all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance",
+           "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
            "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "PAIR_CLASSES", "X_EDGES", "Y_EDGES",
            "pair_offsets", "fit_geometry",
            "geometry_to_dict", "geometry_from_dict", "fitted_path", "load_fitted", "FITTED",
@@ -654,9 +655,12 @@ def first_view(pyramid: Pyramid, tokens: TokenSet) -> torch.Tensor:
     (never the pyramid's coarse level: nothing outside the tokens).
 
     The last view is kept on the pyramid (as :mod:`fovea_core.sample` keeps its tables):
-    the same tokens on the same pyramid are not rendered again (a glance does not depend
-    on the question, so each question of a page asks for the same view). Do not write into
-    the returned tensor."""
+    the same tokens on the same pyramid are not rendered again. That happens when fixation
+    1 does not depend on the question (a localiser that does not read it, or a glance whose
+    gist grid holds its whole budget); with the learned localiser a glance's leftover
+    tokens (a gist grid holds a few cells fewer than its budget) go to a first fovea placed
+    for the question, so each question renders its own view. Do not write into the returned
+    tensor."""
     from fovea_core.sample import render, sample
 
     last = pyramid.__dict__.get("_first_view")
@@ -951,8 +955,8 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
     fixation 1 on a glance, a gist of ``round(share * budget)`` tokens (the whole page at
     that share of N; at most ``budget - 2``, which leaves a first-fovea token and a second
     look), the others the gist and a first fovea. At a budget too small for a glance finer
-    than the gist, every image takes the gist path. The glance is finer than the gist it replaces, so the map was computed
-    from pixels the tokens carry. A batch whose images take both paths runs image by image
+    than the gist, every image takes the gist path. The glance is finer than the gist it
+    replaces, so the map was computed from pixels the tokens carry. A batch whose images take both paths runs image by image
     (its ``first`` is then ``None``)."""
     if not is_number(below) or not 0.0 <= float(below) <= 1.0:
         raise ValueError(f"{NAME}: glance_below must be a number in [0, 1] (a map confidence, "
@@ -966,11 +970,11 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
     # the glance leaves a first-fovea token and a second look (at least 2 tokens); a budget
     # too small for a glance finer than the gist runs the gist path, as for a sure map
     glance = min(int(round(float(share) * budget)), budget - 2)
+    sure_kw = dict(kw, gist_obj=g)
     if glance <= g.budget:
-        return reading_parts(pyramid, budget, **dict(kw, gist_obj=g))
+        return reading_parts(pyramid, budget, **sure_kw)
     loc = get_localiser(kw["localiser"])(g, kw["query"]).float().clamp(min=0)
     unsure = map_confidence(loc) < float(below)                            # [B]
-    sure_kw = dict(kw, gist_obj=g)
     glance_kw = dict(kw, gist_budget=glance, gist_obj=None)
     if not bool(unsure.any()) or bool(unsure.all()):
         return reading_parts(pyramid, budget, **(glance_kw if bool(unsure[0]) else sure_kw))
@@ -1055,7 +1059,9 @@ def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *
     """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default).
 
     Fixation 1 is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
-    share of N); it is read, and the rest of N goes where the reading points.
+    share of N; at most ``budget - 2``, and at a budget too small for a glance finer than
+    the gist, the gist and a first fovea); it is read, and the rest of N goes where the
+    reading points.
 
     :func:`cascade_read` with ``glance_below=``:data:`GLANCE_BELOW` and
     ``glance_share=``:data:`GLANCE_SHARE` (both overridable), the pair the glance rule's

@@ -50,7 +50,7 @@ import pandas as pd
 
 from fovea_book.eval.document_types import Document
 
-__all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "READ_LABEL", "CONF_LABEL",
+__all__ = ["VARIANTS", "GLANCE_SHARES", "THRESHOLDS", "BUDGET", "READ_LABEL", "CONF_LABEL",
            "glance_label", "glance_variants", "glance_curve", "question_table", "score_rules",
            "choose_rule", "margin_table", "glance_fit_table", "fit_on_variants",
            "ungated_table", "default_record_path", "glance_methods", "read_record", "main"]
@@ -66,6 +66,8 @@ THRESHOLDS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 READ_LABEL = "read | fovea first"
 #: the cascade whose rows carry the default gist's map confidence
 CONF_LABEL = "cascade | learned"
+#: N of the fit (tokens per page)
+BUDGET = 273
 #: training pages read (the localiser's unseen receipts, first by crc32 of their id; forms;
 #: synthetic validation pages)
 RECEIPTS, FORMS, SYNTHETIC = 12, 4, 4
@@ -275,12 +277,12 @@ def glance_methods(localiser="learned") -> list:
     fovea (:data:`READ_LABEL`) and with a glance at each share of :data:`GLANCE_SHARES`."""
     from fovea_book.eval.cascade import Method, cascade_method
 
-    n = 273
     kw = {} if localiser == "learned" else dict(localiser=localiser)
     return [cascade_method(CONF_LABEL, localiser),
             Method(READ_LABEL, "cascade_read", dict(kw), query_aware=True),
-            *(Method(glance_label(s), "cascade_read", dict(gist_budget=int(round(s * n)), **kw),
-                     query_aware=True) for s in GLANCE_SHARES)]
+            *(Method(glance_label(s), "cascade_read",
+                     dict(gist_budget=int(round(s * BUDGET)), **kw), query_aware=True)
+              for s in GLANCE_SHARES)]
 
 
 def read_record(path: str | Path | None = None) -> dict:
@@ -321,7 +323,6 @@ def fit_on_variants(module: str, description: str, out_default: Path,
 
         loc = WeightsLocaliser(args.localiser)
     sets = variant_sets(pages, glance_variants)
-    n = 273
     table = read_variants(sets, [Method("resize", "resize", scorer="none", query_aware=False),
                                  *(methods(loc) if callable(methods) else methods)],
                           args.workers)
@@ -329,7 +330,7 @@ def fit_on_variants(module: str, description: str, out_default: Path,
     means = table.groupby(["variant", "allocator"]).anls.mean().unstack()
     if callable(methods):
         head = dict(head, localiser=loc if loc == "learned" else loc.weights)
-    out = dict(**head, budget=n, scales=list(SCALES), min_ratio=MIN_RATIO,
+    out = dict(**head, budget=BUDGET, scales=list(SCALES), min_ratio=MIN_RATIO,
                objective=objective,
                curve=curve.astype(object).where(curve.notna(), None).to_dict("list"),
                resize_by_variant=curve.attrs["resize"],

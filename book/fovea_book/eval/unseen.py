@@ -297,17 +297,21 @@ def versus_resize(table: pd.DataFrame, label: str, keys: Mapping[str, str], n_re
 
 def versus_resize_glue(tables: Mapping[str, pd.DataFrame], label: str, keys: Mapping[str, str],
                        n_ref: int, *, seed: int = 0, reference: str = "cascade | learned",
-                       readers: Sequence[str] = ("rapidocr", "tesseract")) -> dict[str, str]:
+                       readers: Sequence[str] = ("rapidocr", "tesseract"),
+                       families: Mapping[str, pd.DataFrame] | None = None) -> dict[str, str]:
     """:func:`versus_resize`'s texts of ``label`` (``ref``: minus ``reference``) for every reader
     of ``readers``, named for a chapter's glue (the chapter prefixes each name with its
     section's, which its glue check reads): ``{f"{name}_{key}_{reader}": text}`` for
     ``name`` in ``kept_new``, ``res``, ``bar``, ``ref`` and every ``key`` of ``keys``; a
     reader without a table in ``tables`` (``{reader: rows}``), or a dataset without rows,
-    gives "not measured (no data)"."""
+    gives "not measured (no data)". ``families`` (``{reader: rows of real_family of
+    [label]}``) passes on the minus-``resize`` family a caller already has, as
+    :func:`versus_resize`'s ``family``."""
     out = {}
+    families = families or {}
     for rd in readers:
-        words = (versus_resize(tables[rd], label, keys, n_ref, reference=reference, seed=seed)
-                 if rd in tables else {})
+        words = (versus_resize(tables[rd], label, keys, n_ref, reference=reference, seed=seed,
+                               family=families.get(rd)) if rd in tables else {})
         for dk in keys.values():
             for name in ("kept_new", "res", "bar", "ref"):
                 out[f"{name}_{dk}_{rd}"] = words.get(f"{name}_{dk}", "not measured (no data)")
