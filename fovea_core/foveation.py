@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fovea_core.pyramid import as_image_batch, build_pyramid
+from fovea_core.pyramid import Pyramid, as_image_batch, build_pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "DEFAULT_METHOD",
@@ -127,8 +127,6 @@ class Foveation:
             tokens; ``tokens.stage`` labels a cascade's gist (0) and fovea (1) tokens).
         patches: ``[1, N, C, p, p]`` float32, what each token carries
             (:func:`fovea_core.sample.sample`).
-        view: ``[C, H, W]`` float32 in ``[0, 1]``, the reconstruction of what the model sees
-            (:func:`fovea_core.sample.render` over the pyramid's coarsest level).
         cost: the :class:`Cost` record.
         method: the allocator's registry name.
         options: the keyword options the method used (besides budget and question):
@@ -138,21 +136,46 @@ class Foveation:
         question_used: whether ``method`` (with its scorer or localiser) read the question.
         scores: ``[1, Gh, Gw]`` the map the allocator ranked, or ``None`` for methods that
             read no score map.
+        background: ``[1, C, h, w]`` the pyramid's coarsest level, under the tokens in
+            :meth:`render` (pixels no token reaches).
+
+    The reconstruction of what the model sees, :attr:`view`, is made when it is first asked
+    for (and kept); a caller who wants only the tokens, the patches or the model inputs
+    never pays for it. :meth:`render` makes it at another size.
     """
 
     tokens: TokenSet
     patches: torch.Tensor
-    view: torch.Tensor
     cost: Cost
     method: str
     options: dict = field(default_factory=dict)
     question: str | None = None
     question_used: bool = False
     scores: torch.Tensor | None = None
+    background: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def budget(self) -> int:
         return self.tokens.budget
+
+    @property
+    def view(self) -> torch.Tensor:
+        """``[C, H, W]`` float32 in ``[0, 1]``: the reconstruction of what the model sees at
+        the page's size (:meth:`render`), made on first access and kept."""
+        view = self.__dict__.get("_view")
+        if view is None:
+            view = self.render()
+            object.__setattr__(self, "_view", view)
+        return view
+
+    def render(self, size: tuple[int, int] | None = None) -> torch.Tensor:
+        """``[C, H, W]`` float32 in ``[0, 1]``: the tokens' reconstruction
+        (:func:`fovea_core.sample.render`, smooth painter, over :attr:`background`) at
+        ``size`` ``(H, W)`` (default: the page's size; a smaller size costs less, e.g. a
+        preview of a 12-megapixel photograph)."""
+        from fovea_core.sample import render
+
+        return render(self.tokens, self.patches, size, background=self.background)[0].clamp(0, 1)
 
     def view_uint8(self) -> np.ndarray:
         """The reconstruction as an ``[H, W, C]`` uint8 array (``C`` = 1 or 3), for saving."""
@@ -310,6 +333,24 @@ def load_image(image: Any) -> torch.Tensor:
             rejects.
         TypeError: any other type.
     """
+    return _one_page(as_image_batch(_writable(_page_array(image))))
+
+
+def _load_page(image: Any) -> torch.Tensor:
+    """:func:`load_image`'s page, but an 8-bit one stays ``uint8`` ``[1, C, H, W]``
+    (:func:`~fovea_core.pyramid.build_pyramid` divides it by 255 as it packs the levels, as
+    :func:`load_image` does: the same pyramid, without a float copy of the page)."""
+    arr = _writable(_page_array(image))
+    if isinstance(arr, np.ndarray) and arr.dtype == np.uint8 and (
+            arr.ndim == 2 or (arr.ndim == 3 and arr.shape[-1] in (1, 3))) and min(arr.shape) > 0:
+        t = torch.from_numpy(arr)
+        return _one_page(t[None, None] if arr.ndim == 2 else t.permute(2, 0, 1)[None])
+    return _one_page(as_image_batch(arr))
+
+
+def _page_array(image: Any) -> np.ndarray | torch.Tensor:
+    """The pixels of ``image`` as :func:`load_image` reads them, before their conversion to
+    ``[1, C, H, W]`` float (``uint8`` or float arrays, or a tensor); raises what it raises."""
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - pillow is a dependency
@@ -359,9 +400,17 @@ def load_image(image: Any) -> torch.Tensor:
     else:
         raise TypeError("image must be a path (str or Path), a PIL image, a numpy array "
                         f"[H, W(, C)] or a torch tensor [C, H, W]; got {type(image).__name__}")
+    return arr
+
+
+def _writable(arr: Any) -> Any:
     if isinstance(arr, np.ndarray) and not arr.flags.writeable:
         arr = arr.copy()                     # torch.from_numpy warns on read-only arrays
-    x = as_image_batch(arr)
+    return arr
+
+
+def _one_page(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, C, H, W]`` checked to be one page of 1 or 3 channels."""
     if x.shape[0] != 1:
         raise ValueError(f"image: one page at a time, got a batch of {x.shape[0]} "
                          "(call foveate per page)")
@@ -650,6 +699,104 @@ def _page_budget(method: str, budget: Any, size: tuple[int, int], patch: int,
     return check_budget(budget, gh * gw, where=f" for {page}")
 
 
+# ----------------------------------------------------------------------------- decoding
+#: methods whose tokens follow from the page's size alone (no pixel and no score map is
+#: read to place them): :func:`foveate` places their tokens first and then decodes a file
+#: once, at the finest scale a token needs (``tests/test_foveate.py`` holds each to the
+#: tokens of a full decode)
+PLACED_BEFORE_DECODING = frozenset({"resize", "uniform"})
+#: the coarsest reduced decode (a JPEG decodes at 1/2, 1/4 or 1/8 of its size: libjpeg's
+#: scaled inverse DCT, Pillow's ``Image.draft``)
+MAX_REDUCED_LEVEL = 3
+
+
+def _check_page_size(size: tuple[int, int], patch: int) -> None:
+    h, w = size
+    if min(h, w) < patch:
+        raise ValueError(f"image: a {h}x{w} page is smaller than one patch ({patch} px): "
+                         f"foveate needs H and W >= patch; pass a larger page or a smaller "
+                         f"patch=")
+
+
+def _upright_size(img: Any) -> tuple[int, int]:
+    """``(H, W)`` of a PIL image (not decoded) once turned upright by its EXIF orientation
+    (5-8 swap the sides)."""
+    w, h = img.size
+    return (w, h) if img.getexif().get(_ORIENTATION_TAG, 1) in (5, 6, 7, 8) else (h, w)
+
+
+def _reduced_read(image: Any, method: str, patch: int) -> tuple[int, int] | None:
+    """The page's ``(H, W)`` from the file's header when ``image`` is a path, ``method``
+    places its tokens from the page's size alone (:data:`PLACED_BEFORE_DECODING`) and the
+    header reads; else ``None`` (the page is decoded whole first, and any error about the
+    file is :func:`load_image`'s)."""
+    if method not in PLACED_BEFORE_DECODING or not isinstance(image, (str, Path)):
+        return None
+    from PIL import Image
+
+    path = Path(image)
+    if not path.is_file():
+        return None
+    try:
+        with Image.open(path) as img:
+            if getattr(img, "n_frames", 1) != 1:
+                return None
+            size = _upright_size(img)
+    except Exception:  # noqa: BLE001 - load_image says what is wrong with the file
+        return None
+    if min(size) < patch:
+        return None
+    return size
+
+
+def _geometry_pyramid(size: tuple[int, int], patch: int) -> Pyramid:
+    """A pixel-free stand-in for the page's pyramid: its size and levels, its coarsest
+    level stored as zeros, for a method that places tokens from the size alone."""
+    from fovea_core.pyramid import ReducedPyramid, default_num_levels
+
+    h, w = size
+    top = default_num_levels(h, w, patch) - 1
+    k = 2**top
+    return ReducedPyramid((torch.zeros(1, 1, -(-h // k), -(-w // k)),), top, (h, w))
+
+
+def _decode_for(image: str | Path, tokens: TokenSet, num_levels: int) -> Pyramid:
+    """The pyramid of the file ``image`` decoded once at the finest scale ``tokens`` need:
+    page level ``k = min(floor(min level), MAX_REDUCED_LEVEL)``. A JPEG decodes at that
+    scale directly (``Image.draft``: libjpeg's scaled inverse DCT); another format, or a
+    JPEG whose reduced size is not ``ceil(size / 2**k)``, decodes whole and is area-averaged
+    over ``2**k``-pixel blocks. ``k = 0``: the full page (:func:`build_pyramid`). The
+    patches read from a reduced page are area means of its pixels, equal to the full
+    page's up to the decoder's rounding and the blocks' edges."""
+    from PIL import Image
+
+    from fovea_core.pyramid import ReducedPyramid
+
+    h, w = tokens.image_size
+    k = int(min(math.floor(float(tokens.levels.min())), MAX_REDUCED_LEVEL))
+    if k <= 0:
+        return build_pyramid(load_image(image), num_levels)
+    kh, kw = -(-h // 2**k), -(-w // 2**k)
+    x = None
+    try:
+        with Image.open(image) as img:
+            if img.format == "JPEG":
+                sw, sh = img.size                       # as stored (before EXIF turns it)
+                img.draft(None, (-(-sw // 2**k), -(-sh // 2**k)))
+                img.load()
+                arr = _pil_to_array(img)
+                if arr.shape[:2] == (kh, kw):
+                    x = as_image_batch(arr)
+    except Exception:  # noqa: BLE001 - decoded whole below, where errors are reported
+        x = None
+    if x is None:
+        full = load_image(image)
+        x = torch.nn.functional.avg_pool2d(full, 2**k, ceil_mode=True,
+                                           count_include_pad=False)
+    stored = build_pyramid(x, num_levels - k)
+    return ReducedPyramid(stored.levels, k, (h, w))
+
+
 def foveate(image: Any, question: str | None = None, *, budget: int | None = 273,
             method: str = DEFAULT_METHOD, **method_options: Any) -> Foveation:
     """Foveate one page: exactly ``budget`` tokens, their patches, the view and the cost.
@@ -683,8 +830,8 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
     (the top rows of the page), which a researcher would otherwise read as the method's.
 
     Returns:
-        A :class:`Foveation` (tokens ``[1, N]``, patches ``[1, N, C, p, p]``, view
-        ``[C, H, W]``, cost).
+        A :class:`Foveation` (tokens ``[1, N]``, patches ``[1, N, C, p, p]``, cost; the
+        view ``[C, H, W]`` is rendered when first asked for).
 
     Raises:
         FileNotFoundError, TypeError, ValueError: a missing or unreadable image, an unknown
@@ -697,26 +844,32 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
 
     _, INFO = _registry()
     from fovea_core.importance import score
-    from fovea_core.sample import render, sample
+    from fovea_core.sample import sample
 
     plan = _prepare(method, question, method_options)
     for note in plan.notes:
         warnings.warn(note, FoveateWarning, stacklevel=2)
     patch, scorer, opts, q_used = plan.patch, plan.scorer, plan.options, plan.question_used
 
-    x = load_image(image)
-    _, _, h, w = x.shape
-    if min(h, w) < patch:
-        raise ValueError(f"image: a {h}x{w} page is smaller than one patch ({patch} px): "
-                         f"foveate needs H and W >= patch; pass a larger page or a smaller "
-                         f"patch=")
-    budget = _page_budget(method, budget, (h, w), patch, opts)
-
-    pyr = build_pyramid(x, patch=patch)
-    t0 = time.perf_counter()
-    scores = score(scorer, pyr.base, query=question if scorer in _query_scorers() else None,
-                   patch=patch)
-    side_ms = (time.perf_counter() - t0) * 1e3
+    reduced = _reduced_read(image, method, patch)
+    if reduced is not None:             # tokens from the page's geometry, then one decode
+        size = reduced
+        budget = _page_budget(method, budget, size, patch, opts)
+        pyr = _geometry_pyramid(size, patch)
+    else:
+        x = _load_page(image)
+        size = tuple(x.shape[-2:])
+        _check_page_size(size, patch)
+        budget = _page_budget(method, budget, size, patch, opts)
+        pyr = build_pyramid(x, patch=patch)
+        del x
+    if scorer == "none":                 # a method that reads no map: no look at the page
+        scores, side_ms = torch.zeros(1, *pyr.grid_shape(patch, 0)), 0.0
+    else:
+        t0 = time.perf_counter()
+        scores = score(scorer, pyr.base, query=question if scorer in _query_scorers() else None,
+                       patch=patch)
+        side_ms = (time.perf_counter() - t0) * 1e3
     call = dict(opts, patch=patch)
     if question is not None and q_used:
         call["query"] = question
@@ -743,10 +896,16 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
         raise ValueError(f"method {method!r} with options {opts} returned {got} tokens, not "
                          f"budget = {budget} (e.g. multi_fixation's mode='per_fixation'); "
                          "foveate needs exactly N")
+    if reduced is not None:
+        pyr = _decode_for(image, tokens, pyr.num_levels)
     patches = sample(pyr, tokens)
-    view = render(tokens, patches, background=pyr)[0].clamp(0, 1)
     cost = _cost(method, scorer, pyr, budget, side_ms, side)
-    return Foveation(tokens=tokens, patches=patches, view=view, cost=cost, method=method,
+    if float(tokens.levels.max()) > pyr.num_levels - 1:
+        raise ValueError(f"method {method!r} placed a token at level "
+                         f"{float(tokens.levels.max()):g}, beyond the pyramid's "
+                         f"{pyr.num_levels - 1}")
+    return Foveation(tokens=tokens, patches=patches, cost=cost, method=method,
+                     background=pyr.levels[-1].clone(),
                      options=dict(opts, patch=patch, **({"scorer": scorer}
                                                         if scorer != "none" else {})),
                      question=question, question_used=q_used,

@@ -264,6 +264,64 @@ class Pyramid:
         return Pyramid(tuple(lvl.to(device) for lvl in self.levels))
 
 
+@dataclass(frozen=True, eq=False)
+class ReducedPyramid(Pyramid):
+    """A pyramid whose finest stored level is page level ``base_level`` (a page decoded at
+    scale ``2**-base_level``, e.g. a JPEG's reduced decode): ``levels[0]`` is level
+    ``base_level`` of a page of :attr:`image_size` pixels, ``levels[m]`` level
+    ``base_level + m``.
+
+    It serves the methods that choose their tokens from the page's geometry alone and whose
+    tokens all sit at levels ``>= base_level`` (:func:`fovea_core.foveation.foveate` builds
+    it for them): :attr:`image_size`, :attr:`num_levels` and :meth:`grid_shape` are the
+    page's, and :func:`~fovea_core.sample.sample_area` reads the stored level in page
+    coordinates. Anything that reads level 0 (:attr:`base`) raises instead of reading the
+    wrong scale.
+
+    Attributes:
+        levels: the stored levels, ``[B, C, ceil(H / 2**(base_level + m)), ...]``.
+        base_level: the page level of ``levels[0]`` (an int >= 0).
+        page_size: the page's ``(H, W)`` at full resolution.
+    """
+
+    base_level: int = 0
+    page_size: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.base_level, bool) or not isinstance(self.base_level, int) \
+                or self.base_level < 0:
+            raise ValueError(f"base_level must be an int >= 0, got {self.base_level!r}")
+        h, w = self.page_size
+        k = 2**self.base_level
+        if tuple(self.levels[0].shape[-2:]) != (-(-h // k), -(-w // k)):
+            raise ValueError(f"levels[0] must be page level {self.base_level} of a {h}x{w} "
+                             f"page, [{-(-h // k)}, {-(-w // k)}], got "
+                             f"{list(self.levels[0].shape[-2:])}")
+
+    @property
+    def base(self) -> torch.Tensor:
+        raise ValueError(f"this pyramid stores the page from level {self.base_level} on (a "
+                         "reduced decode): level 0 is not stored; build_pyramid the full page "
+                         "for a method that reads it")
+
+    @property
+    def num_levels(self) -> int:
+        return self.base_level + len(self.levels)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """``(H, W)`` of the page at full resolution (level 0, not stored)."""
+        return tuple(self.page_size)  # type: ignore[return-value]
+
+    def atlas(self) -> None:
+        return None
+
+    def to(self, device: str | torch.device) -> "ReducedPyramid":
+        return ReducedPyramid(tuple(lv.to(device) for lv in self.levels), self.base_level,
+                              self.page_size)
+
+
 def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
@@ -370,7 +428,11 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     """
     if isinstance(patch, bool) or not isinstance(patch, (int, np.integer)) or patch < 1:
         raise ValueError(f"patch must be a positive int (pixels), got {patch!r}")
-    x = as_image_batch(image)
+    # 8-bit pages stay 8-bit until they are written into the atlas (divided by 255 there,
+    # as as_image_batch divides them): no full-size float copy of a large photograph
+    u8 = isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim == 4 \
+        and min(image.shape) > 0
+    x = image if u8 else as_image_batch(image)
     b, c, h, w = x.shape
     if num_levels is None:
         num_levels = default_num_levels(h, w, patch)
@@ -382,6 +444,8 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     atlas = nhwc.permute(0, 3, 1, 2)
     levels = [atlas[..., y:y + hh, xx:xx + ww] for (y, xx), (hh, ww) in zip(origins, sizes)]
     nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))          # rows of W*C floats: fast copies
+    if u8:
+        nhwc[:, :h, :w].div_(255.0)
     fast = _PYR_DOWN_STEPS.get(x.device.type) if min(h, w) >= 3 else None
     for m in range(1, num_levels):
         if fast is not None and fast(levels[m - 1], levels[m]):

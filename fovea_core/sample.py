@@ -51,7 +51,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from fovea_core.pyramid import Pyramid
+from fovea_core.pyramid import Pyramid, ReducedPyramid
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
 __all__ = ["FILTERS", "PAINTERS", "check_sample_args", "remap", "remap_fast", "remap_reference",
@@ -320,6 +320,10 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
         return sample_area(pyramid, tokens, p)
     if filter != "mip":
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
+    if isinstance(pyramid, ReducedPyramid):
+        raise ValueError("filter='mip' reads the pyramid's levels from level 0; this pyramid "
+                         f"is stored from level {pyramid.base_level} (a reduced decode): use "
+                         "filter='area'")
     b, n = tokens.levels.shape
     nl = pyramid.num_levels
     dev = pyramid.base.device
@@ -373,10 +377,11 @@ def _summed_area(pyramid: Pyramid, device: torch.device) -> torch.Tensor:
     if device not in cache:
         # built in place in the one float64 table: a 35-Mpixel scan's table is 0.8 GB, and
         # padding and cumulating out of place held four of them at once
-        base = pyramid.base.to(device)
+        base = pyramid.levels[0].to(device)          # the finest stored level
         b, c, h, w = base.shape
-        sat = torch.zeros(b, h + 3, w + 3, c, dtype=torch.float64, device=device)
-        img = sat[:, 1:, 1:]                                  # the padded image, [B, H+2, W+2, C]
+        sat = torch.empty(b, h + 3, w + 3, c, dtype=torch.float64, device=device)
+        sat[:, 0], sat[:, :, 0] = 0.0, 0.0     # the table's zero row and column; the rest is
+        img = sat[:, 1:, 1:]                   # written: the padded image, [B, H+2, W+2, C]
         img[:, 1:-1, 1:-1] = base.permute(0, 2, 3, 1)
         img[:, 0], img[:, -1] = img[:, 1], img[:, -2]                    # replicate rows
         img[:, :, 0], img[:, :, -1] = img[:, :, 1], img[:, :, -2]        # then columns
@@ -425,14 +430,18 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
         patch: samples per side; default ``tokens.patch``.
     """
     p = check_sample_args(pyramid, tokens, patch)
-    dev = pyramid.base.device
+    dev = pyramid.levels[0].device
+    k = pyramid.base_level if isinstance(pyramid, ReducedPyramid) else 0
+    if k and float(tokens.levels.min()) < k:
+        raise ValueError(f"tokens.levels must be >= {k} on a pyramid stored from level {k} "
+                         f"(a reduced decode), got a level {float(tokens.levels.min()):g}")
     sat = _summed_area(pyramid, dev)                                       # [B, H+3, W+3, C]
     n = tokens.levels.shape[1]
     # tokens in chunks: the reads hold ~30 KB of float64 a token (16 px), so a page read
     # whole at level 0 (136k tokens on a 35-Mpixel scan) would need ~4 GB at once
     chunk = max(1, AREA_CHUNK // max(1, tokens.batch_size))
     out = [_area_reads(sat, tokens.centers[:, i:i + chunk], tokens.levels[:, i:i + chunk],
-                       tokens.image_size, p).to(pyramid.base.dtype)
+                       tokens.image_size, p, k).to(pyramid.levels[0].dtype)
            for i in range(0, n, chunk)]
     out = out[0] if len(out) == 1 else torch.cat(out, 1)                   # [B, N, p, p, C]
     return out.permute(0, 1, 4, 2, 3).contiguous()
@@ -443,15 +452,24 @@ AREA_CHUNK = 4096
 
 
 def _area_reads(sat: torch.Tensor, centers: torch.Tensor, levels: torch.Tensor,
-                image_size: tuple[int, int], p: int) -> torch.Tensor:
+                image_size: tuple[int, int], p: int, base_level: int = 0) -> torch.Tensor:
     """:func:`sample_area`'s box means of the tokens ``centers [B, n, 2]``, ``levels [B, n]``
-    from the summed-area table ``sat``: ``[B, n, p, p, C]`` float64."""
+    from the summed-area table ``sat``: ``[B, n, p, p, C]`` float64. ``sat`` is the table of
+    page level ``base_level`` (a reduced decode), whose pixel ``i`` covers page pixels
+    ``[i 2**base_level, (i + 1) 2**base_level)``: positions and box sides are read in its
+    pixels."""
     dev = sat.device
     b, hs, ws, c = sat.shape
     h, w = image_size
     n = levels.shape[1]
-    step = torch.exp2(levels.to(dev, torch.float64))[..., None]            # [B, n, 1]
+    lev = levels.to(dev, torch.float64)
     cen = centers.to(dev, torch.float64)
+    if base_level:                          # page coordinates -> the stored level's pixels
+        lev = lev - base_level
+        cen = cen * cen.new_tensor([w / 2.0**base_level, h / 2.0**base_level]) \
+            / cen.new_tensor([ws - 3, hs - 3])
+        h, w = hs - 3, ws - 3
+    step = torch.exp2(lev)[..., None]                                      # [B, n, 1]
     e = torch.arange(p + 1, device=dev, dtype=torch.float64) - p / 2       # box edges
     # padded coordinates, snapped to 1/1024 px: float32 centres carry ~1e-5 px of rounding,
     # which would blend ~1e-6 of a neighbour into a grid-aligned read
@@ -782,12 +800,20 @@ def _composite(canvases: list[_Canvas], bg: torch.Tensor, image_size: tuple[int,
     val = _read_points(bg, x * (wb / w) - 0.5, y * (hb / h) - 0.5, "bilinear", "border")
     for cv in canvases:
         u, v = cv.coords(x, y)
-        alpha = _read_points(cv.valid, u, v, "bilinear", "zeros")[:, 0]
-        sel = (alpha > 0).nonzero().squeeze(1)
-        if sel.numel() == 0:
+        hc, wc = cv.valid.shape[-2:]
+        # the bilinear read of `valid` (zero padded) is zero beyond one canvas pixel of the
+        # canvas: only the points inside that box are read (a fovea's canvas is small)
+        box = ((u > -1) & (u < wc) & (v > -1) & (v < hc)).nonzero().squeeze(1)
+        if box.numel() == 0:
             continue
-        a = alpha.index_select(0, sel)[:, None].clamp(max=1)
-        ours = _read_points(cv.values, u.index_select(0, sel), v.index_select(0, sel),
+        ub, vb = u.index_select(0, box), v.index_select(0, box)
+        alpha = _read_points(cv.valid, ub, vb, "bilinear", "zeros")[:, 0]
+        keep = (alpha > 0).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            continue
+        sel = box.index_select(0, keep)
+        a = alpha.index_select(0, keep)[:, None].clamp(max=1)
+        ours = _read_points(cv.values, ub.index_select(0, keep), vb.index_select(0, keep),
                             "bicubic", "border")
         val.index_copy_(0, sel, torch.lerp(val.index_select(0, sel), ours, a))
     return val

@@ -74,6 +74,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.registry import register
 from fovea_core.cascade.allocator import (LEGIBLE_PX, RUNNERS, SURROUND, CascadeParts,
                                           cascade_parts, check_cascade_budget, choose_level,
@@ -649,10 +650,20 @@ def read_map(matches: Sequence[Match], read: TextRead, image_size: tuple[int, in
 
 
 # ----------------------------------------------------------------------------- reading
+def view_scale(tokens: TokenSet) -> int:
+    """The octave ``k`` at which :func:`first_view` renders ``tokens``: the finest token's
+    level rounded down (``floor(min level)``, at least 0), so that the view holds every
+    pixel a token carries and no more: a page read at level 2.4 is rendered at a quarter of
+    its size, a fovea at level 0.3 at full size."""
+    return max(0, int(math.floor(float(tokens.levels.min()))))
+
+
 def first_view(pyramid: Pyramid, tokens: TokenSet) -> torch.Tensor:
-    """``[B, C, H, W]`` in ``[0, 1]``: what ``tokens`` show, rendered from their own patches
-    (:func:`~fovea_core.sample.render`, smooth painter) over each image's mean token colour
-    (never the pyramid's coarse level: nothing outside the tokens).
+    """``[B, C, ceil(H / 2**k), ceil(W / 2**k)]`` in ``[0, 1]``: what ``tokens`` show,
+    rendered from their own patches (:func:`~fovea_core.sample.render`, smooth painter) over
+    each image's mean token colour (never the pyramid's coarse level: nothing outside the
+    tokens), at the scale the tokens carry (``k`` = :func:`view_scale`: the pixels a model
+    reading these tokens sees, not a full-resolution canvas of a large photograph).
 
     The last view is kept on the pyramid (as :mod:`fovea_core.sample` keeps its tables):
     the same tokens on the same pyramid are not rendered again. That happens when fixation
@@ -666,7 +677,10 @@ def first_view(pyramid: Pyramid, tokens: TokenSet) -> torch.Tensor:
     last = pyramid.__dict__.get("_first_view")
     if last is not None and _same_tokens(last[0], tokens):
         return last[1]
-    view = render(tokens, sample(pyramid, tokens), background=None).clamp(0, 1)
+    h, w = tokens.image_size
+    k = 2**view_scale(tokens)
+    view = render(tokens, sample(pyramid, tokens), (-(-h // k), -(-w // k)),
+                  background=None).clamp(0, 1)
     pyramid.__dict__["_first_view"] = (tokens, view)
     return view
 
@@ -680,14 +694,25 @@ def _same_tokens(a: TokenSet, b: TokenSet) -> bool:
 
 
 def read_view(view: torch.Tensor) -> TextRead:
-    """OCR of one rendered view ``[1, C, H, W]``: every line detected and recognised, boxes
-    in the view's (= base) pixels, of any confidence (:data:`MATCH_MIN_CONF` applies when
+    """OCR of one rendered view ``[1, C, h, w]``: every line detected and recognised, boxes
+    in the view's pixels (:func:`reading_parts` scales them to the page's), of any confidence (:data:`MATCH_MIN_CONF` applies when
     matching). Through :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``,
     whose caches (memory and disk, :func:`fovea_core.paths.cache_dir`) key the read by a SHA-1
     of the view's bytes. Tests replace this function to read what they choose."""
     from fovea_core.importance.query import read_page
 
     return read_page(view, coarse_level=0, min_conf=0.0).reads[0]
+
+
+def _in_page_pixels(lines: TextRead, view_size, size: tuple[int, int]) -> TextRead:
+    """``lines`` read on a view of ``view_size`` ``(h, w)``, with boxes in the page's pixels
+    (``size``; the same object when the view is the page's size)."""
+    (vh, vw), (h, w) = (int(v) for v in view_size), size
+    if (vh, vw) == (h, w):
+        return lines
+    scale = np.float32([w / vw, h / vh, w / vw, h / vh])
+    return TextRead(np.asarray(lines.boxes, np.float32).reshape(-1, 4) * scale, lines.texts,
+                    lines.conf)
 
 
 @dataclass(frozen=True)
@@ -706,7 +731,8 @@ class Reading:
         ocr_ms: wall milliseconds of the OCR of the view (near 0 on a cache hit; 0 when
             not read; the render of the view is not counted). In the real-model design this is the model's prefill and
             decode of fixation 1's tokens, which the book costs separately.
-        view_pixels: pixels of the view read (``H * W``; 0 when not read).
+        view_pixels: pixels of the view read (its ``h * w``, at the scale of fixation 1's
+            finest token, :func:`view_scale`; 0 when not read).
         first_tokens: tokens of fixation 1 (gist + first fovea).
     """
 
@@ -909,9 +935,9 @@ def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
             reason = "no question" if not query else "no cue"
         else:
             t0 = time.perf_counter()
-            lines = read_view(views[b:b + 1])
+            lines = _in_page_pixels(read_view(views[b:b + 1]), views.shape[-2:], size)
             ms = (time.perf_counter() - t0) * 1e3
-            pixels = int(size[0] * size[1])
+            pixels = int(views.shape[-2] * views.shape[-1])
             kept = best_matches(match_lines(query, lines, size, geometry=geometry))
             reason = "" if kept else ("nothing read" if len(lines.texts) == 0 else "no match")
         rm = read_map(kept, lines, size, patch=patch, geometry=geometry)[None]
@@ -956,8 +982,10 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
     that share of N; at most ``budget - 2``, which leaves a first-fovea token and a second
     look), the others the gist and a first fovea. At a budget too small for a glance finer
     than the gist, every image takes the gist path. The glance is finer than the gist it
-    replaces, so the map was computed from pixels the tokens carry. A batch whose images take both paths runs image by image
-    (its ``first`` is then ``None``)."""
+    replaces, so the map was computed from pixels the tokens carry. A batch whose images
+    take both paths runs image by image (its ``first`` is then ``None``). ``below = 1``
+    glances on every page (a map's confidence is at most 1): the path is decided without
+    the gate's gist and localiser call."""
     if not is_number(below) or not 0.0 <= float(below) <= 1.0:
         raise ValueError(f"{NAME}: glance_below must be a number in [0, 1] (a map confidence, "
                          f"map_confidence; 0: never glance), got {below!r}")
@@ -965,17 +993,26 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
         raise ValueError(f"{NAME}: glance_share must be a number in (0, 1) (the glance's share "
                          f"of N), got {share!r}")
     gb = kw["gist_budget"]
-    g = kw["gist_obj"] if kw["gist_obj"] is not None else gist(
-        pyramid, gist_budget_for(budget) if gb is None else int(gb), patch=kw["patch"])
+    gb = gist_budget_for(budget) if gb is None else int(gb)
+    g = kw["gist_obj"]
+    if g is not None:
+        cells = g.budget
+    else:                                       # the gist's cells, without sampling it
+        rows, cols, _ = resize_grid(tuple(pyramid.image_size), gb, kw["patch"])
+        cells = rows * cols
     # the glance leaves a first-fovea token and a second look (at least 2 tokens); a budget
     # too small for a glance finer than the gist runs the gist path, as for a sure map
     glance = min(int(round(float(share) * budget)), budget - 2)
+    if glance <= cells:
+        g = g if g is not None else gist(pyramid, gb, patch=kw["patch"])
+        return reading_parts(pyramid, budget, **dict(kw, gist_obj=g))
+    glance_kw = dict(kw, gist_budget=glance, gist_obj=None)
+    if float(below) >= 1.0:                     # every page glances: no gate to decide
+        return reading_parts(pyramid, budget, **glance_kw)
+    g = g if g is not None else gist(pyramid, gb, patch=kw["patch"])
     sure_kw = dict(kw, gist_obj=g)
-    if glance <= g.budget:
-        return reading_parts(pyramid, budget, **sure_kw)
     loc = get_localiser(kw["localiser"])(g, kw["query"]).float().clamp(min=0)
     unsure = map_confidence(loc) < float(below)                            # [B]
-    glance_kw = dict(kw, gist_budget=glance, gist_obj=None)
     if not bool(unsure.any()) or bool(unsure.all()):
         return reading_parts(pyramid, budget, **(glance_kw if bool(unsure[0]) else sure_kw))
     parts = []
