@@ -64,7 +64,7 @@ $PY -m pytest -m gpu -q -rA tests/test_kernels.py tests/test_kernels_fused.py te
 tail -25 "$OUT/pytest_gpu.log"
 
 log "nvcc resource usage"
-$PY -c "import json; from fovea_core import kernels as K; print(json.dumps({a: K.kernel_resources(a) for a in ('sm_80', 'sm_90')}))" \
+$PY -c "import json; from fovea_book.kernel_source import kernel_resources; print(json.dumps({a: kernel_resources(a) for a in ('sm_80', 'sm_90')}))" \
     >"$OUT/resources.json" 2>>"$OUT/session.log"
 
 log "sampling benchmark (B = 1, 64)"

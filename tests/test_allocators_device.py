@@ -387,10 +387,11 @@ def _random_weights(g: np.random.Generator, b: int, n: int) -> np.ndarray:
 
 
 def test_torch_largest_remainder_equals_the_numpy_rule():
-    """Hamilton's method on torch gives exactly the quotas of fovea_core.rounding's, on many
-    random cases (ties, zero rows, negative weights, minimum, capacity, per-row totals)."""
+    """Hamilton's method on torch gives exactly the quotas of the numpy rule
+    (:func:`fovea_book.biology.cortex.hamilton`), on many random cases (ties, zero rows,
+    negative weights, minimum, capacity, per-row totals)."""
     from fovea_core.allocators.base import largest_remainder
-    from fovea_core.rounding import largest_remainder as hamilton
+    from fovea_book.biology.cortex import hamilton
 
     g = np.random.default_rng(22)
     for trial in range(600):

@@ -44,9 +44,8 @@ from fovea_core.foveation import foveate, load_image
 from fovea_core.importance import center_bias, fixation_from_scores, score, spectral_residual
 from fovea_core.importance.query import query_scores
 from fovea_core.importance.text import read_text
-from fovea_core.logpolar import logpolar_lut, to_logpolar
+from fovea_book.logpolar import logpolar_lut, to_logpolar
 from fovea_core.pyramid import Pyramid, as_image_batch
-from fovea_core.rounding import largest_remainder
 from fovea_core.sample import render, sample
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import mrope_positions, rope2d_angles
@@ -310,8 +309,8 @@ CASES = [
     ("annulus_coverage samples", lambda: C.annulus_coverage([0, 1], 5, 5, samples=1), ValueError, "samples"),
     ("largest_remainder total NaN", lambda: C.largest_remainder([1, 2], np.nan), ValueError, "total"),
     ("largest_remainder all zero", lambda: C.largest_remainder([0, 0], 3), ValueError, "weights"),
-    ("rounding NaN weights", lambda: largest_remainder([1.0, np.nan], 3), ValueError, "weights"),
-    ("rounding minimum", lambda: largest_remainder([1.0, 2.0], 3, minimum=-1), ValueError, "minimum"),
+    ("hamilton NaN weights", lambda: C.hamilton([1.0, np.nan], 3), ValueError, "weights"),
+    ("hamilton minimum", lambda: C.hamilton([1.0, 2.0], 3, minimum=-1), ValueError, "minimum"),
     ("pRF slope negative", lambda: P.prf_sigma(1.0, slope=-0.1), ValueError, "slope"),
     ("pooling scaling negative", lambda: P.pooling_diameter(1.0, scaling=-0.46), ValueError, "scaling"),
     ("acuity e2 NaN", lambda: P.acuity_size(1.0, e2=np.nan), ValueError, "e2"),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fovea_book.bench import common
-from fovea_core.vlm.qwen import qwen_config
+from fovea_book.qwen_models import qwen_config
 
 
 def test_speedup_interval_is_a_bootstrap_ci_over_repeats():

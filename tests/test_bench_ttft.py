@@ -15,7 +15,7 @@ import pytest
 import torch
 from fovea_book.bench import common, ttft
 
-from fovea_core.vlm.qwen import build_qwen, lm_prefill_flops, qwen_config
+from fovea_book.qwen_models import build_qwen, lm_prefill_flops, qwen_config
 
 REAL = common.results_dir()
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from fovea_core import build_pyramid
 from fovea_core.methods import ALLOCATORS, INFO, allocate
 from fovea_core.allocators.grid import resize_grid
-from fovea_core.cascade import (STAGE_FOVEA, STAGE_GIST, OracleLocaliser, cascade,
-                                cascade_parts, gist, gist_to_grid, place_fovea)
+from fovea_book.eval.localisation import OracleLocaliser
+from fovea_core.cascade import (STAGE_FOVEA, STAGE_GIST, cascade, cascade_parts, gist,
+                                gist_to_grid, place_fovea)
 from fovea_core.cascade.core import fovea_grid, grid_mass, overlap_matrix, page_key
 from fovea_core.cascade.localisers import answer_mass, uniform
 from fovea_book.eval.localisation import cell_auc, coverage_raster, fovea_share

@@ -139,7 +139,7 @@ def test_cascade_hook_rows_match_the_registered_cascade_in_the_sweep(tmp_path):
 
 
 def test_cascade_rows_carry_localisation(tmp_path):
-    from fovea_core.cascade import OracleLocaliser
+    from fovea_book.eval.localisation import OracleLocaliser
 
     doc = make_document(41)
     m = Method("cascade_oracle", "cascade", dict(localiser=OracleLocaliser([doc]), level=0.5),
@@ -154,7 +154,7 @@ def test_cascade_rows_carry_localisation(tmp_path):
 
 
 def test_evaluation_over_processes_matches_one_process(tmp_path):
-    from fovea_core.cascade import OracleLocaliser
+    from fovea_book.eval.localisation import OracleLocaliser
     from fovea_book.eval.sweep import TIMING_COLUMNS
 
     docs = [make_document(51), make_document(52, layout="receipt")]
@@ -251,7 +251,7 @@ def _split_rows(n_docs: int = 60, anls=None) -> pd.DataFrame:
 
 
 def test_gist_split_methods_and_rows_label_each_gist_budget():
-    from fovea_core.cascade import OracleLocaliser
+    from fovea_book.eval.localisation import OracleLocaliser
     from fovea_book.eval.cascade import gist_split_methods, gist_split_rows
 
     oracle = OracleLocaliser([make_document(41)])

@@ -306,7 +306,7 @@ def _training_docs(data: TrainingSet, index: int):
 
 def test_answer_targets_are_box_areas_on_the_gist_pixels():
     """Known areas: 1-px gist pixels centred at 0.5, 1.5, 2.5 (x) and 0.5, 1.5 (y)."""
-    from fovea_core.cascade.learned import answer_targets
+    from fovea_book.train import answer_targets
 
     ys = torch.tensor([0.5, 1.5], dtype=torch.float64)
     xs = torch.tensor([0.5, 1.5, 2.5], dtype=torch.float64)
@@ -337,11 +337,11 @@ def test_answer_targets_are_box_areas_on_the_gist_pixels():
 @needs_real
 def test_training_targets_are_target_map_on_real_gists():
     """The targets the training batches carry (:func:`collate`) are, bit for bit,
-    :func:`~fovea_core.cascade.learned.target_map` of each question's boxes on the page's
+    :func:`~fovea_book.train.target_map` of each question's boxes on the page's
     gist (the question-agnostic target: all answers' boxes), on synthetic receipts and
     papers and on real SROIE and FUNSD training pages, at every gist budget: the one
     target rule, so the committed weights (pinned hash) stay what this code trains."""
-    from fovea_core.cascade.learned import target_map
+    from fovea_book.train import target_map
     from fovea_book.train import collate, gist_of
 
     cfg = TrainConfig(pages=4, gists_per_page=3, real_pages=3, null_share=0.5)

@@ -180,7 +180,7 @@ def test_saving_factor_bad_input():
 def test_prefill_flops_is_chapter_15s_count():
     pytest.importorskip("transformers")
     from fovea_book.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
-    from fovea_core.vlm.qwen import lm_prefill_flops, qwen_config
+    from fovea_book.qwen_models import lm_prefill_flops, qwen_config
 
     tc = qwen_config("qwen2-vl-2b").text_config
     text = TEXT_BEFORE + TEXT_AFTER

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fovea_book.kernel_source import kernel_resources
 from fovea_core import kernels as K
 from fovea_core.pyramid import Pyramid
 from fovea_core.sample import sample_reference
@@ -134,7 +135,7 @@ def test_a_pyramid_in_another_layout_is_refused():
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_nvcc_builds_it_without_spills_within_its_launch_bounds():
-    res = K.kernel_resources("sm_90")["gather_tokens"]
+    res = kernel_resources("sm_90")["gather_tokens"]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0
     # __launch_bounds__(256, 2): 2 blocks of 256 threads an SM fit 65,536 registers
     assert res["registers"] * K.ops.GATHER_TOKENS_BLOCK * K.ops.GATHER_TOKENS_BLOCKS_PER_SM \

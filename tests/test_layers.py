@@ -52,9 +52,9 @@ REPO_ROOT = ROOTS[PACKAGE]
 #: folder or module must be placed here.
 LAYERS: dict[str, int] = {
     # 0: the data every layer shares
-    "cache": 0, "paths": 0, "rounding": 0, "tokens": 0, "pyramid": 0,
-    # 1: reading pixels (reference sampler, kernels, log-polar remap), drawing tokens
-    "sample": 1, "kernels": 1, "logpolar": 1, "draw": 1,
+    "cache": 0, "paths": 0, "tokens": 0, "pyramid": 0,
+    # 1: reading pixels (reference sampler, kernels), drawing tokens
+    "sample": 1, "kernels": 1, "draw": 1,
     # 2: deciding: importance scorers and the allocators (one registry of methods)
     "importance": 2, "allocators": 2,
     # 3: the budgeted cascade, built from allocators and scorers; it registers its methods

@@ -1,4 +1,4 @@
-"""fovea_core.logpolar: agreement with cv2.warpPolar, inverse, scale/rotation -> translation.
+"""fovea_book.logpolar: agreement with cv2.warpPolar, inverse, scale/rotation -> translation.
 
 Tolerances (OpenCV 5.x, float32 images):
 * forward: our LUT is OpenCV's internal map bit for bit (checked by feeding it to cv2.remap),
@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fovea_core.logpolar import (from_logpolar, inverse_logpolar_lut, logpolar_lut, to_logpolar,
+from fovea_book.logpolar import (from_logpolar, inverse_logpolar_lut, logpolar_lut, to_logpolar,
                                  wrap_angle)
 from fovea_core.sample import remap
 

@@ -172,7 +172,8 @@ def test_resize_curve_figure_draws_the_curve_and_the_methods():
 
 def test_cascade_stages_figure_draws_each_stage_and_the_answer():
     from fovea_core import build_pyramid
-    from fovea_core.cascade import OracleLocaliser, cascade_parts
+    from fovea_book.eval.localisation import OracleLocaliser
+    from fovea_core.cascade import cascade_parts
     from fovea_book.eval.documents import make_document
     from fovea_book.plotting import STAGE_COLORS, cascade_stages_figure
 

@@ -380,7 +380,7 @@ def test_map_auc_ranks_maps_on_pages_as_they_are_and_pairs_them_over_documents()
     over documents and says which is better; an unknown reference is refused."""
     from fovea_book.eval.documents import synthetic_documents
     from fovea_book.eval.unseen import map_auc
-    from fovea_core.cascade.localisers import OracleLocaliser
+    from fovea_book.eval.localisation import OracleLocaliser
 
     docs = synthetic_documents(20, seed=11)
     oracle = OracleLocaliser(docs)

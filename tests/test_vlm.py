@@ -19,9 +19,10 @@ from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import (footprint_weights, full_grid_tokens, merged_cell_px,
                                       merged_cells, merged_grid_shape, mrope_positions,
                                       rope2d_angles, token_scale)
-from fovea_core.vlm.qwen import (PIXEL_NORM, build_qwen, encode_images, family_of, foveated_inputs,
-                                 has_family, lm_logits, lm_parameter_count, lm_prefill_flops,
-                                 pixel_values, qwen_config, reference_forward)
+from fovea_book.qwen_models import (build_qwen, has_family, lm_parameter_count, lm_prefill_flops,
+                                     qwen_config, reference_forward)
+from fovea_core.vlm.qwen import (PIXEL_NORM, encode_images, family_of, foveated_inputs, lm_logits,
+                                 pixel_values)
 
 FAMILIES = [f for f in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl") if has_family(f)]
 TEXT_BEFORE = torch.tensor([5, 6, 7])

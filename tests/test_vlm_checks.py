@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fovea_book.eval.vlm_checks import mrope_invariants, random_cells
-from fovea_core.vlm.qwen import has_family
+from fovea_book.qwen_models import has_family
 
 
 def test_random_cells_are_distinct_per_image():

@@ -1,5 +1,5 @@
 """End-to-end tests of fovea_core.vlm.processor.FoveatedProcessor with the random-weight Qwen-VL
-models of fovea_core.vlm.qwen, for every family the installed transformers has.
+models of fovea_book.qwen_models, for every family the installed transformers has.
 
 The stock reference is the family's own ``transformers`` processor (``stock_processor``: the
 PIL image processor and an offline character tokenizer with the tiny configs' token ids).
@@ -17,7 +17,8 @@ from fovea_core.foveation import FoveateWarning
 from fovea_core.vlm.positions import merged_cell_px
 from fovea_core.vlm.processor import (SUPPORTED_PROCESSORS, FoveatedProcessor, processor_family,
                                       stock_processor)
-from fovea_core.vlm.qwen import build_qwen, has_family, pixel_values
+from fovea_book.qwen_models import build_qwen, has_family
+from fovea_core.vlm.qwen import pixel_values
 
 FAMILIES = [f for f in SUPPORTED_PROCESSORS if has_family(f)]
 QUESTION = "What is the total?"

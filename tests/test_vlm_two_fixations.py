@@ -1,6 +1,6 @@
 """Mechanics of ``FoveatedProcessor.two_fixations`` (look with the cascade, ask the model for
 the answer's box, look there; answer on the tokens of both looks) with the random-weight
-Qwen-VL models of ``fovea_core.vlm.qwen``, for every family the installed transformers has.
+Qwen-VL models of ``fovea_book.qwen_models``, for every family the installed transformers has.
 
 Random weights: the model's grounding reply is noise, so these tests check mechanics only
 (token counts, positions, logits, the box parser, the fallback, and where a given box sends
@@ -19,7 +19,7 @@ from fovea_core.foveation import FoveateWarning, foveate
 from fovea_core.vlm.processor import (GROUNDING_COORDS, GROUNDING_PROMPTS, SUPPORTED_PROCESSORS,
                                       FoveatedProcessor, GroundingBox, SecondFixationMap,
                                       parse_grounding_box)
-from fovea_core.vlm.qwen import build_qwen, has_family
+from fovea_book.qwen_models import build_qwen, has_family
 from test_vlm_processor import _page
 
 FAMILIES = [f for f in SUPPORTED_PROCESSORS if has_family(f)]

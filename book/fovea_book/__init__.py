@@ -8,7 +8,10 @@ package is what the book needs around it, and ``fovea_core`` never imports it:
   chapters' sentences and the results ledger;
 * :mod:`fovea_book.biology` -- retina, cortex and psychophysics of the first chapters;
 * :mod:`fovea_book.bench` -- the benchmarks (JSON records with hardware and versions);
-* :mod:`fovea_book.train` -- retraining the cascade's learned localiser;
+* :mod:`fovea_book.train` -- retraining the cascade's learned localiser (and its target);
+* :mod:`fovea_book.logpolar`, :mod:`fovea_book.kernel_source`, :mod:`fovea_book.qwen_models`
+  -- what chapters 03, 05 and 15 show or check beside the method: the log-polar transform
+  of an image, the kernels' source and what nvcc makes of it, random-weight Qwen-VL models;
 * :mod:`fovea_book.fetch` -- downloading the datasets from their public sources;
 * :mod:`fovea_book.build` -- the build tool (``python -m fovea_book.build all``).
 """

@@ -44,7 +44,7 @@ are tuning numbers on pages the run never trained on, not results: the book repo
 
 Model and loss: :class:`~fovea_core.cascade.learned.GistLocaliserNet`, cross-entropy
 between the softmax over the page's gist pixels and the answer boxes' area on them
-(:func:`~fovea_core.cascade.learned.answer_targets`, the one definition), Adam with a
+(:func:`answer_targets`, the one definition), Adam with a
 cosine learning-rate decay over the run (``cfg.epochs`` epochs, or exactly
 :attr:`TrainConfig.steps` steps: :mod:`fovea_book.learning_curve` gives every point the
 same count).
@@ -99,10 +99,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fovea_core.cascade.core import Gist, gist
-from fovea_core.cascade.learned import (GistLocaliserNet, answer_targets, file_sha256,
-                                        gist_features, pool_target, weights_path)
+from fovea_core.cascade.learned import GistLocaliserNet, file_sha256, gist_features, weights_path
 from fovea_book.eval.documents import FORM_FIELD, Document, Question, make_document
 from fovea_book.paths import DatasetNotFound, dataset_path, project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
@@ -113,7 +113,7 @@ __all__ = ["TRAIN_SEED", "VALID_SEED", "REAL_SOURCES", "REPEATED_RULE", "TrainCo
            "validation_samples", "vocabulary", "default_output", "build_parser", "output_path",
            "main", "PHOTO", "PHOTO_SALT", "PHOTO_MIN_CELLS", "PhotoRanges", "photo_page",
            "photo_training_page", "valid_photo_rng", "VALIDATIONS", "validation_key",
-           "validate"]
+           "validate", "answer_targets", "target_map", "pool_target"]
 
 #: first seed of the training pages (chapters evaluate seeds 1000 + k)
 TRAIN_SEED = 10_000_000
@@ -780,6 +780,65 @@ def phrase_embedding(key: tuple[str, str] | None, emb: dict, wording: str,
     v = lam * emb[pool[i]] + (1 - lam) * emb[pool[j]]
     v = v + EMBED_NOISE * torch.randn(v.shape, generator=gen)
     return v / v.norm().clamp(min=1e-6)
+
+
+# ----------------------------------------------------------------------------- the target
+def pool_target(t: torch.Tensor) -> torch.Tensor:
+    """Sum a target ``[..., h, w]`` over 2 x 2 blocks (the network's output pixels)."""
+    return F.avg_pool2d(t[:, None] if t.ndim == 3 else t[None, None], 2, ceil_mode=True,
+                        divisor_override=1).squeeze(-3).reshape(*t.shape[:-2], *(
+                            (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
+
+
+def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torch.Tensor,
+                   boxes) -> torch.Tensor:
+    """The localiser's training target, one map per question: ``[Q, h, w]`` float32.
+
+    Each map is the area (base px^2) of the question's answer boxes on each gist pixel --
+    the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
+    y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
+    distribution over locations, the cross-entropy's target; all zeros when the boxes
+    miss the page). This is the one definition: :func:`target_map` (one question on a
+    :class:`~fovea_core.cascade.core.Gist`) and the training batches (:func:`collate`)
+    both call it, and the committed weights were trained on exactly these values
+    (``tests/test_cascade_train.py``).
+
+    Parameters
+    ----------
+    ys, xs : Tensor
+        ``[h]`` and ``[w]`` base-pixel centres of the gist pixels (float64,
+        :meth:`~fovea_core.cascade.core.Gist.pixel_centres`).
+    half : float
+        Half a gist pixel in base px (``gist.pixel / 2``), > 0.
+    inside : Tensor
+        ``[h, w]`` bool, gist pixels on the page (:meth:`~fovea_core.cascade.core.Gist.inside`).
+    boxes : sequence of array-like
+        Per question, its answer boxes ``[K, 4]`` ``(x0, y0, x1, y1)`` in base px.
+    """
+    if not half > 0:
+        raise ValueError(f"answer_targets: half must be > 0 (half a gist pixel), got {half!r}")
+    if inside.shape != (len(ys), len(xs)):
+        raise ValueError(f"answer_targets: inside has shape {tuple(inside.shape)}, the pixel "
+                         f"centres give ({len(ys)}, {len(xs)})")
+    if len(boxes) == 0:
+        raise ValueError("answer_targets: boxes is empty (give one [K, 4] array per question)")
+    out = []
+    for b in boxes:                                     # a handful of questions per page
+        bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1, 4))
+        oy = (torch.minimum(ys[None] + half, bt[:, 3:4]) -
+              torch.maximum(ys[None] - half, bt[:, 1:2])).clamp(min=0)   # [K, h]
+        ox = (torch.minimum(xs[None] + half, bt[:, 2:3]) -
+              torch.maximum(xs[None] - half, bt[:, 0:1])).clamp(min=0)   # [K, w]
+        t = torch.einsum("ky,kx->yx", oy, ox) * inside
+        out.append(t / t.sum().clamp(min=1e-12))
+    return torch.stack(out).float()
+
+
+def target_map(g: Gist, boxes: list[tuple[int, int, int, int]] | np.ndarray) -> torch.Tensor:
+    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
+    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
+    ys, xs = g.pixel_centres()
+    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
 
 
 def collate(samples: list[Sample], emb: dict, *, augment: torch.Generator | None = None,

@@ -1,7 +1,8 @@
 """The budgeted Homunculus: gist -> localise -> foveate, all inside the token budget N.
 
 Stages (each callable alone): :func:`~fovea_core.cascade.core.gist`, a localiser of
-:mod:`fovea_core.cascade.localisers` (learned, query scorer on the gist, oracle, ...),
+:mod:`fovea_core.cascade.localisers` (learned, query scorer on the gist, ...) or any
+callable ``(gist, question) -> map`` (the book's oracle is one),
 :func:`~fovea_core.cascade.core.place_fovea`; :func:`~fovea_core.cascade.allocator.cascade`
 chains them and is registered as the allocator ``"cascade"``. The learned localiser is
 trained by ``python -m fovea_book.train``; localisation metrics are in
@@ -21,9 +22,9 @@ The modules are layers; each imports only the ones before it (``tests/test_layer
 
 from fovea_core.cascade.core import STAGE_FOVEA, STAGE_GIST, Gist, place_fovea, gist, gist_to_grid
 from fovea_core.cascade.allocator import cascade, cascade_parts, choose_level  # registers
-from fovea_core.cascade.localisers import LOCALISERS, OracleLocaliser, get_localiser
+from fovea_core.cascade.localisers import LOCALISERS, get_localiser
 
 __all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "place_fovea",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
-           "OracleLocaliser", "get_localiser"]
+           "get_localiser"]
 import fovea_core.cascade.reading  # noqa: E402,F401  (registers "cascade_read")

@@ -305,7 +305,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     (the one it was judged by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
     text heights (base pixels) per level-0 cell to read the level from instead of the
     gist's estimate (NaN cells keep it), e.g. the oracle's
-    (:meth:`~fovea_core.cascade.localisers.OracleLocaliser.text_size`) to measure what the
+    (:meth:`~fovea_book.eval.localisation.OracleLocaliser.text_size`) to measure what the
     estimate costs; it overrides a side channel's measurement where both are given."""
     if resize_below is not None or resize_legible is not None:
         below = 0.0 if resize_below is None else _check_below(resize_below)

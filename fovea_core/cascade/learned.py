@@ -21,8 +21,8 @@ giving a logit per gist pixel. The softmax over the page's gist pixels is a prob
 answer's location; :func:`~fovea_core.cascade.core.gist_to_grid` moves its mass to the
 level-0 patch grid.
 
-Training target: the answer boxes' area on each gist pixel, normalised to sum 1 (the
-cross-entropy of a distribution over locations). Without a question, the union of every
+Training target (:func:`fovea_book.train.answer_targets`): the answer boxes' area on each
+gist pixel, normalised to sum 1 (the cross-entropy of a distribution over locations). Without a question, the union of every
 answer on the page (a question-agnostic prior of where answers sit). A second output, a
 map of the text height (log2, in gist pixels, so the prediction scales with the page's
 resolution), is trained on the answers' font sizes (squared error of its mean over the
@@ -46,9 +46,9 @@ from fovea_core.cascade.core import Gist, gist_to_grid
 from fovea_core.paths import file_digest as file_sha256  # (SHA-256; a name of this module's API)
 from fovea_core.paths import resource
 
-__all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "paper_region", "PAPER_MIN", "PAPER_MAX", "GistLocaliserNet", "question_embedding",
-           "weights_path", "load_model", "file_sha256", "LearnedLocaliser", "answer_targets", "target_map",
-           "pool_target", "encode_gist"]
+__all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "paper_region", "PAPER_MIN", "PAPER_MAX",
+           "GistLocaliserNet", "question_embedding", "weights_path", "load_model", "file_sha256",
+           "LearnedLocaliser", "encode_gist"]
 
 IN_CHANNELS = 7
 EMBED_DIM = 384
@@ -283,64 +283,6 @@ class GistLocaliserNet(nn.Module):
 
     def extra_repr(self) -> str:
         return "" if self.position else "position=False"
-
-
-def pool_target(t: torch.Tensor) -> torch.Tensor:
-    """Sum a target ``[..., h, w]`` over 2 x 2 blocks (the network's output pixels)."""
-    return F.avg_pool2d(t[:, None] if t.ndim == 3 else t[None, None], 2, ceil_mode=True,
-                        divisor_override=1).squeeze(-3).reshape(*t.shape[:-2], *(
-                            (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
-
-
-def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torch.Tensor,
-                   boxes) -> torch.Tensor:
-    """The localiser's training target, one map per question: ``[Q, h, w]`` float32.
-
-    Each map is the area (base px^2) of the question's answer boxes on each gist pixel --
-    the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
-    y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
-    distribution over locations, the cross-entropy's target; all zeros when the boxes
-    miss the page). This is the one definition: :func:`target_map` (one question on a
-    :class:`~fovea_core.cascade.core.Gist`) and the training batches
-    (:func:`fovea_book.train.collate`) both call it, and the committed weights
-    were trained on exactly these values (``tests/test_cascade_train.py``).
-
-    Parameters
-    ----------
-    ys, xs : Tensor
-        ``[h]`` and ``[w]`` base-pixel centres of the gist pixels (float64,
-        :meth:`~fovea_core.cascade.core.Gist.pixel_centres`).
-    half : float
-        Half a gist pixel in base px (``gist.pixel / 2``), > 0.
-    inside : Tensor
-        ``[h, w]`` bool, gist pixels on the page (:meth:`~fovea_core.cascade.core.Gist.inside`).
-    boxes : sequence of array-like
-        Per question, its answer boxes ``[K, 4]`` ``(x0, y0, x1, y1)`` in base px.
-    """
-    if not half > 0:
-        raise ValueError(f"answer_targets: half must be > 0 (half a gist pixel), got {half!r}")
-    if inside.shape != (len(ys), len(xs)):
-        raise ValueError(f"answer_targets: inside has shape {tuple(inside.shape)}, the pixel "
-                         f"centres give ({len(ys)}, {len(xs)})")
-    if len(boxes) == 0:
-        raise ValueError("answer_targets: boxes is empty (give one [K, 4] array per question)")
-    out = []
-    for b in boxes:                                     # a handful of questions per page
-        bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1, 4))
-        oy = (torch.minimum(ys[None] + half, bt[:, 3:4]) -
-              torch.maximum(ys[None] - half, bt[:, 1:2])).clamp(min=0)   # [K, h]
-        ox = (torch.minimum(xs[None] + half, bt[:, 2:3]) -
-              torch.maximum(xs[None] - half, bt[:, 0:1])).clamp(min=0)   # [K, w]
-        t = torch.einsum("ky,kx->yx", oy, ox) * inside
-        out.append(t / t.sum().clamp(min=1e-12))
-    return torch.stack(out).float()
-
-
-def target_map(g: Gist, boxes: list[tuple[int, int, int, int]] | np.ndarray) -> torch.Tensor:
-    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
-    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
-    ys, xs = g.pixel_centres()
-    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
 
 
 # ----------------------------------------------------------------------------- embeddings

@@ -11,26 +11,25 @@ Compared on the same footing in the cascade chapter (same gist, same fovea, same
   so that the OCR's detector sees text at a usual scale (upsampling adds no information);
 * ``"uniform"`` -- every cell equal (the fovea then reads the page's top-left corner:
   the floor a localiser must beat);
-* :class:`OracleLocaliser` -- the answer boxes, given: the upper bound of perfect
-  localisation at this budget. It is the only localiser that knows anything but the gist
-  and the question, and it is labelled "oracle" wherever it appears.
+* the oracle (:class:`fovea_book.eval.localisation.OracleLocaliser`, the book's) -- the
+  answer boxes, given: the upper bound of perfect localisation at this budget. It is the
+  only localiser that knows anything but the gist and the question, and it is labelled
+  "oracle" wherever it appears; :func:`answer_mass` is its map of given boxes.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core.cascade.core import Gist, page_key
-from fovea_core.pyramid import build_pyramid
+from fovea_core.cascade.core import Gist
 
-__all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "OracleLocaliser",
-           "answer_mass"]
+__all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "answer_mass"]
 
 
 def _grid(g: Gist, patch: int | None = None) -> tuple[int, int]:
@@ -110,56 +109,6 @@ def answer_mass(boxes: Sequence[tuple[int, int, int, int]], image_size: tuple[in
     return box_coverage(b, image_size, patch).sum(0)
 
 
-class OracleLocaliser:
-    """The answer boxes, given (upper bound of localisation; never a fair method).
-
-    Built from the documents to be evaluated: ``(page, question) -> boxes``. The page is
-    recognised by :func:`~fovea_core.cascade.core.page_key` (a hash of its pyramid's
-    coarsest level), so the oracle fits the allocator interface (it receives the gist and
-    the question). An unknown page or question raises ``KeyError``.
-    """
-
-    def __init__(self, documents: Iterable, patch: int = 16):
-        self.patch = patch
-        self.table: dict[tuple[str, str], tuple] = {}
-        for d in documents:                                    # one pyramid per document
-            key = page_key(build_pyramid(d.image, patch=patch))[0]
-            for q in d.questions:
-                self.table[(key, q.question)] = tuple(q.boxes)
-
-    def __repr__(self) -> str:
-        # stable across runs (it enters cache keys, which also hold the document's hash)
-        return "OracleLocaliser()"
-
-    def add(self, key: str, question: str, boxes) -> None:
-        self.table[(key, question)] = tuple(boxes)
-
-    def text_size(self, g: Gist, query: str | None) -> torch.Tensor:
-        """``[B, Gh, Gw]`` log2 of the answer's text height (the median height of its boxes,
-        base pixels) on every level-0 cell: the size a perfect estimate would give the
-        cascade (``cascade_parts(..., size=oracle.text_size)``)."""
-        if not g.key:
-            raise KeyError("the oracle needs the gist's page key")
-        gh, gw = _grid(g, self.patch)
-        out = []
-        for k in g.key:                                         # images of the batch
-            if (k, query) not in self.table:
-                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
-            b = np.asarray(self.table[(k, query)], dtype=np.float64).reshape(-1, 4)
-            out.append(torch.full((gh, gw), math.log2(max(1.0, float(np.median(b[:, 3] - b[:, 1]))))))
-        return torch.stack(out).double()
-
-    def __call__(self, g: Gist, query: str | None) -> torch.Tensor:
-        if not g.key:
-            raise KeyError("the oracle needs the gist's page key")
-        maps = []
-        for k in g.key:                                         # images of the batch
-            if (k, query) not in self.table:
-                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
-            maps.append(answer_mass(self.table[(k, query)], g.image_size, self.patch))
-        return torch.stack(maps)
-
-
 def _learned(g: Gist, query: str | None) -> torch.Tensor:
     from fovea_core.cascade.learned import LearnedLocaliser
 
@@ -178,7 +127,7 @@ def _learned_paper(g: Gist, query: str | None) -> torch.Tensor:
     return LearnedLocaliser(paper=True)(g, query)
 
 
-#: named localisers (the oracle is built per evaluation: :class:`OracleLocaliser`)
+#: named localisers (the book's oracle is built per evaluation from its documents)
 LOCALISERS: dict[str, Callable[[Gist, "str | None"], torch.Tensor]] = {
     "learned": _learned,
     "learned_prior": _learned_prior,

@@ -19,7 +19,7 @@ the detector's FLOPs at this input size (convolutions from the ONNX graph, count
 (shown as 16 x 16 token equivalents).
 
 The constants were chosen on training pages only (``sroie-train``, ``funsd-train``), never
-on a page the book reports; :func:`kernel_height_ratio` recomputes :data:`KERNEL_TO_TEXT`.
+on a page the book reports.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ import torch.nn.functional as F
 from fovea_core.pyramid import Pyramid
 
 __all__ = ["RENDER_SIDE", "KERNEL_THRESHOLD", "CELL_THRESHOLD", "KERNEL_TO_TEXT", "SideCost",
-           "TextLayout", "detect_text", "detector_flops", "kernel_height_ratio",
-           "render_size"]
+           "TextLayout", "detect_text", "detector_flops", "render_size"]
 
 #: longer side (px) of the render the detector reads. On the held-out fifth of the
 #: training forms a 512-px render finds form lines (8-12 px text) that a 384-px one merges;
@@ -54,9 +53,10 @@ RENDER_SIDE = 512
 KERNEL_THRESHOLD = 0.3
 #: mean probability above which a level-0 cell holds text
 CELL_THRESHOLD = 0.1
-#: text height / DB kernel height: the median over training pages of (median annotated box
-#: height) / (median kernel height), 1.54 on 28 ``funsd-train`` forms and 1.52 on 33
-#: ``sroie-train`` receipts (pages that train the localiser; :func:`kernel_height_ratio`)
+#: text height / DB kernel height: the median over training pages of (median answer-box
+#: height) / (median height of the page's kernels wider than 2 render px, in base px),
+#: 1.54 on 28 ``funsd-train`` forms and 1.52 on 33 ``sroie-train`` receipts (pages that
+#: train the localiser)
 KERNEL_TO_TEXT = 1.53
 
 
@@ -234,21 +234,3 @@ def detect_text(pyramid: Pyramid, *, side: int = RENDER_SIDE, patch: int = 16,
         while len(_LAYOUTS) > 16:
             _LAYOUTS.popitem(last=False)
     return out
-
-
-def kernel_height_ratio(documents: Iterable, *, side: int = RENDER_SIDE) -> float:
-    """The median over ``documents`` of (median answer-box height) / (median kernel height in
-    base px): how :data:`KERNEL_TO_TEXT` was obtained (on training pages only)."""
-    ratios = []
-    for d in documents:
-        ann = np.array([b[3] - b[1] for q in d.questions for b in q.boxes], float)
-        x = torch.from_numpy(np.ascontiguousarray(d.image)).permute(2, 0, 1)[None].float() / 255
-        prob, _ = _probability(x, side)
-        _, stats = _kernels(prob[0].numpy())
-        k = stats[1:][stats[1:, cv2.CC_STAT_WIDTH] > 2, cv2.CC_STAT_HEIGHT] * (
-            d.image.shape[0] / prob.shape[-2])
-        if len(k) and len(ann):
-            ratios.append(float(np.median(ann) / np.median(k)))
-    if not ratios:
-        raise ValueError("kernel_height_ratio: no document with answer boxes and detected text")
-    return float(np.median(ratios))

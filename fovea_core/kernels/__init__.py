@@ -40,9 +40,7 @@ levels 1.. are written by ``cv2.pyrDown`` straight into one buffer) or the devic
 of :func:`device_pyramid` (the ``pyr_down`` kernel, packed on the GPU).
 """
 
-from fovea_core.kernels.build import (CUDA_DIR, CXX_FLAGS, KERNEL_NAMES, NVCC_FLAGS, SOURCES,
-                                      build_cpu_library, compile_cuda, cuda_source,
-                                      kernel_resources, source_excerpt)
+from fovea_core.kernels.build import CUDA_DIR, CXX_FLAGS, NVCC_FLAGS, SOURCES, build_cpu_library
 from fovea_core.kernels.layout import MAX_LEVELS, LevelTable, level_table
 from fovea_core.kernels.ops import (available_backends, backend_status, device_pyramid,
                                     divprune_greedy, gather_patches, gather_tokens,
@@ -51,14 +49,11 @@ from fovea_core.kernels.ops import (available_backends, backend_status, device_p
                                     v1_candidates_kernel, v1_layout)
 from fovea_core.kernels.pyramids import (PackedPyramid, build_packed_pyramid, build_pyramid_cv2,
                                          levels_needed, pack_pyramid)
-# private helpers that fovea_book.bench.sampling sizes its workspace with (kept importable)
-from fovea_core.kernels.pyramids import _layout, _workspace  # noqa: F401
 
 __all__ = ["PackedPyramid", "available_backends", "backend_status", "build_cpu_library",
            "build_packed_pyramid", "build_pyramid_cv2", "device_pyramid", "levels_needed",
            "pyr_down_into", "pack_pyramid", "gather_patches", "gather_tokens", "nhwc4_pyramid",
            "sample_image", "remap",
            "v1_layout", "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
-           "render_into", "cuda_source", "compile_cuda", "source_excerpt", "kernel_resources",
-           "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS", "KERNEL_NAMES",
+           "render_into", "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS",
            "CUDA_DIR", "SOURCES"]

@@ -1,5 +1,5 @@
 """The compiler driver: build ``cuda/fovea_kernels.cu`` with g++ (CPU shared library) or nvcc
-(ptx / cubin), cached in the user cache folder (:func:`fovea_core.paths.cache_dir`,
+(the cubin the CUDA backend launches), cached in the user cache folder (:func:`fovea_core.paths.cache_dir`,
 ``kernels/``) by a hash of
 the sources, flags, compiler and CPU model, written to a temporary name and renamed
 atomically (concurrent first uses are safe). No torch, no ctypes: only files and processes.
@@ -18,9 +18,7 @@ from pathlib import Path
 
 from fovea_core.paths import cache_dir, resource
 
-__all__ = ["CUDA_DIR", "SOURCES", "CXX_FLAGS", "NVCC_FLAGS", "OPENMP_FLAG", "KERNEL_NAMES",
-           "cuda_source", "source_excerpt", "build_cpu_library", "compile_cuda",
-           "kernel_resources"]
+__all__ = ["CUDA_DIR", "SOURCES", "CXX_FLAGS", "NVCC_FLAGS", "OPENMP_FLAG", "build_cpu_library"]
 
 #: The kernel sources as shipped in the package (``fovea_core/kernels/src/``: in the checkout,
 #: links to the repository's ``cuda/`` folder; in a wheel, copies of those files).
@@ -32,7 +30,6 @@ CXX_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared
              "-x", "c++")
 NVCC_FLAGS = ("-O3", "-fmad=false")
 OPENMP_FLAG = "-fopenmp"
-KERNEL_NAMES = ("gather_patches", "gather_tokens", "pyr_down", "remap_lut", "v1_candidates")
 
 
 def _cache_dir() -> Path:
@@ -47,28 +44,6 @@ def _compiler() -> str:
         raise RuntimeError("the CPU kernel backend needs a C++ compiler: g++ was not found on "
                            "PATH (install g++ / build-essential, or set CXX)")
     return cxx
-
-
-def cuda_source() -> str:
-    """The kernel source text (for the book and for pycuda)."""
-    return (CUDA_DIR / "fovea_kernels.cu").read_text()
-
-
-def source_excerpt(name: str, with_comment: bool = True) -> str:
-    """The definition of function/kernel ``name`` in ``cuda/`` (for the book), with the
-    comment block just above it. Raises ``KeyError`` if there is no such definition."""
-    for fname in SOURCES[::-1]:
-        lines = (CUDA_DIR / fname).read_text().splitlines()
-        for i, line in enumerate(lines):
-            if not line.startswith((" ", "/", "#")) and f" {name}(" in line:
-                start = i
-                while with_comment and start > 0 and lines[start - 1].startswith("//"):
-                    start -= 1
-                end = i
-                while end < len(lines) and lines[end] != "}":
-                    end += 1
-                return "\n".join(lines[start:end + 1])
-    raise KeyError(f"no definition of {name!r} in {', '.join(SOURCES)}")
 
 
 def _source_hash(*extra: str) -> hashlib._Hash:
@@ -118,64 +93,6 @@ def _nvcc() -> str | None:
     if found:
         return found
     return "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
-
-
-def compile_cuda(target: str = "ptx", arch: str = "sm_90", out_dir: Path | None = None) -> Path:
-    """Compile the kernels with nvcc (``NVCC_FLAGS``) to ``ptx`` or ``cubin`` for ``arch``."""
-    nvcc = _nvcc()
-    if nvcc is None:
-        raise RuntimeError("nvcc (the CUDA toolkit compiler) was not found on PATH")
-    if target not in ("ptx", "cubin"):
-        raise ValueError(f"target must be 'ptx' or 'cubin', got {target!r}")
-    out_dir = out_dir or _cache_dir()
-    out = Path(out_dir) / f"fovea_kernels_{arch}.{target}"
-    res = subprocess.run([nvcc, f"-{target}", f"-arch={arch}", *NVCC_FLAGS, "-I", str(CUDA_DIR),
-                          str(CUDA_DIR / "fovea_kernels.cu"), "-o", str(out)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {arch} ({target}):\n{res.stderr[-2000:]}")
-    return out
-
-
-def kernel_resources(arch: str = "sm_90") -> dict[str, dict[str, int]]:
-    """Registers, stack and spills per kernel as ptxas reports them (``--resource-usage``).
-
-    Returns ``{kernel: {"registers": r, "stack_bytes": s, "spill_stores": st,
-    "spill_loads": sl}}``; raises ``RuntimeError`` when nvcc is absent.
-    """
-    import re
-
-    nvcc = _nvcc()
-    if nvcc is None:
-        raise RuntimeError("nvcc (the CUDA toolkit compiler) was not found on PATH")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *NVCC_FLAGS, "--resource-usage",
-                              "-I", str(CUDA_DIR), str(CUDA_DIR / "fovea_kernels.cu"), "-o",
-                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed for {arch}:\n{res.stderr[-2000:]}")
-    out: dict[str, dict[str, int]] = {}
-    current = None
-    for line in (res.stdout + res.stderr).splitlines():
-        m = re.search(r"Function properties for (\w+)", line)
-        if m:
-            current = m.group(1) if m.group(1) in KERNEL_NAMES else None
-            continue
-        if current is None:
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
-                      r"loads", line)
-        if m:
-            out.setdefault(current, {}).update(stack_bytes=int(m.group(1)),
-                                               spill_stores=int(m.group(2)),
-                                               spill_loads=int(m.group(3)))
-        m = re.search(r"Used (\d+) registers", line)
-        if m:
-            out.setdefault(current, {})["registers"] = int(m.group(1))
-    missing = set(KERNEL_NAMES) - set(out)
-    if missing:
-        raise RuntimeError(f"ptxas reported no resources for {sorted(missing)}")
-    return out
 
 
 @functools.lru_cache(maxsize=None)

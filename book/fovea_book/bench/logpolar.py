@@ -8,7 +8,7 @@ Workload: a 1024 x 1024 RGB float32 image, centre (512, 512), max radius 512, tw
 sizes: 256 x 256 (angles x log-radius bins; 65,536 samples = 256 tokens of 16 x 16) and
 208 x 336 (69,888 samples = exactly N = 273 tokens of 16 x 16 pixels). Paths timed:
 
-* ``lut``: building the forward LUT (``fovea_core.logpolar.logpolar_lut``);
+* ``lut``: building the forward LUT (``fovea_book.logpolar.logpolar_lut``);
 * ``torch_remap``: ``fovea_core.sample.remap`` with the precomputed LUT ([1, 3, H, W]);
 * ``torch_grid_sample``: ``F.grid_sample(align_corners=True)`` with the same LUT rescaled to
   [-1, 1] (a reference for the torch sampler);
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from fovea_book.bench.common import Run, add_output_args, int_at_least, ratio, time_rounds
-from fovea_core.logpolar import _remap_opencv, logpolar_lut, to_logpolar
+from fovea_book.logpolar import _remap_opencv, logpolar_lut, to_logpolar
 
 SIZE = 1024
 CENTER = (512.0, 512.0)

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core import kernels as K
+from fovea_core.kernels.pyramids import _layout, _workspace  # sizes build_pyramid_cv2's buffer
 from fovea_core.allocators.cortical import v1_cortical, v1_layout
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
@@ -227,7 +228,7 @@ def cpu_section(rounds: int) -> dict:
     nl_all = default_num_levels(SIZE, SIZE, PATCH)
     nl = K.levels_needed(tokens, nl_all)
     pyr = build_pyramid(img)                 # the torch path's packed atlas
-    ws = K._workspace(4 * K._layout(1, 3, SIZE, SIZE, nl, first=1)[2])
+    ws = _workspace(4 * _layout(1, 3, SIZE, SIZE, nl, first=1)[2])
     pyr_cv2 = K.build_pyramid_cv2(img, nl)
     base_hwc = torch.from_numpy(img).permute(2, 0, 1)[None]   # the image's own memory
     grid = one_call_grid(tokens)

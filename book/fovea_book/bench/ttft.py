@@ -3,7 +3,7 @@
 ``python -m fovea_book.bench ttft [--quick] [--rounds R] [--tokens n ...] [--threads T]
 [--record]`` times, on this machine's CPU, everything between a page (``[H, W, 3]`` uint8)
 and the logits of the first generated token of a random-weight Qwen2-VL model
-(:func:`fovea_core.vlm.qwen.build_qwen`; default ``qwen2-vl-2b`` in float32, the 2B-class
+(:func:`fovea_book.qwen_models.build_qwen`; default ``qwen2-vl-2b`` in float32, the 2B-class
 config: 2.2 B parameters, a 32-layer vision tower of width 1280 and a 28-layer language
 model of width 1536). Two kinds of path, each as the repository runs it end to end:
 
@@ -76,7 +76,7 @@ round runs every path once, in turn), medians per path and stage, per-round rati
 hardware, library versions and commit (:class:`~fovea_book.bench.common.Run`), the model
 config, the page (dataset and doc id, or ``"synthetic"``), each path's exact image-token
 count (counted in ``input_ids``), sequence length, vision patches and images, the FLOPs of
-its prefill (:func:`~fovea_core.vlm.qwen.lm_prefill_flops`, LM head on one position) and of
+its prefill (:func:`~fovea_book.qwen_models.lm_prefill_flops`, LM head on one position) and of
 its vision tower (:func:`vision_flops`), and the raw per-round times of every path and stage.
 
 **For the book**: :func:`resize_ttft_at` interpolates the resize path's TTFT (or one
@@ -170,9 +170,9 @@ PROBES = (("fovea_core.foveation", "build_pyramid", "pyramid"),
           ("fovea_core.sample", "sample", "sample"),
           ("fovea_core.sample", "render", "view"))
 #: what the record's timings cover (besides :data:`~fovea_book.bench.common.COMMON_SOURCES`)
-SOURCES = ("book/fovea_book/bench/ttft.py", "fovea_core/vlm", "fovea_core/cascade",
-           "fovea_core/foveation.py", "fovea_core/sample.py", "fovea_core/allocators",
-           "fovea_core/methods.py", "fovea_core/importance/fixation.py",
+SOURCES = ("book/fovea_book/bench/ttft.py", "book/fovea_book/qwen_models.py", "fovea_core/vlm",
+           "fovea_core/cascade", "fovea_core/foveation.py", "fovea_core/sample.py",
+           "fovea_core/allocators", "fovea_core/methods.py", "fovea_core/importance/fixation.py",
            "fovea_core/weights/gist_localiser.pt")
 
 
@@ -542,7 +542,7 @@ def path_record(path: TimedPath, timing: dict, model_cfg, skip: int) -> dict:
     """One path's section of the record: token counts, shapes, FLOPs, the outer timing of
     :func:`time_rounds` and each stage's per-round times (the calls after ``skip`` warm-up
     ones)."""
-    from fovea_core.vlm.qwen import lm_prefill_flops
+    from fovea_book.qwen_models import lm_prefill_flops
 
     log = path.log[skip:]
     if len(log) != len(timing["rounds_ms"]):
@@ -764,7 +764,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from fovea_core.foveation import method_names
     from fovea_core.methods import INFO
-    from fovea_core.vlm.qwen import build_qwen, family_of, qwen_config
+    from fovea_book.qwen_models import build_qwen, qwen_config
+    from fovea_core.vlm.qwen import family_of
 
     ap = _parser()
     args = ap.parse_args(argv)

@@ -55,8 +55,8 @@ from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_le
                                      record_name, round_ratios, time_rounds, timed_calls)
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import mrope_positions
-from fovea_core.vlm.qwen import (MODEL_NAMES, build_qwen, lm_parameter_count, lm_prefill_flops,
-                                  qwen_config)
+from fovea_book.qwen_models import (MODEL_NAMES, build_qwen, lm_parameter_count,
+                                     lm_prefill_flops, qwen_config)
 
 TEXT_BEFORE, TEXT_AFTER = 8, 24
 GRID = (64, 64)
@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": __import__("transformers").__version__,
         "wall_s": time.perf_counter() - t0, "runs": runs,
         **({"pipeline": pipe} if pipe is not None else {})},
-        sources=("book/fovea_book/bench/vlm_latency.py", "fovea_core/vlm")
+        sources=("book/fovea_book/bench/vlm_latency.py", "book/fovea_book/qwen_models.py",
+                 "fovea_core/vlm")
         + (("fovea_core/kernels", "cuda", "fovea_core/allocators") if pipe else ()))
     return 0
 

@@ -8,21 +8,26 @@ the answer's cells first?
 * :func:`cell_auc` -- the ROC AUC of a score map over the level-0 cells, answer cells
   (those the answer's boxes touch) against the rest: the probability that a random answer
   cell outranks a random other cell, ties counting half [Hanley & McNeil 1982];
-* :func:`localisation_row` -- both, plus the fovea's level, for one question.
+* :func:`localisation_row` -- both, plus the fovea's level, for one question;
+* :class:`OracleLocaliser` -- the localiser told the answer's boxes: the upper bound of
+  localisation the chapters measure the cascade against (never a fair method).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from fovea_core.cascade.localisers import answer_mass
+from fovea_core.cascade.core import Gist, page_key
+from fovea_core.cascade.localisers import _grid, answer_mass
 from fovea_core.cascade.raster import coverage_raster
+from fovea_core.pyramid import build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["coverage_raster", "fovea_share", "cell_auc", "localisation_row"]
+__all__ = ["coverage_raster", "fovea_share", "cell_auc", "localisation_row", "OracleLocaliser"]
 
 Box = tuple[int, int, int, int]
 
@@ -88,3 +93,53 @@ def localisation_row(tokens: TokenSet, scores: torch.Tensor, boxes: Sequence[Box
                 core_share=fovea_share(as_core, boxes, stages=(1,)) if lv.numel() else 0.0,
                 cell_auc=cell_auc(scores[index], boxes, tokens.image_size, patch=patch),
                 fovea_level=level)
+
+
+class OracleLocaliser:
+    """The answer boxes, given (upper bound of localisation; never a fair method).
+
+    Built from the documents to be evaluated: ``(page, question) -> boxes``. The page is
+    recognised by :func:`~fovea_core.cascade.core.page_key` (a hash of its pyramid's
+    coarsest level), so the oracle fits the allocator interface (it receives the gist and
+    the question). An unknown page or question raises ``KeyError``.
+    """
+
+    def __init__(self, documents: Iterable, patch: int = 16):
+        self.patch = patch
+        self.table: dict[tuple[str, str], tuple] = {}
+        for d in documents:                                    # one pyramid per document
+            key = page_key(build_pyramid(d.image, patch=patch))[0]
+            for q in d.questions:
+                self.table[(key, q.question)] = tuple(q.boxes)
+
+    def __repr__(self) -> str:
+        # stable across runs (it enters cache keys, which also hold the document's hash)
+        return "OracleLocaliser()"
+
+    def add(self, key: str, question: str, boxes) -> None:
+        self.table[(key, question)] = tuple(boxes)
+
+    def text_size(self, g: Gist, query: str | None) -> torch.Tensor:
+        """``[B, Gh, Gw]`` log2 of the answer's text height (the median height of its boxes,
+        base pixels) on every level-0 cell: the size a perfect estimate would give the
+        cascade (``cascade_parts(..., size=oracle.text_size)``)."""
+        if not g.key:
+            raise KeyError("the oracle needs the gist's page key")
+        gh, gw = _grid(g, self.patch)
+        out = []
+        for k in g.key:                                         # images of the batch
+            if (k, query) not in self.table:
+                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
+            b = np.asarray(self.table[(k, query)], dtype=np.float64).reshape(-1, 4)
+            out.append(torch.full((gh, gw), math.log2(max(1.0, float(np.median(b[:, 3] - b[:, 1]))))))
+        return torch.stack(out).double()
+
+    def __call__(self, g: Gist, query: str | None) -> torch.Tensor:
+        if not g.key:
+            raise KeyError("the oracle needs the gist's page key")
+        maps = []
+        for k in g.key:                                         # images of the batch
+            if (k, query) not in self.table:
+                raise KeyError(f"oracle: no answer boxes for this page and question {query!r}")
+            maps.append(answer_mass(self.table[(k, query)], g.image_size, self.patch))
+        return torch.stack(maps)

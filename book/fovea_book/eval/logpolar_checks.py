@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fovea_core.logpolar import expected_shift, from_logpolar, logpolar_lut, to_logpolar
+from fovea_book.logpolar import expected_shift, from_logpolar, logpolar_lut, to_logpolar
 
 #: OpenCV's flags for the reference transform: log-polar, bilinear, zeros outside
 WARP_FLAGS = cv2.WARP_POLAR_LOG | cv2.INTER_LINEAR | cv2.WARP_FILL_OUTLIERS

@@ -451,7 +451,7 @@ def prefill_flops(n_visual: int | Sequence[int], n_text: int | None = None, *,
     """FLOPs of the language-model prefill of a VLM reading ``n_visual`` visual tokens.
 
     The compute axis of the resize curve (the evaluation protocol (``book/protocol.md``)): chapter 15's count, not a
-    new one. It is :func:`fovea_core.vlm.qwen.lm_prefill_flops` (matmul FLOPs from the
+    new one. It is :func:`fovea_book.qwen_models.lm_prefill_flops` (matmul FLOPs from the
     config, 1 multiply-add = 2 FLOPs, causal attention, LM head on the last position) of
     ``qwen_config(config).text_config`` at ``S = n_visual + n_text`` tokens; ``n_text``
     defaults to the prompt of :mod:`fovea_book.bench.vlm_latency` (``TEXT_BEFORE +
@@ -462,14 +462,14 @@ def prefill_flops(n_visual: int | Sequence[int], n_text: int | None = None, *,
     Args:
         n_visual: a token count or a sequence of them (each an int >= 0).
         n_text: text tokens of the prompt (int >= 0); default as chapter 15.
-        config: a name of :data:`fovea_core.vlm.qwen.MODEL_NAMES` (default the 2B-class
+        config: a name of :data:`fovea_book.qwen_models.MODEL_NAMES` (default the 2B-class
             ``"qwen2-vl-2b"``; needs ``transformers``).
 
     Returns:
         ``float64`` array shaped like ``n_visual``: total prefill FLOPs.
     """
     from fovea_book.bench.vlm_latency import TEXT_AFTER, TEXT_BEFORE
-    from fovea_core.vlm.qwen import lm_prefill_flops, qwen_config
+    from fovea_book.qwen_models import lm_prefill_flops, qwen_config
 
     n_text = TEXT_BEFORE + TEXT_AFTER if n_text is None else n_text
     if isinstance(n_text, bool) or int(n_text) != n_text or n_text < 0:

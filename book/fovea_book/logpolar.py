@@ -1,5 +1,10 @@
 """The log-polar transform as an image operation (sampling grids, forward and inverse).
 
+Chapter 03's transform, for the book: the method does not resample images to log-polar
+(the v6 allocators of :mod:`fovea_core.allocators.logpolar` place tokens in log-polar bins
+of the page and sample them like every other token), so this lives in the book's package
+and builds on :func:`fovea_core.sample.remap`.
+
 The complex-logarithm model of the retino-cortical map [Schwartz 1977, 1980] sends a
 retinal position ``z = r e^{i theta}`` (relative to the fixation) to ``w = log(z) =
 log r + i theta``: a cortical image in which rows are polar angle and columns are
