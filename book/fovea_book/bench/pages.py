@@ -510,6 +510,45 @@ def growth(record: Mapping | None, lo_mp: float = 1.0, hi_mp: float = 20.0) -> d
     return out
 
 
+def _verdict(entry: Mapping) -> str:
+    return ("not measured" if entry["met"] is None
+            else "meets it" if entry["met"] else "misses it")
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def summary_words(record: Mapping | None, kind: str = "photo") -> str:
+    """The chapter's sentence (Markdown) on ``kind``'s 12-MP JPEG: each method's ratio or
+    time beside its target (:func:`targets`) with the verdict, the default's OCR time and its
+    first call; without a record (or that page), a sentence that says none is committed yet
+    and how it is measured."""
+    t = targets(record).get(kind)
+    if t is None:
+        return ("**No page-size record is committed yet** (`data/benchmarks/pages.json`, "
+                f"with a {TARGET_MP:g}-megapixel JPEG {kind}): it is measured on a quiet "
+                "machine with `python -m fovea_book.bench pages --record`, and the figure "
+                "stays empty until then.")
+    page = next(p for p in record["pages"] if p["name"] == t["page"])
+    default = _default_name(record)
+    r, c, d = t["resize"], t["cascade"], t["default_s"]
+    ocr = page.get("ocr_ms", {}).get(f"tokens/{default}")
+    first = record.get("first_call", {}).get(f"tokens/{default}")
+    words = (f"On the {t['mp']:.1f}-megapixel JPEG {kind} ({page['source']} page, "
+             f"{page['dataset']}/{page['file']}), `resize` took {_num(r['measured'], '.2f')} "
+             f"x the stock processor's time (target at most {r['target']:g} x: "
+             f"{_verdict(r)}), `cascade` {_num(c['measured'], '.2f')} x (target "
+             f"{c['target']:g} x: {_verdict(c)}), and the default `{default}` "
+             f"{_num(d['measured'], '.2f')} s warm (target {d['target']:g} s: {_verdict(d)})")
+    if ocr:
+        words += f", of which its OCR took {ocr['median_ms'] / 1e3:.2f} s"
+    if first:
+        words += (f"; its first call in the process, which loads its models, took "
+                  f"{first['ms'] / 1e3:.1f} s (on the page {first['page']})")
+    return words + "."
+
+
 # ----------------------------------------------------------------------------- main
 @contextlib.contextmanager
 def _threads(n: int) -> Iterator[dict]:
