@@ -685,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
                 drafted = list(im.size[::-1])
             rec = {**plan.info(), "mode": mode,
                    "file_bytes": statistics.median(f.stat().st_size for f in files),
+                   "source_bytes": plan.file.stat().st_size,
                    "save_options": {k: (v if k != "qtables" else "the source JPEG's")
                                     for k, v in save_options(plan).items()},
                    "stock_pixels": pixels, "stock_tokens": thw[1] * thw[2] // 4,
@@ -731,8 +732,14 @@ def main(argv: list[str] | None = None) -> int:
                       "rounds; ratios per round to the stock processor of the same round",
             "first_call": "the first call of each path in the process (models loading)"},
         "first_call": first_call,
+        "ocr_probe": {"function": ".".join(OCR_PROBES[0][:2]),
+                      "calls_seen": any(p["ocr_ms"] for p in pages)},
         "pages": pages,
     }
+    if DEFAULT_METHOD in methods and not record["ocr_probe"]["calls_seen"]:
+        print(f"pages: note: the probe {record['ocr_probe']['function']} saw no OCR call; the "
+              f"default's OCR time is not reported (update pages.OCR_PROBES if the OCR moved)",
+              flush=True)
     record["targets"] = targets(record)
     record["growth"] = growth(record)
     for kind, t in record["targets"].items():
