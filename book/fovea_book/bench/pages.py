@@ -405,6 +405,7 @@ def check_call(name: str, out, fp) -> None:
 
 
 def ocr_summary(values: Sequence[float]) -> dict:
+    """Median, minimum, maximum and the list of one path's OCR milliseconds per round."""
     return {"median_ms": statistics.median(values), "min_ms": min(values),
             "max_ms": max(values), "rounds_ms": [round(v, 4) for v in values]}
 
