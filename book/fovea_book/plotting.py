@@ -387,3 +387,52 @@ def timing_bars(median_ms, labels, colors, *, target_ms: float, target_label: st
         ax.legend()
     fig.tight_layout()
     return fig
+
+
+#: line styles of :func:`page_cost_figure`'s reference series
+_PAGE_REFS = {"stock": ("k", "-", "o", "stock Qwen2VLImageProcessorPil"),
+              "decode": ("0.55", ":", "", "decode (PIL, full size)"),
+              "draft": ("0.55", "-.", "", "JPEG draft decode")}
+
+
+def page_cost_figure(rows, *, fmt: str = "jpeg", width: float = 11.0) -> Figure:
+    """Time against megapixels (log-log), one panel per page kind, for the files of format
+    ``fmt``: one line per method from the file to its N tokens (solid, coloured) and to the
+    model's inputs through the processor (dashed, same colour), the stock processor (black)
+    and the decode references (grey). ``rows``: :func:`fovea_book.bench.pages.curve_rows` of
+    a ``pages`` record (dicts with ``kind``, ``format``, ``mp``, ``series``, ``path``,
+    ``method``, ``median_ms``). With no rows the figure says that nothing was measured (a
+    chapter without a record still glues its figure)."""
+    rows = [r for r in rows if r["format"] == fmt]
+    kinds = list(dict.fromkeys(r["kind"] for r in rows)) or ["(none)"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(width, 4.0), squeeze=False,
+                             sharey=True)
+    if not rows:
+        ax = axes[0, 0]
+        ax.text(0.5, 0.5, "no page-size benchmark record", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set(xticks=[], yticks=[])
+        fig.tight_layout()
+        return fig
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"]))
+    colours = {m: f"C{i}" for i, m in enumerate(methods)}
+    for ax, kind in zip(axes[0], kinds):
+        mine = [r for r in rows if r["kind"] == kind]
+        for series in dict.fromkeys(r["series"] for r in mine):
+            pts = sorted((r["mp"], r["median_ms"] / 1e3, r) for r in mine if r["series"] == series)
+            mp, s = [p[0] for p in pts], [p[1] for p in pts]
+            r0 = pts[0][2]
+            if r0["method"]:
+                tokens = r0["path"] == "tokens"
+                ax.plot(mp, s, "o-" if tokens else "s--", color=colours[r0["method"]], ms=4,
+                        label=f"{r0['method']}: " + ("file to tokens" if tokens
+                                                     else "file to model inputs"))
+            else:
+                c, ls, mk, label = _PAGE_REFS.get(series, ("0.3", "-", "", series))
+                ax.plot(mp, s, color=c, ls=ls, marker=mk or None, ms=4, label=label)
+        ax.set(xscale="log", yscale="log", xlabel="page size (megapixels)",
+               title=f"{kind}s ({fmt.upper()})")
+    axes[0, 0].set_ylabel("seconds (median of rounds, one core)")
+    axes[0, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    return fig

@@ -211,7 +211,8 @@ def timed_calls(fn: Callable[[], object], repeats: int,
 
 def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = 30, warmup: int = 2,
                 sync: Callable[[], None] | None = None,
-                clock: Callable[[], float] = time.perf_counter) -> dict:
+                clock: Callable[[], float] = time.perf_counter,
+                before: Callable[[str], None] | None = None) -> dict:
     """Interleaved timing for a shared machine: every round calls each ``fn`` once, in turn.
 
     Load that comes and goes hits all paths of a round alike, so ratios are computed per
@@ -219,17 +220,22 @@ def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = 30, warmup: 
     "min_ms", "max_ms", "cpu_median_ms", "repeats", "rounds_ms": [...]}}``; ``cpu_median_ms``
     is the median process CPU time (all threads; less sensitive to waiting for a core).
     ``clock`` (seconds, default :func:`time.perf_counter`) is the wall clock; a test passes
-    a fake one.
+    a fake one. ``before(name)``, if given, is called before every call of ``fns[name]``
+    (warm-up calls included), outside the timed interval (e.g. to hand the call a new page).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     for _ in range(warmup):
-        for fn in fns.values():
+        for k, fn in fns.items():
+            if before:
+                before(k)
             fn()
     wall: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
+            if before:
+                before(k)
             if sync:
                 sync()
             t0, c0 = clock(), time.process_time()

@@ -277,8 +277,9 @@ def probes(clock: StageClock, table: tuple[tuple[str, str, str], ...] = PROBES
                 mod = importlib.import_module(mod_name)
                 fn = getattr(mod, attr)
             except (ImportError, AttributeError) as err:
-                raise BenchError(f"ttft: stage probe {mod_name}.{attr} ({stage}) is gone "
-                                 f"({type(err).__name__}: {err}); update ttft.PROBES") from None
+                raise BenchError(f"stage probe {mod_name}.{attr} ({stage}) is gone "
+                                 f"({type(err).__name__}: {err}); update the benchmark's "
+                                 "probe table (e.g. ttft.PROBES)") from None
             saved.append((mod, attr, fn))
             setattr(mod, attr, clock.wrap(fn, stage, returns_callable=attr == "get_localiser"))
         yield
