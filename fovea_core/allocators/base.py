@@ -591,7 +591,7 @@ def largest_remainder(weights: torch.Tensor, total: int | torch.Tensor, minimum:
     a row of weights sums to zero. With ``capacity``, quotas are clipped to it (the sum can
     then fall short; callers fill the rest).
 
-    The torch twin of :func:`fovea_core.rounding.largest_remainder` (the rule shared with
+    The torch twin of :func:`fovea_book.biology.cortex.hamilton` (the rule shared with
     the biology code), on ``weights``' device and without host syncs: the same float64
     steps in the same order (the weight sum in numpy's pairwise order), so the quotas are
     identical (``tests/test_allocators_device.py`` compares the two). Returns int64.

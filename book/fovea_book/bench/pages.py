@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fovea_core.foveation import DEFAULT_METHOD, method_names
     from fovea_core.vlm.positions import merged_cell_px, merged_grid_shape
-    from fovea_core.vlm.qwen import qwen_config
+    from fovea_book.qwen_models import qwen_config
 
     from fovea_book.bench.ttft import StageClock, probes, processor_for
 
