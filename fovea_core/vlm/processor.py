@@ -531,8 +531,6 @@ class FoveatedProcessor:
 
         from fovea_core.cascade.allocator import REGISTERED
         from fovea_core.cascade.core import STAGE_GIST
-        from fovea_core.pyramid import build_pyramid
-        from fovea_core.sample import render
 
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty str, got {question!r}")
@@ -597,10 +595,8 @@ class FoveatedProcessor:
                                                        fov1.tokens.centers[:, gist1])
                 and torch.equal(both.tokens.levels[:, gist2], fov1.tokens.levels[:, gist1])):
             raise RuntimeError("two_fixations: the second cascade's gist differs from the first's")
-        pyr = build_pyramid(page, patch=f)
         t2, p2 = _select(both.tokens, ~gist2), both.patches[:, ~gist2]
-        fov2 = replace(both, tokens=t2, patches=p2,
-                       view=render(t2, p2, background=pyr)[0].clamp(0, 1),
+        fov2 = replace(both, tokens=t2, patches=p2,          # views are rendered when asked for
                        cost=replace(both.cost, tokens=n2,
                                     total_tokens=both.cost.total_tokens - g1))
 
@@ -613,7 +609,6 @@ class FoveatedProcessor:
                       torch.cat([t1.stage, t2u.stage], 1))
         pu = torch.cat([fov1.patches, p2], 1)
         union = replace(fov1, tokens=tu, patches=pu,
-                        view=render(tu, pu, background=pyr)[0].clamp(0, 1),
                         cost=_union_cost(fov1.cost, both.cost, n),
                         options={**fov1.options, "first_budget": n1, "second_localiser": loc})
         inputs = self.encode(union, answer_text)
