@@ -184,3 +184,16 @@ def test_an_unknown_no_disk_cache_value_is_refused_naming_the_variable(monkeypat
     with pytest.raises(ValueError, match=r"FOVEA_NO_DISK_CACHE must be one of 1, true, yes, on "
                                          r".* or '', '0', 'false', 'no', 'off' .*got 'maybe'"):
         disk_cache_enabled()
+
+
+def test_two_users_of_one_damaged_file_set_it_aside_once(tmp_path):
+    """Two users of one damaged file (two worker processes): the first sets it aside and
+    starts a fresh file; the second then reads the fresh file, moves nothing more, and
+    sees what the first wrote."""
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(bytes(range(256)) * 20)
+    first, second = SqliteCache(path), SqliteCache(path)
+    with pytest.warns(cache_module.CacheWarning, match="moved it to"):
+        first.put("k", "v")
+    assert second.get("k") == "v"
+    assert len([p for p in tmp_path.iterdir() if ".corrupt-" in p.name]) == 1
