@@ -236,6 +236,10 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         errors.append("--method must be a method's name (see --help), got an empty string")
     method = args.method or DEFAULT_METHOD
     options = dict(args.option)
+    for key, flag in (("budget", "--budget"), ("question", "--question"), ("method", "--method")):
+        if key in options:
+            errors.append(f"--option {key}=...: the {key} is given with {flag}, not as an option")
+            del options[key]
     budget = args.budget if args.budget is not None else (None if method == "full"
                                                           else DEFAULT_BUDGET)
     try:

@@ -85,9 +85,9 @@ class ImageTooLargeError(ValueError):
 
 class ImageDecodeError(ValueError):
     """An image file that one of Pillow's formats recognises but cannot read to the end (a
-    truncated or corrupt JPEG or PNG, in its header or its data). A ``ValueError``; the
-    command counts such a page as failed (it is an image, unlike a file no format
-    recognises, which is skipped)."""
+    truncated or corrupt JPEG or PNG, in its header or its data), or a file that cannot be
+    opened at all (permission denied). A ``ValueError``; the command counts such a page as
+    failed (unlike a file no format recognises, which is skipped as not an image)."""
 
 
 class NotAFileError(ValueError):
@@ -408,6 +408,9 @@ def load_image(image: Any) -> torch.Tensor:
                 f"{limit:,} (Pillow's decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS):"
                 " refused before decoding; downscale the file, or raise "
                 "PIL.Image.MAX_IMAGE_PIXELS if you trust it") from None
+        except PermissionError as err:             # a file, maybe an image: it fails
+            raise ImageDecodeError(f"image: {path} cannot be opened ({err.strerror or err})"
+                                   ) from None
         except UnidentifiedImageError as err:      # no format recognises it: not an image
             raise ValueError(f"image: {path} is not a readable image "
                              f"({type(err).__name__}: {err})") from None

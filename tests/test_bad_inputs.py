@@ -805,3 +805,33 @@ def test_a_lone_surrogate_in_a_question_names_the_question():
     with pytest.raises(ValueError, match=r"^question must be valid Unicode text: it holds a lone "
                                          r"surrogate '\\ud800' at position 4"):
         foveate(GLANCE_PAGE, "What\ud800 is it?", budget=40, method="cascade")
+
+
+def test_the_commands_own_arguments_given_as_options_are_named(tmp_path, capsys):
+    src = tmp_path / "pages"
+    src.mkdir()
+    _png(src / "p.png")
+    with pytest.raises(SystemExit) as e:
+        foveate_main(["foveate", str(src), "-o", "budget=5", "-o", "question='x'", "--out",
+                      str(tmp_path / "o")])
+    lines = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and lines == [
+        "python -m fovea_core foveate: error: --option budget=...: the budget is given with "
+        "--budget, not as an option",
+        "python -m fovea_core foveate: error: --option question=...: the question is given "
+        "with --question, not as an option"]
+
+
+def test_a_page_without_read_permission_fails_naming_it(tmp_path, monkeypatch):
+    """A file that cannot be opened (permission denied; simulated, root reads anything) is
+    a page that fails, said as such, not a file skipped as not an image."""
+    page = _png(tmp_path / "p.png")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(page))
+    monkeypatch.setattr(Image, "open", denied)
+    with pytest.raises(ImageDecodeError, match=r"p\.png cannot be opened \(Permission denied\)"):
+        load_image(page)
+    r = run_page(dict(path=str(page), stem="p", out_dir=str(tmp_path), question=None, budget=8,
+                      method="resize", options={}))
+    assert r["status"] == "failed" and "cannot be opened" in r["message"]
