@@ -345,8 +345,12 @@ def check_regular_file(path: str | Path) -> Path:
 
 def _frames_note(img: Any, where: str) -> str:
     """``""`` for a one-frame image; for a multi-page TIFF or an animated GIF / PNG / WebP,
-    the note that only one frame is read (the one ``img`` is at: the first, for a file)."""
-    n = getattr(img, "n_frames", 1)
+    the note that only one frame is read (the one ``img`` is at: the first, for a file).
+    ``""`` too when the frames cannot be counted (a PIL image whose file is closed)."""
+    try:
+        n = getattr(img, "n_frames", 1)
+    except (OSError, ValueError, EOFError, AttributeError):
+        return ""
     if not isinstance(n, int) or n <= 1:
         return ""
     k = img.tell()
