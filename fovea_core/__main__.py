@@ -4,13 +4,22 @@ Per page (:func:`fovea_core.foveation.save_foveation`): ``<name>.foveated.png`` 
 model sees), ``<name>.tokens.png`` (the tokens by level and by stage over the page, and the
 view) and ``<name>.foveation.json`` (the tokens and the costs). A folder runs over all its
 files (not its sub-folders) on a process pool with a progress bar; files that are not
-readable images are skipped and counted; the last line is a summary. Output names are
+images, and paths that are not regular files (a named pipe, a socket, a symbolic link loop
+or a dangling link: never opened), are skipped, each with its reason, and counted, as are
+the files foveate itself writes (names ending in ``.foveated.png``, ``.tokens.png`` or
+``.foveation.json``, :data:`~fovea_core.foveation.OUTPUT_SUFFIXES`: said in one line), so
+that ``--out`` may be a folder of pages without its outputs becoming pages; the last line
+is a summary. Output names are
 unique (:func:`output_stems`): two files that share a stem, or a stem and another file's
-derived name, never write over each other. Exit status: 0 when every image was foveated, 1
-when a page failed (one too large to decode among them), 2 for bad arguments, each said in
-one line before any page is foveated: an unknown method, a budget below 1, an option the
-method does not take (or a bad value of ``patch``, ``seed``, ``scorer``), a missing path, a
-folder without images, an ``--out`` that cannot be created or written.
+derived name, never write over each other. A file of several frames (a multi-page TIFF, an
+animated GIF) is read at its first frame, and its line says so. Exit status: 0 when every
+image was foveated, 1 when a page failed (an image too large to decode, or one whose data
+cannot be decoded, e.g. a truncated JPEG, among them), 2 for bad arguments, each said in
+one line before any page is foveated: an unknown or empty method, a budget below 1, an
+option the method does not take (or a bad value of one: ``patch``, ``seed``, ``scorer``,
+a cascade's ``gist_budget``, ...), a question that is not valid text, a missing path, a
+folder without images, an empty ``--out`` or one that cannot be created or written, a
+``FOVEA_NO_DISK_CACHE`` that is not a yes or a no.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ def _option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` -> ``(key, value)``, the value as a Python literal where it parses."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"--option must be KEY=VALUE (e.g. gist_budget=48), "
+        raise argparse.ArgumentTypeError(f"--option must be KEY=VALUE (e.g. localiser=uniform), "
                                          f"got {text!r}")
     try:
         return key, ast.literal_eval(value)
@@ -51,6 +60,8 @@ def _option(text: str) -> tuple[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fovea_core.foveation import DEFAULT_METHOD
+
     parser = argparse.ArgumentParser(prog="python -m fovea_core",
                                      description="fovea_core commands.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -68,10 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", "-n", type=int, default=None,
                    help=f"N, tokens per page (default {DEFAULT_BUDGET}; with --method full: every "
                         "patch of the page)")
-    p.add_argument("--method", "-m", default=None, help="a method below (default: cascade)")
+    p.add_argument("--method", "-m", default=None,
+                   help=f"a method below (default: {DEFAULT_METHOD})")
     p.add_argument("--option", "-o", type=_option, action="append", default=[],
                    metavar="KEY=VALUE", help="a keyword option of the method (repeatable), e.g. "
-                                             "-o scorer=text_saliency, -o gist_budget=48")
+                                             "-o localiser=uniform (a cascade), "
+                                             "-o scorer=text_saliency (a method that ranks a "
+                                             "map, e.g. topk)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     p.add_argument("--workers", "-j", type=int, default=None,
                    help="processes for a folder (default: the CPU count)")
@@ -80,23 +94,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _list_inputs(path: Path) -> list[Path]:
-    """The file itself, or a folder's regular, non-hidden files (sorted; not recursive)."""
+    """The file itself, or a folder's non-hidden entries that are not folders (sorted; not
+    recursive): regular files, and what :func:`_is_image` will skip with its reason (a
+    named pipe, a socket, a symbolic link loop, a dangling link)."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        return sorted(p for p in path.iterdir() if not p.name.startswith(".")
+                      and not p.is_dir())
     return [path]
 
 
+def _is_output(path: Path) -> bool:
+    """Whether ``path`` is named as a file foveate writes
+    (:data:`~fovea_core.foveation.OUTPUT_SUFFIXES`)."""
+    from fovea_core.foveation import OUTPUT_SUFFIXES
+
+    return path.name.endswith(tuple(OUTPUT_SUFFIXES.values()))
+
+
 def _is_image(path: Path) -> str:
-    """``""`` when PIL recognises the file's header, else the reason (cheap: no decoding)."""
+    """``""`` when one of PIL's formats recognises the file (even one it then fails to
+    read, e.g. a truncated JPEG: that page fails), else the reason it is skipped (cheap: no
+    decoding; a path that is not a regular file, e.g. a named pipe, is never opened)."""
     from PIL import Image, UnidentifiedImageError
 
+    from fovea_core.foveation import NotAFileError, check_regular_file
+
+    try:
+        check_regular_file(path)
+    except NotAFileError as err:
+        return f"not a regular file: {err.what}; not opened"
+    except FileNotFoundError:
+        return "no such file (it went away)"
     try:
         with Image.open(path):
             return ""
-    except Image.DecompressionBombError:    # an image, too large to decode: a failed page
-        return ""
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    except UnidentifiedImageError as err:   # no format recognises it: not an image
+        return f"not an image ({type(err).__name__}: " \
+               f"{str(err).splitlines()[0] if str(err) else ''})"
+    except (Image.DecompressionBombError, OSError, ValueError, SyntaxError):
+        return ""                           # an image that fails to read: a failed page
 
 
 def output_stems(paths: list[Path]) -> list[str]:
@@ -192,16 +228,29 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     from fovea_core.allocators.base import check_budget
     from fovea_core.foveation import DEFAULT_METHOD, check_options, run_page, worker_init
 
+    from fovea_core.paths import disk_cache_enabled
+
     t0 = time.perf_counter()
+    errors = []                  # every problem found before any work, one line each
+    if args.method is not None and not args.method.strip():
+        errors.append("--method must be a method's name (see --help), got an empty string")
     method = args.method or DEFAULT_METHOD
     options = dict(args.option)
-    errors = []                  # every problem found before any work, one line each
-    try:
-        notes = check_options(method, args.question, **options)
-    except (ValueError, TypeError) as err:
-        notes, errors = [], [str(err)]
+    for key, flag in (("budget", "--budget"), ("question", "--question"), ("method", "--method")):
+        if key in options:
+            errors.append(f"--option {key}=...: the {key} is given with {flag}, not as an option")
+            del options[key]
     budget = args.budget if args.budget is not None else (None if method == "full"
                                                           else DEFAULT_BUDGET)
+    try:
+        notes = check_options(method, args.question, budget=budget, **options)
+    except (ValueError, TypeError) as err:
+        notes = []
+        errors.append(str(err))
+    try:
+        disk_cache_enabled()
+    except ValueError as err:
+        errors.append(str(err))
     if budget is not None:
         try:
             check_budget(budget, None, arg="--budget",
@@ -213,29 +262,43 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         errors.append(f"--workers must be >= 1, got {args.workers}")
     src = Path(args.path)
     out = Path(args.out)
-    if not src.exists():
+    if not args.path:
+        errors.append("PAGE_OR_DIR must be an image file or a folder, got an empty string")
+    elif not src.exists() and not src.is_symlink():
         errors.append(f"no such file or folder: {src}")
     elif src.is_dir() and out.resolve() == src.resolve():
         errors.append("--out must not be the input folder (the outputs would become inputs)")
-    errors += [e for e in [_out_problem(out)] if e]
+    if not args.out.strip():
+        errors.append("--out must be a folder's path, got an empty string (use --out . for "
+                      "the current folder)")
+    else:
+        errors += [e for e in [_out_problem(out)] if e]
     if errors:
         _refuse(parser, *errors)
     for note in notes:                       # said once for the whole folder
         print(f"note: {note}", file=sys.stderr)
 
     files = _list_inputs(src)
-    images, skipped = [], []
+    images, skipped, ours = [], [], []
     for p in files:
+        if src.is_dir() and _is_output(p):          # what foveate wrote: never a page
+            ours.append(p)
+            continue
         why = _is_image(p)
         (skipped.append((p, why)) if why else images.append(p))
     for p, why in skipped:
-        print(f"skipped {p.name}: not an image ({why})", file=sys.stderr)
+        print(f"skipped {p.name}: {why}", file=sys.stderr)
+    if ours:
+        shown = ", ".join(p.name for p in ours[:3]) + (", ..." if len(ours) > 3 else "")
+        print(f"skipped {len(ours)} file(s) that foveate writes ({shown}): outputs, not pages",
+              file=sys.stderr)
+    skipped += [(p, "an output of foveate") for p in ours]
     if not images:
         if src.is_dir():
             print(f"error: no images in {src} ({len(files)} files, {len(skipped)} skipped)",
                   file=sys.stderr)
         else:
-            print(f"error: {src} is not a readable image", file=sys.stderr)
+            print(f"error: {src} is not a readable image ({skipped[0][1]})", file=sys.stderr)
         return 2
     problem = _make_out(out)                 # created only now: there are pages to write
     if problem:

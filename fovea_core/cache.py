@@ -38,6 +38,10 @@ class SqliteCache:
             does nothing). A path that cannot be created or written (a read-only folder, a
             file where the folder should be) makes the cache store nothing from then on,
             with one :class:`CacheWarning` naming the path: a cache never stops the work.
+            A file that is not a valid SQLite database (random bytes, a truncated or
+            corrupt file) is moved aside to ``<name>.corrupt-<time>`` with one
+            :class:`CacheWarning` naming both paths, and a fresh file takes its place: the
+            work recomputes what it held.
 
     Attributes:
         hits, misses: :meth:`get` calls that found / did not find their key (this object's).
@@ -50,6 +54,7 @@ class SqliteCache:
         self.path = None if path is None else Path(path)
         self._lock, self._conn = threading.Lock(), None
         self.hits = self.misses = 0
+        self._set_aside_once = False
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -68,8 +73,54 @@ class SqliteCache:
                         conn.close()
                         raise
                     time.sleep(0.02 * (attempt + 1))
+                except sqlite3.DatabaseError:             # not a database: set aside above
+                    conn.close()
+                    raise
             self._conn = conn
         return self._conn
+
+    def _set_aside(self, err: Exception) -> bool:
+        """The file is not a database (``sqlite3.DatabaseError`` other than an operational
+        one): close it, move it (and its WAL files) aside, warn once; ``True`` when a fresh
+        file can be tried, ``False`` when this cache already did so once (then it gives
+        up)."""
+        import warnings
+
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._set_aside_once:
+            self._give_up(err)
+            return False
+        self._set_aside_once = True
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            src = self.path.with_name(self.path.name + suffix)
+            try:
+                src.rename(aside.with_name(aside.name + suffix))
+            except FileNotFoundError:          # another process moved it first, or none
+                pass
+            except OSError as move_err:
+                self._give_up(move_err)
+                return False
+        warnings.warn(f"cache {self.path} is not a valid SQLite database ({type(err).__name__}: "
+                      f"{err}); moved it to {aside.name} and started a fresh one (what it held "
+                      "is recomputed)", CacheWarning, stacklevel=4)
+        return True
+
+    def _run(self, work):
+        """``work(connection)``, with the file set aside once if it is not a database, and
+        ``None`` after giving up (the error said once)."""
+        for _ in range(2):
+            try:
+                return work(self._db())
+            except (OSError, sqlite3.OperationalError) as err:
+                self._give_up(err)
+                return None
+            except sqlite3.DatabaseError as err:         # not a database / malformed
+                if not self._set_aside(err):
+                    return None
+        return None                                      # pragma: no cover
 
     def _give_up(self, err: Exception) -> None:
         """Store nothing from now on, and say so once (the path and the error)."""
@@ -87,12 +138,8 @@ class SqliteCache:
         if self.path is None:
             return None
         with self._lock:
-            try:
-                row = self._db().execute("SELECT text FROM ocr WHERE key = ?",
-                                         (key,)).fetchone()
-            except (OSError, sqlite3.OperationalError) as err:
-                self._give_up(err)
-                return None
+            row = self._run(lambda db: db.execute("SELECT text FROM ocr WHERE key = ?",
+                                                  (key,)).fetchone())
         self.hits += row is not None
         self.misses += row is None
         return None if row is None else row[0]
@@ -102,12 +149,16 @@ class SqliteCache:
         if self.path is None:
             return
         with self._lock:
-            try:
-                db = self._db()
-                db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)", (key, text))
-                db.commit()
-            except (OSError, sqlite3.OperationalError) as err:
-                self._give_up(err)
+            self._run(lambda db: (db.execute("INSERT OR REPLACE INTO ocr VALUES (?, ?)",
+                                             (key, text)), db.commit()))
+
+    def drop(self, key: str) -> None:
+        """Remove the entry under ``key`` (a value its reader could not parse), if any."""
+        if self.path is None:
+            return
+        with self._lock:
+            self._run(lambda db: (db.execute("DELETE FROM ocr WHERE key = ?", (key,)),
+                                  db.commit()))
 
     def __len__(self) -> int:
         """The number of entries stored (0 without a path, or before the file exists: a
@@ -116,11 +167,8 @@ class SqliteCache:
         if self.path is None or not self.path.exists():
             return 0
         with self._lock:
-            try:
-                return int(self._db().execute("SELECT COUNT(*) FROM ocr").fetchone()[0])
-            except (OSError, sqlite3.OperationalError) as err:
-                self._give_up(err)
-                return 0
+            n = self._run(lambda db: int(db.execute("SELECT COUNT(*) FROM ocr").fetchone()[0]))
+        return 0 if n is None else n
 
     def __getstate__(self):  # connections do not pickle (dask workers reopen the file)
         return {"path": self.path}

@@ -43,9 +43,11 @@ import torch
 from fovea_core.pyramid import Pyramid, as_image_batch, build_pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "DEFAULT_METHOD",
+__all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "ImageDecodeError",
+           "NotAFileError", "DEFAULT_METHOD",
            "LABELS", "foveate", "load_image", "method_names", "method_summary", "uses_question",
-           "check_method", "check_options", "unused_options", "plot_foveation"]
+           "check_method", "check_options", "check_regular_file", "check_text",
+           "unused_options", "plot_foveation"]
 
 #: the method :func:`foveate` runs by default: the read-then-look cascade under the glance
 #: rule (:func:`~fovea_core.cascade.reading.cascade_glance`), the one budgeted method of
@@ -70,14 +72,34 @@ SHARED_OPTION_USERS: dict[str, frozenset[str]] = {
 
 
 class FoveateWarning(UserWarning):
-    """A question or option that the chosen method does not use, or a combination whose
-    result means little (a method that ranks a map, given the flat ``"none"`` map)."""
+    """A question or option that the chosen method does not use, a combination whose
+    result means little (a method that ranks a map, given the flat ``"none"`` map), or a
+    file of several frames (a multi-page TIFF, an animated GIF) of which one is read."""
 
 
 class ImageTooLargeError(ValueError):
     """An image file whose header declares more pixels than Pillow's decompression-bomb
     limit (``2 * PIL.Image.MAX_IMAGE_PIXELS``): refused before it is decoded. A
     ``ValueError``; the command counts such a page as failed (not as a non-image)."""
+
+
+class ImageDecodeError(ValueError):
+    """An image file that one of Pillow's formats recognises but cannot read to the end (a
+    truncated or corrupt JPEG or PNG, in its header or its data), or a file that cannot be
+    opened at all (permission denied). A ``ValueError``; the command counts such a page as
+    failed (unlike a file no format recognises, which is skipped as not an image)."""
+
+
+class NotAFileError(ValueError):
+    """A path that is not a regular file: a folder, a named pipe (FIFO), a socket, a device,
+    a symbolic link loop or a dangling symbolic link. Refused before anything opens it (a
+    FIFO would block the reader forever). A ``ValueError``; the command skips such a path
+    and says why. ``what``: what the path is, e.g. ``"a named pipe (FIFO)"``."""
+
+    def __init__(self, path: Path, what: str, advice: str = ""):
+        self.path, self.what = path, what
+        super().__init__(f"image: {path} is {what}, not a regular file"
+                         + (f"; {advice}" if advice else ""))
 
 
 @dataclass(frozen=True)
@@ -303,6 +325,62 @@ def _tensor_page(image: torch.Tensor) -> torch.Tensor:
     return image.detach()
 
 
+def check_regular_file(path: str | Path) -> Path:
+    """``path`` if it is a regular file (or a link to one), checked with ``os.stat`` without
+    opening it; anything else raises.
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        NotAFileError: (a ``ValueError``, message starts with ``image``) a folder, a named
+            pipe (FIFO), a socket, a device, a symbolic link loop, or a symbolic link to
+            nothing; the message says which.
+    """
+    import errno
+    import os
+    import stat
+
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        if path.is_symlink():
+            if err.errno == errno.ELOOP:
+                raise NotAFileError(path, "a symbolic link loop (it never reaches a file)"
+                                    ) from None
+            raise NotAFileError(path, f"a dangling symbolic link (to {os.readlink(path)}, "
+                                      "which does not exist)") from None
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise FileNotFoundError(f"image: no such file: {path}") from None
+        raise NotAFileError(path, f"a path that cannot be read ({err.strerror or err})"
+                            ) from None
+    if stat.S_ISREG(st.st_mode):
+        return path
+    if stat.S_ISDIR(st.st_mode):
+        raise NotAFileError(path, "a folder", "pass one image file (the command `python -m "
+                                              "fovea_core foveate` runs over folders)")
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+            "a special file")
+    raise NotAFileError(path, kind, "pass an image file (it was not opened: reading a pipe "
+                                    "could wait forever)")
+
+
+def _frames_note(img: Any, where: str) -> str:
+    """``""`` for a one-frame image; for a multi-page TIFF or an animated GIF / PNG / WebP,
+    the note that only one frame is read (the one ``img`` is at: the first, for a file).
+    ``""`` too when the frames cannot be counted (a PIL image whose file is closed)."""
+    try:
+        n = getattr(img, "n_frames", 1)
+    except (OSError, ValueError, EOFError, AttributeError):
+        return ""
+    if not isinstance(n, int) or n <= 1:
+        return ""
+    k = img.tell()
+    return (f"image: {where} holds {n} frames (pages); only frame {k + 1} of {n} is read. To "
+            "read another, open it with PIL, img.seek(k) (0-based), and pass the image")
+
+
 def load_image(image: Any) -> torch.Tensor:
     """One page as ``[1, C, H, W]`` float32 in ``[0, 1]`` (``C`` = 1 or 3).
 
@@ -323,11 +401,20 @@ def load_image(image: Any) -> torch.Tensor:
     its values are in ``[0, 1]`` and divided by 255 when they are in ``[0, 255]``; other
     values raise. A path and the PIL image read from it give the same tensor.
 
+    A file of several frames (a multi-page TIFF, an animated GIF) is read at its first
+    frame, a PIL image at the frame it is at (``img.seek(k)`` chooses), each with a
+    :class:`FoveateWarning` that names the frame count and the frame read.
+
     Raises:
         FileNotFoundError: the path does not exist.
+        NotAFileError: (a ``ValueError``) the path is a folder, a named pipe (FIFO), a
+            socket, a device, a symbolic link loop or a dangling link: refused by
+            :func:`check_regular_file` before anything opens it.
         ImageTooLargeError: (a ``ValueError``) the file declares more pixels than Pillow's
             decompression-bomb limit; the message gives both.
-        ValueError: (message starts with ``image``) a folder, a file PIL cannot read, a
+        ImageDecodeError: (a ``ValueError``) one of Pillow's formats recognises the file
+            but cannot read it to the end (a truncated or corrupt file).
+        ValueError: (message starts with ``image``) a file no format of PIL recognises, a
             closed PIL image, values outside the ranges above, a meta or sparse tensor, a
             batch of more than one image, or an array :func:`~fovea_core.as_image_batch`
             rejects.
@@ -352,16 +439,11 @@ def _page_array(image: Any) -> np.ndarray | torch.Tensor:
     """The pixels of ``image`` as :func:`load_image` reads them, before their conversion to
     ``[1, C, H, W]`` float (``uint8`` or float arrays, or a tensor); raises what it raises."""
     try:
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
     except ImportError:  # pragma: no cover - pillow is a dependency
         Image = None
     if isinstance(image, (str, Path)):
-        path = Path(image)
-        if not path.exists():
-            raise FileNotFoundError(f"image: no such file: {path}")
-        if path.is_dir():
-            raise ValueError(f"image: {path} is a folder; pass one image file "
-                             "(the command `python -m fovea_core foveate` runs over folders)")
+        path = check_regular_file(image)          # a FIFO is never opened (it would block)
         try:
             img = Image.open(path)
         except Image.DecompressionBombError as err:
@@ -371,15 +453,25 @@ def _page_array(image: Any) -> np.ndarray | torch.Tensor:
                 f"{limit:,} (Pillow's decompression-bomb guard, 2 x PIL.Image.MAX_IMAGE_PIXELS):"
                 " refused before decoding; downscale the file, or raise "
                 "PIL.Image.MAX_IMAGE_PIXELS if you trust it") from None
-        except (OSError, ValueError, SyntaxError) as err:  # PIL's unreadable files
+        except PermissionError as err:             # a file, maybe an image: it fails
+            raise ImageDecodeError(f"image: {path} cannot be opened ({err.strerror or err})"
+                                   ) from None
+        except UnidentifiedImageError as err:      # no format recognises it: not an image
             raise ValueError(f"image: {path} is not a readable image "
                              f"({type(err).__name__}: {err})") from None
+        except (OSError, ValueError, SyntaxError) as err:  # a format took it, then failed
+            raise ImageDecodeError(f"image: {path} is an image whose header cannot be read "
+                                   f"({type(err).__name__}: {err})") from None
         with img:
             try:
                 img.load()
             except (OSError, ValueError, SyntaxError) as err:   # truncated / corrupt data
-                raise ValueError(f"image: {path} is not a readable image "
-                                 f"({type(err).__name__}: {err})") from None
+                raise ImageDecodeError(f"image: {path} is an image ({img.format}, "
+                                       f"{img.width}x{img.height}) whose data cannot be "
+                                       f"decoded ({type(err).__name__}: {err})") from None
+            note = _frames_note(img, str(path))
+            if note:
+                warnings.warn(note, FoveateWarning, stacklevel=2)
             try:
                 arr = _pil_to_array(img)
             except ValueError as err:                # values outside the accepted ranges
@@ -392,6 +484,9 @@ def _page_array(image: Any) -> np.ndarray | torch.Tensor:
             raise ValueError(f"image: the PIL image cannot be read ({why}); it is probably "
                              "closed (used after its `with Image.open(...)` block): pass the "
                              "path, or img.copy() inside the block") from None
+        note = _frames_note(image, "the PIL image")
+        if note:
+            warnings.warn(note, FoveateWarning, stacklevel=2)
         arr = _pil_to_array(image)
     elif isinstance(image, torch.Tensor):
         arr = _tensor_page(image)
@@ -567,9 +662,8 @@ def _accepted_options(method: str) -> list[str]:
 
         run = RUNNERS.get(method)                    # a cascade with stages of its own
         params = set(inspect.signature(cascade).parameters)
-        if run is not None:
-            params |= set(inspect.signature(run).parameters) - set(
-                inspect.signature(cascade_parts).parameters)
+        if run is not None:                          # its runner's keywords, not cascade's
+            params = set(inspect.signature(run).parameters) | _SHARED_KEYWORDS
         skip = {"pyramid", "scores", "budget", "query", "kw", "kwargs", "params", "gist_obj"}
         return sorted(params - skip)
     else:                                            # a registered variant wraps its function
@@ -580,19 +674,108 @@ def _accepted_options(method: str) -> list[str]:
                   and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
 
-def unused_options(method: str, **options: Any) -> list[str]:
+def _glance(method: str, options: Mapping, budget: Any) -> int | None:
+    """The glance's size (tokens) when ``method`` with ``options`` glances on every page at
+    ``budget``, so that the glance replaces the gist and ``gist_budget`` is read nowhere;
+    ``None`` otherwise. That is a read-then-look cascade
+    (:mod:`fovea_core.cascade.reading`) under the glance rule with ``glance_below`` >= 1
+    (every map counts as unsure; the default ``cascade_glance``'s rule) at a known int
+    ``budget`` whose glance, ``min(round(glance_share * N), N - 2)`` tokens, is finer than
+    the gist asked for (``gist_budget`` < the glance). At a smaller budget, or with a
+    larger ``gist_budget``, the gist path may run, and ``gist_budget`` counts."""
+    from fovea_core.cascade.allocator import RUNNERS, is_number
+    from fovea_core.cascade.reading import reading_parts
+
+    if RUNNERS.get(method) is not reading_parts or isinstance(budget, bool) \
+            or not isinstance(budget, (int, np.integer)):
+        return None
+    merged = {**_cascade_defaults(method), **options}
+    below, share = merged.get("glance_below"), merged.get("glance_share")
+    if not (is_number(below) and float(below) >= 1.0 and is_number(share)
+            and 0.0 < float(share) < 1.0):
+        return None
+    glance = min(int(round(float(share) * int(budget))), int(budget) - 2)
+    gist_budget = options.get("gist_budget")
+    if not isinstance(gist_budget, (int, np.integer)) or isinstance(gist_budget, bool) \
+            or int(gist_budget) >= glance:
+        return None
+    return glance
+
+
+def unused_options(method: str, *, budget: int | None = None, **options: Any) -> list[str]:
     """The names among ``options`` that ``method`` accepts but does not read: ``scorer``
-    for a method that reads no score map (unless ``"none"``), and the shared keywords of
+    for a method that reads no score map (unless ``"none"``), the shared keywords of
     :data:`SHARED_OPTION_USERS` (``fixation``, ``seed``) for the methods that ignore them
     (e.g. ``fixation`` for ``resize`` or the cascade, ``seed`` for every method but
-    ``random``)."""
+    ``random``), and ``gist_budget`` for a cascade that glances instead of making a gist
+    (the default ``cascade_glance`` at a ``budget`` whose glance is finer than the gist
+    asked for: :func:`_glance`)."""
     _, INFO = _registry()
 
     check_method(method)
     out = [k for k, users in SHARED_OPTION_USERS.items() if k in options and method not in users]
     if options.get("scorer") not in (None, "none") and not INFO[method]["uses_scores"]:
         out.insert(0, "scorer")
+    if "gist_budget" in options and _glance(method, options, budget) is not None:
+        out.append("gist_budget")
     return out
+
+
+#: the keywords every registered allocator takes besides its own (the shared rules)
+_SHARED_KEYWORDS = frozenset({"fixation", "seed", "patch"})
+#: the one-fixation cascade's switches to ``resize``, which the read-then-look cascades
+#: (``cascade_read``, ``cascade_glance``) do not take
+_RESIZE_SWITCHES = ("resize_within", "resize_below", "resize_legible")
+
+
+def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
+    """The values of a cascade's own options, checked before any page is read by the
+    cascade's own checks (the messages name the option and its range): ``gist_budget``
+    (an int >= 1, below ``budget`` when that is an int), ``level``, ``legible_px``,
+    ``surround``, ``context``, ``context_weight``, ``localiser``, the switches to
+    ``resize``, and the read-then-look cascade's ``first_share``, ``geometry``, ``side``,
+    ``fovea``, ``glance_below`` and ``glance_share``."""
+    from fovea_core.cascade import allocator as A
+    from fovea_core.cascade.localisers import get_localiser
+
+    o = {**_cascade_defaults(method), **opts}
+    gb = o.get("gist_budget")
+    if gb is not None:
+        known = isinstance(budget, (int, np.integer)) and not isinstance(budget, bool) \
+            and int(budget) >= 2
+        if not A._is_int(gb) or int(gb) < 1 or (known and int(gb) >= int(budget)):
+            rng = f"in [1, {int(budget) - 1}] (below budget = {int(budget)})" if known \
+                else ">= 1 (below the budget)"
+            raise ValueError(f"gist_budget must be None or an int {rng}: the tokens of the "
+                             f"cascade's gist (numpy integers accepted), got {gb!r} "
+                             f"({type(gb).__name__})")
+    sig = inspect.signature(A.cascade).parameters
+    d = {k: o.get(k, sig[k].default) for k in ("level", "legible_px", "surround", "context",
+                                               "context_weight")}
+    A._check_args(1 << 20, query=None, gist_budget=None, **d)
+    loc = o.get("localiser")
+    if loc is not None:
+        get_localiser(loc)
+    if o.get("resize_within") is not None:
+        A._check_within(o["resize_within"])
+    if o.get("resize_below") is not None:
+        A._check_below(o["resize_below"])
+    if o.get("resize_legible") is not None:
+        A._check_legible(o["resize_legible"])
+    from fovea_core.cascade import reading as R
+
+    if A.RUNNERS.get(method) is R.reading_parts:
+        rsig = inspect.signature(R.reading_parts).parameters
+        R._check_args(*(o.get(k, rsig[k].default) for k in ("first_share", "geometry", "side",
+                                                              "fovea")))
+        below, share = o.get("glance_below"), o.get("glance_share")
+        if below is not None or share is not None:
+            if not A.is_number(below) or not 0.0 <= float(below) <= 1.0:
+                raise ValueError(f"glance_below must be a number in [0, 1] (a map confidence, "
+                                 f"map_confidence; 0: never glance), got {below!r}")
+            if not A.is_number(share) or not 0.0 < float(share) < 1.0:
+                raise ValueError(f"glance_share must be a number in (0, 1) (the glance's "
+                                 f"share of N), got {share!r}")
 
 
 @dataclass(frozen=True)
@@ -606,10 +789,26 @@ class _Plan:
     notes: tuple[str, ...]        # FoveateWarning texts, in order
 
 
-def _prepare(method: str, question: str | None, options: Mapping) -> _Plan:
-    """Check ``method``, ``question`` and the options; resolve the scorer; drop (with a
-    note) the options the method does not read. Raises ``ValueError`` naming the argument
-    (``TypeError`` for a ``scorer`` that is not a string)."""
+def check_text(text: Any, name: str = "question") -> str:
+    """``text`` if it is a ``str`` that UTF-8 can encode; a ``str`` holding a lone surrogate
+    (e.g. ``"\\ud800"``, from a broken decode) raises ``ValueError`` naming ``name`` and the
+    position (a tokenizer or an OCR matcher would fail on it with an unrelated error)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{name} must be valid Unicode text: it holds a lone surrogate "
+                         f"{text[err.start]!r} at position {err.start} (a broken decode?); "
+                         f"got {text!r}") from None
+    return text
+
+
+def _prepare(method: str, question: str | None, options: Mapping,
+             budget: Any = None) -> _Plan:
+    """Check ``method``, ``question`` and the options (the values of a cascade's own
+    options too: :func:`_check_cascade_values`); resolve the scorer; drop (with a note)
+    the options the method does not read (at ``budget``, when known). Raises
+    ``ValueError`` naming the argument (``TypeError`` for a ``scorer`` that is not a
+    string)."""
     from fovea_core.allocators.base import check_seed
     from fovea_core.importance import SCORERS
 
@@ -617,6 +816,8 @@ def _prepare(method: str, question: str | None, options: Mapping) -> _Plan:
     check_method(method)
     if question is not None and (not isinstance(question, str) or not question.strip()):
         raise ValueError(f"question must be a non-empty string or None, got {question!r}")
+    if question is not None:
+        check_text(question, "question")
     opts = dict(options)
     if "query" in opts:
         raise ValueError("query: pass the question as foveate's `question` argument "
@@ -636,14 +837,25 @@ def _prepare(method: str, question: str | None, options: Mapping) -> _Plan:
         opts["seed"] = check_seed(opts["seed"])
     bad = sorted(set(opts) - set(_accepted_options(method)))
     if bad:
-        raise ValueError(f"method {method!r} does not take option(s) {bad}; it takes: "
+        switches = [k for k in bad if k in _RESIZE_SWITCHES]
+        why = (f" ({', '.join(switches)}: a switch of the one-fixation cascades, e.g. "
+               "'cascade', to resize's tokens; the read-then-look cascades 'cascade_read' "
+               "and 'cascade_glance' read the page instead)" if switches else "")
+        raise ValueError(f"method {method!r} does not take option(s) {bad}{why}; it takes: "
                          f"{', '.join(_accepted_options(method) + ['scorer'])}")
+    if INFO[method]["family"] == "cascade":
+        _check_cascade_values(method, opts, budget)
     notes = []
-    for name in unused_options(method, scorer=scorer, **opts):
+    for name in unused_options(method, budget=budget, scorer=scorer, **opts):
         value = scorer if name == "scorer" else opts.pop(name)
+        glance = _glance(method, {**options, name: value}, budget) \
+            if name == "gist_budget" else None
         why = ("it reads no score map" if name == "scorer" else
                "the cascade fixates the peak of its own localiser's map"
                if name == "fixation" and INFO[method]["family"] == "cascade"
+               else f"at N = {int(budget)} it glances at the whole page in {glance} tokens "
+                    "instead of making a gist; a gist_budget of at least that many would be "
+                    "read" if name == "gist_budget"
                else "its tokens do not depend on it")
         notes.append(f"method {method!r} does not use option {name}={value!r} ({why}): it is "
                      "ignored and not recorded in Foveation.options")
@@ -662,14 +874,16 @@ def _prepare(method: str, question: str | None, options: Mapping) -> _Plan:
     return _Plan(patch, scorer, opts, q_used, tuple(notes))
 
 
-def check_options(method: str, question: str | None = None, **options: Any) -> list[str]:
+def check_options(method: str, question: str | None = None, *, budget: int | None = None,
+                  **options: Any) -> list[str]:
     """Check what :func:`foveate` would be called with, before any page is read (the
     command does, once for a whole folder): the method, the question and the options (the
-    names the method takes, ``patch``, ``scorer``, ``seed``). Returns the notes
+    names the method takes, ``patch``, ``scorer``, ``seed``, and the values of a cascade's
+    own options, e.g. ``gist_budget``), at ``budget`` when given. Returns the notes
     :func:`foveate` would give as :class:`FoveateWarning` (an ignored question or option, a
     flat map); raises the ``ValueError`` (or ``TypeError``) it would raise, naming the
     argument."""
-    return list(_prepare(method, question, options).notes)
+    return list(_prepare(method, question, options, budget).notes)
 
 
 def _page_budget(method: str, budget: Any, size: tuple[int, int], patch: int,
@@ -846,7 +1060,7 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
     from fovea_core.importance import score
     from fovea_core.sample import sample
 
-    plan = _prepare(method, question, method_options)
+    plan = _prepare(method, question, method_options, budget)
     for note in plan.notes:
         warnings.warn(note, FoveateWarning, stacklevel=2)
     patch, scorer, opts, q_used = plan.patch, plan.scorer, plan.options, plan.question_used
@@ -971,18 +1185,39 @@ def save_foveation(f: Foveation, image: Any, out_dir: str | Path, stem: str, *,
     and its JSON (:meth:`Foveation.to_json` plus ``source``) into ``out_dir`` as
     ``<stem>`` + :data:`OUTPUT_SUFFIXES`.
 
-    All or nothing: each file is written under a temporary name and renamed at the end; if
-    any step fails, the temporary files are removed and no file of the page appears.
-    Returns ``{"view" | "figure" | "json": path}``.
+    All or nothing: a target that exists and is not a file (a folder named
+    ``<stem>.foveation.json``, say) is refused before anything is written; each file is
+    written under a temporary name, and the three are then renamed into place, each file
+    they replace kept aside until all three are in. If any step fails, the temporary
+    files are removed, the files renamed so far are taken back and the ones they replaced
+    restored: the folder holds what it held before (no file of the page, or the page's
+    earlier files). Returns ``{"view" | "figure" | "json": path}``.
+
+    Raises:
+        IsADirectoryError: a target is a folder (or another non-file); nothing is written.
+        OSError, ...: whatever writing raised; nothing of the page is left.
     """
     import json
     import os
+    import stat
 
     from PIL import Image
 
     out_dir = Path(out_dir)
     final = {k: out_dir / f"{stem}{suf}" for k, suf in OUTPUT_SUFFIXES.items()}
+    for p in final.values():                        # refuse what a rename cannot replace
+        try:
+            mode = os.lstat(p).st_mode
+        except FileNotFoundError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise IsADirectoryError(f"{p} exists and is not a file (a folder?): the page's "
+                                    "files are not written; move it away or choose another "
+                                    "--out")
     tmp = {k: p.with_name(f".{p.name}.tmp{os.getpid()}") for k, p in final.items()}
+    old = {k: p.with_name(f".{p.name}.old{os.getpid()}") for k, p in final.items()}
+    moved: list[str] = []                           # renamed into place so far
+    kept: dict[str, bool] = {}                      # k -> an earlier file is kept aside
     try:
         Image.fromarray(f.view_uint8()).save(tmp["view"], format="PNG")
         fig = plot_foveation(f, image)
@@ -993,11 +1228,26 @@ def save_foveation(f: Foveation, image: Any, out_dir: str | Path, stem: str, *,
         body = ",\n  ".join(json.dumps(t) for t in tokens)
         tmp["json"].write_text(f'{head},\n "tokens": [\n  {body}\n ]\n}}\n')
         for k in ("view", "figure", "json"):            # the JSON last: it marks a whole page
+            kept[k] = os.path.lexists(final[k])
+            if kept[k]:
+                os.replace(final[k], old[k])
             os.replace(tmp[k], final[k])
+            moved.append(k)
     except BaseException:
+        for k in reversed(list(kept)):                  # take back, restore what was there
+            try:
+                if k in moved:
+                    final[k].unlink(missing_ok=True)
+                if kept[k]:
+                    os.replace(old[k], final[k])
+            except OSError:                             # pragma: no cover - best effort
+                pass
         for p in tmp.values():
             p.unlink(missing_ok=True)
         raise
+    for k, was in kept.items():
+        if was:
+            old[k].unlink(missing_ok=True)
     return final
 
 
@@ -1016,16 +1266,24 @@ def run_page(job: Mapping) -> dict:
     """Foveate one file and save it (the command's unit of work; picklable for a process
     pool). ``job``: ``path, stem, out_dir, question, budget, method, options``. Returns
     ``{"path", "stem", "status": "done" | "skipped" | "failed", "message", "seconds"}``:
-    *skipped* when the file is not a readable image, *failed* when foveating or writing it
-    raised (the message is the error's first line; no file of the page is left behind) or
-    when the file declares more pixels than the decompression-bomb limit
-    (:class:`ImageTooLargeError`)."""
+    *skipped* when the path is not an image (a file Pillow does not recognise, or not a
+    regular file: :class:`NotAFileError`), *failed* when it is an image that cannot be
+    read (more pixels than the decompression-bomb limit, :class:`ImageTooLargeError`;
+    data that cannot be decoded, e.g. a truncated JPEG, :class:`ImageDecodeError`) or
+    when foveating or writing it raised (the message is the error's first line; no file
+    of the page is left behind). A file of several frames is read at its first, and the
+    message says so."""
     t0 = time.perf_counter()
     out = dict(path=str(job["path"]), stem=job.get("stem"), status="done", message="",
                seconds=0.0)
+    said: list[str] = []                     # what loading the page warned (its frames)
     try:
-        x = load_image(job["path"])
-    except ImageTooLargeError as err:        # an image, but one refused: the page failed
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FoveateWarning)
+            x = load_image(job["path"])
+        said = [str(w.message).removeprefix("image: ").split(". ")[0] for w in caught
+                if issubclass(w.category, FoveateWarning)]
+    except (ImageTooLargeError, ImageDecodeError) as err:    # an image, but unreadable
         out.update(status="failed", message=_one_line(err))
     except (ValueError, FileNotFoundError, TypeError) as err:
         out.update(status="skipped", message=_one_line(err))
@@ -1033,11 +1291,14 @@ def run_page(job: Mapping) -> dict:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FoveateWarning)   # the command says it once
-                f = foveate(x, job.get("question"), budget=job.get("budget"),
+                # the path, as a user's foveate(path) call reads it (a method placed
+                # before decoding reads the file at its tokens' scale); x draws the figure
+                f = foveate(job["path"], job.get("question"), budget=job.get("budget"),
                             method=job["method"], **dict(job.get("options") or {}))
                 save_foveation(f, x, job["out_dir"], job["stem"], source=str(job["path"]))
             out["message"] = (f"{f.budget} tokens, {f.cost.label}, "
-                              f"{f.cost.total_tokens:g} tokens in all")
+                              f"{f.cost.total_tokens:g} tokens in all"
+                              + "".join(f"; note: {n}" for n in said))
         except Exception as err:  # noqa: BLE001 - one line per page, never a traceback
             out.update(status="failed", message=_one_line(err))
     out["seconds"] = time.perf_counter() - t0

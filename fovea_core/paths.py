@@ -7,7 +7,9 @@
 * :func:`cache_dir` -- where caches go: ``$FOVEA_CACHE``, else the platform's user cache
   folder (``$XDG_CACHE_HOME/fovea_core``, default ``~/.cache/fovea_core``; on macOS
   ``~/Library/Caches/fovea_core``; on Windows ``%LOCALAPPDATA%\\fovea_core\\Cache``), never
-  the package or the checkout; ``FOVEA_NO_DISK_CACHE=1`` turns the disk caches off.
+  the package or the checkout; ``FOVEA_NO_DISK_CACHE=1`` (or ``true``, ``yes``, ``on``) turns
+  the disk caches off, ``0`` / ``false`` / ``no`` / ``off`` / empty keeps them
+  (:func:`disk_cache_enabled`; anything else is refused).
 """
 
 from __future__ import annotations
@@ -50,9 +52,29 @@ def cache_dir(*parts: str) -> Path:
     return base.joinpath(*parts)
 
 
+#: values of ``FOVEA_NO_DISK_CACHE`` (any case, spaces around ignored) that turn the disk
+#: caches off, and those that keep them (unset is the same as ``""``)
+NO_DISK_CACHE_YES = ("1", "true", "yes", "on")
+NO_DISK_CACHE_NO = ("", "0", "false", "no", "off")
+
+
 def disk_cache_enabled() -> bool:
-    """False when ``FOVEA_NO_DISK_CACHE`` is set to anything but ``""``/``0``."""
-    return os.environ.get("FOVEA_NO_DISK_CACHE", "") in ("", "0")
+    """False when ``FOVEA_NO_DISK_CACHE`` says yes (``1``, ``true``, ``yes``, ``on``), True
+    when it is unset or says no (``0``, ``false``, ``no``, ``off``, empty); any case.
+
+    Raises:
+        ValueError: any other value (``FOVEA_NO_DISK_CACHE=maybe``), naming the variable
+            and the values it takes: a typo must not silently keep or drop the caches.
+    """
+    raw = os.environ.get("FOVEA_NO_DISK_CACHE", "")
+    value = raw.strip().lower()
+    if value in NO_DISK_CACHE_YES:
+        return False
+    if value in NO_DISK_CACHE_NO:
+        return True
+    raise ValueError(f"FOVEA_NO_DISK_CACHE must be one of {', '.join(NO_DISK_CACHE_YES)} (turn "
+                     f"the disk caches off) or {', '.join(repr(v) for v in NO_DISK_CACHE_NO)} "
+                     f"(keep them), got {raw!r}")
 
 
 def file_digest(path: str | Path, algorithm: str = "sha256") -> str:

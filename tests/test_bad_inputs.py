@@ -510,3 +510,327 @@ def test_saliency_of_a_constant_image_is_uniform(value):
     m = score("saliency", img)
     assert torch.all(m[0] == m[0, 0, 0])                       # uniform: nothing stands out
     assert m[1].max() == 1 and m[1].min() < 1                  # the textured page is not
+
+
+# ============================================================================ a new user's files
+# Bad input to ``foveate`` and ``python -m fovea_core foveate`` as a new user would give it:
+# named pipes and broken links, a save that cannot finish, pages of several frames, a
+# folder that holds the command's own outputs, undecodable images, options that do nothing
+# or hold bad values, text that is not valid Unicode.
+import os                                                         # noqa: E402
+import subprocess                                                 # noqa: E402
+import sys                                                        # noqa: E402
+import threading                                                  # noqa: E402
+import warnings                                                   # noqa: E402
+
+from PIL import Image                                             # noqa: E402
+
+from fovea_core.__main__ import main as foveate_main              # noqa: E402
+from fovea_core.foveation import (FoveateWarning, ImageDecodeError, NotAFileError,  # noqa: E402
+                                  check_options, run_page, save_foveation)
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+
+
+def _png(path: Path, side: int = 64, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    Image.fromarray((rng.random((side, side, 3)) * 255).astype(np.uint8)).save(path)
+    return path
+
+
+def _unblock(fifo: Path) -> None:
+    """Open the pipe's write end and close it: a reader blocked on it then sees its end."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:                                # no reader waits: nothing to unblock
+        pass
+
+
+@needs_fifo
+def test_a_named_pipe_is_refused_without_being_opened(tmp_path):
+    fifo = tmp_path / "p.png"
+    os.mkfifo(fifo)
+    result = {}
+
+    def load():
+        try:
+            load_image(fifo)
+        except Exception as err:                   # noqa: BLE001 - inspected below
+            result["err"] = err
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(20)
+    blocked = t.is_alive()
+    _unblock(fifo)                                 # a reader blocked before the fix: free it
+    t.join(5)
+    assert not blocked, "load_image opened the named pipe and waited on it"
+    assert type(result.get("err")) is NotAFileError and isinstance(result["err"], ValueError)
+    assert str(result["err"]).startswith(f"image: {fifo} is a named pipe (FIFO), not a "
+                                         "regular file")
+
+
+@needs_fifo
+def test_the_command_on_a_named_pipe_ends_and_says_why(tmp_path):
+    fifo = tmp_path / "p.png"
+    os.mkfifo(fifo)
+    try:
+        res = subprocess.run([sys.executable, "-m", "fovea_core", "foveate", str(fifo),
+                              "--method", "resize", "--out", str(tmp_path / "o")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    except subprocess.TimeoutExpired:
+        _unblock(fifo)
+        pytest.fail("the command waited on the named pipe")
+    assert res.returncode == 2, res.stderr
+    assert "p.png is not a readable image (not a regular file: a named pipe (FIFO)" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@needs_fifo
+def test_a_folders_pipes_and_broken_links_are_reported_and_counted(tmp_path, capsys):
+    src = tmp_path / "pages"
+    src.mkdir()
+    _png(src / "ok.png")
+    os.mkfifo(src / "pipe.png")
+    (src / "loop.png").symlink_to("loop.png")
+    (src / "gone.png").symlink_to("nowhere.png")
+    code = foveate_main(["foveate", str(src), "--method", "resize", "--budget", "8",
+                         "--workers", "1", "--out", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert re.search(r"foveate: 1 done, 3 skipped, 0 failed of 4 files", captured.out)
+    for line in ("skipped pipe.png: not a regular file: a named pipe (FIFO); not opened",
+                 "skipped loop.png: not a regular file: a symbolic link loop",
+                 "skipped gone.png: not a regular file: a dangling symbolic link (to "
+                 "nowhere.png, which does not exist)"):
+        assert line in captured.err, captured.err
+
+
+def test_a_save_that_cannot_finish_leaves_no_file_of_the_page(tmp_path):
+    """A folder where the page's JSON should go: the page fails and neither its view nor
+    its figure is left behind (they were before: the renames were not all or nothing)."""
+    page = _png(tmp_path / "p.png")
+    out = tmp_path / "out"
+    (out / "p.foveation.json").mkdir(parents=True)
+    r = run_page(dict(path=str(page), stem="p", out_dir=str(out), question=None, budget=8,
+                      method="resize", options={}))
+    assert r["status"] == "failed" and "p.foveation.json exists and is not a file" in r["message"]
+    assert sorted(p.name for p in out.iterdir()) == ["p.foveation.json"]
+
+
+def test_a_rename_that_fails_midway_restores_the_pages_earlier_files(tmp_path, monkeypatch):
+    """The last rename fails (a full disk, say): the files renamed before it are taken back
+    and the page's earlier files, from a run before, are where they were, unchanged."""
+    page = _png(tmp_path / "p.png")
+    out = tmp_path / "out"
+    out.mkdir()
+    f = foveate(page, budget=8, method="resize")
+    earlier = save_foveation(f, page, out, "p")
+    before = {k: p.read_bytes() for k, p in earlier.items()}
+    real = os.replace
+
+    def replace(src, dst):
+        if str(src).endswith(".tmp" + str(os.getpid())) and str(dst).endswith(".foveation.json"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    g = foveate(page, budget=12, method="resize")
+    with pytest.raises(OSError, match="No space left"):
+        save_foveation(g, page, out, "p")
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in earlier.values())
+    assert {k: p.read_bytes() for k, p in earlier.items()} == before
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "GIF"])
+def test_a_file_of_several_frames_says_which_frame_is_read(tmp_path, fmt, capsys):
+    """A multi-page TIFF or an animated GIF: read at its first frame, with a warning that
+    names the frame count and the frame; the command's line for the page says so too."""
+    frames = [Image.new("RGB", (64, 48), c) for c in ("white", "black", "red")]
+    path = tmp_path / f"doc.{fmt.lower()}"
+    frames[0].save(path, format=fmt, save_all=True, append_images=frames[1:])
+    with pytest.warns(FoveateWarning, match=rf"holds 3 frames \(pages\); only frame 1 of 3 is "
+                                            r"read.*img\.seek\(k\)"):
+        x = load_image(path)
+    assert float(x.min()) > 0.99                                 # the first frame: white
+    with Image.open(path) as img:
+        img.seek(1)
+        with pytest.warns(FoveateWarning, match="only frame 2 of 3 is read"):
+            assert float(load_image(img).max()) < 0.01           # the frame it is at: black
+    code = foveate_main(["foveate", str(path), "--method", "resize", "--budget", "4",
+                         "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 0 and "note: " in err
+    assert "holds 3 frames (pages); only frame 1 of 3 is read" in err
+
+
+def test_a_folder_run_skips_the_files_foveate_wrote_there(tmp_path, capsys):
+    """``foveate dir/p.png --out dir`` then ``foveate dir``: the outputs are not pages."""
+    src = tmp_path / "dir"
+    src.mkdir()
+    _png(src / "p.png")
+    assert foveate_main(["foveate", str(src / "p.png"), "--method", "resize", "--budget", "8",
+                         "--out", str(src)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "o"
+    code = foveate_main(["foveate", str(src), "--method", "resize", "--budget", "8",
+                         "--workers", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert re.search(r"foveate: 1 done, 3 skipped, 0 failed of 4 files", captured.out)
+    assert "skipped 3 file(s) that foveate writes (p.foveated.png, p.foveation.json, " \
+           "p.tokens.png): outputs, not pages" in captured.err
+    assert sorted(p.name for p in out.iterdir()) == ["p.foveated.png", "p.foveation.json",
+                                                     "p.tokens.png"]
+
+
+def test_an_undecodable_image_fails_like_an_oversized_one(tmp_path, capsys):
+    """A truncated JPEG is an image that cannot be read: *failed*, exit 1 (as a file over
+    the decompression-bomb limit); a file that is no image at all is *skipped*."""
+    src = tmp_path / "pages"
+    src.mkdir()
+    buf = tmp_path / "whole.jpg"
+    Image.fromarray((np.random.default_rng(0).random((96, 96, 3)) * 255).astype(np.uint8)
+                    ).save(buf, quality=90)
+    data = buf.read_bytes()
+    (src / "cut.jpg").write_bytes(data[:len(data) // 2])            # its data cut
+    (src / "head.jpg").write_bytes(data[:100])                      # its header cut
+    _png(src / "ok.png")
+    (src / "notes.txt").write_text("not a page")
+    with pytest.raises(ImageDecodeError, match=r"image: .*cut\.jpg is an image \(JPEG, 96x96\) "
+                                               r"whose data cannot be decoded"):
+        load_image(src / "cut.jpg")
+    with pytest.raises(ImageDecodeError, match=r"image: .*head\.jpg is an image whose header "
+                                               r"cannot be read"):
+        load_image(src / "head.jpg")
+    code = foveate_main(["foveate", str(src), "--method", "resize", "--budget", "8",
+                         "--workers", "1", "--out", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert re.search(r"foveate: 1 done, 1 skipped, 2 failed of 4 files", captured.out)
+    assert re.search(r"failed cut\.jpg .*ImageDecodeError", captured.err)
+    assert re.search(r"failed head\.jpg .*ImageDecodeError", captured.err)
+    assert "skipped notes.txt: not an image" in captured.err
+
+
+# ----------------------------------------------------------------------------- options
+GLANCE_PAGE = (np.random.default_rng(5).random((128, 128)) * 255).astype(np.uint8)
+
+
+def test_gist_budget_on_the_default_is_said_unused_and_not_recorded():
+    """``cascade_glance`` glances at 0.9 N instead of making a gist: a ``gist_budget`` below
+    the glance changes nothing; it is said, and left out of ``Foveation.options``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = foveate(GLANCE_PAGE, budget=40, method="cascade_glance", gist_budget=8)
+        b = foveate(GLANCE_PAGE, budget=40, method="cascade_glance", gist_budget=20)
+        c = foveate(GLANCE_PAGE, budget=40, method="cascade_glance")
+    said = [str(w.message) for w in caught if issubclass(w.category, FoveateWarning)]
+    assert len(said) == 2 and all("'cascade_glance' does not use option gist_budget=" in s
+                                  and "glances at the whole page in 36 tokens" in s for s in said)
+    assert "gist_budget" not in a.options and "gist_budget" not in b.options
+    for f in (b, c):                                  # the rule is true: the same tokens
+        assert torch.equal(a.tokens.centers, f.tokens.centers)
+        assert torch.equal(a.tokens.levels, f.tokens.levels)
+    # the one-fixation cascade reads it, and records it
+    assert check_options("cascade", budget=40, gist_budget=8) == []
+    assert check_options("cascade_glance", budget=40, gist_budget=37) == []   # may be read
+
+
+@pytest.mark.parametrize("value", ["zzz", [1, 2], "48", 0, 2.5, True])
+def test_a_bad_gist_budget_is_refused_naming_it_before_any_page(value):
+    for method in ("cascade_glance", "cascade"):
+        with pytest.raises(ValueError, match=r"^gist_budget must be None or an int in \[1, 272\]"):
+            check_options(method, budget=273, gist_budget=value)
+        with pytest.raises(ValueError, match=r"^gist_budget must be None or an int >= 1"):
+            check_options(method, gist_budget=value)
+    with pytest.raises(ValueError, match=r"^gist_budget must be"):
+        foveate(GLANCE_PAGE, budget=40, method="cascade_glance", gist_budget=value)
+
+
+def test_the_command_refuses_bad_values_once_before_any_page(tmp_path, capsys, monkeypatch):
+    import fovea_core.foveation as fv
+
+    monkeypatch.setattr(fv, "run_page", lambda job: pytest.fail(f"worked on {job['path']}"))
+    src = tmp_path / "pages"
+    src.mkdir()
+    for k in range(2):
+        _png(src / f"p{k}.png", seed=k)
+    for argv, line in [
+        (["-o", "gist_budget=zzz"], "gist_budget must be None or an int in [1, 272]"),
+        (["-o", "gist_budget=[1, 2]"], "gist_budget must be None or an int in [1, 272]"),
+        (["-m", "cascade", "-o", "surround=2"], "cascade: surround must be in [0, 1)"),
+        (["-o", "glance_share=1.5"], "glance_share must be a number in (0, 1)"),
+        (["--method", ""], "--method must be a method's name (see --help), got an empty string"),
+        (["-q", "What\ud800"], "question must be valid Unicode text: it holds a lone surrogate"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            foveate_main(["foveate", str(src), "--workers", "1", "--out", str(tmp_path / "o")]
+                         + argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and line in err and err.count("\n") == 1, (argv, err)
+    with pytest.raises(SystemExit) as e:
+        foveate_main(["foveate", str(src), "--out", ""])
+    assert e.value.code == 2 and "--out must be a folder's path, got an empty string" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("FOVEA_NO_DISK_CACHE", "maybe")
+    with pytest.raises(SystemExit) as e:
+        foveate_main(["foveate", str(src), "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and "FOVEA_NO_DISK_CACHE must be one of" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_resize_switches_on_a_reading_cascade_are_refused_without_listing_them():
+    with pytest.raises(ValueError) as info:
+        check_options("cascade_glance", resize_within=2.0)
+    msg = str(info.value)
+    takes = msg.split("it takes: ")[1]
+    assert "does not take option(s) ['resize_within'] (resize_within: a switch of the " \
+           "one-fixation cascades" in msg
+    assert "resize_within" not in takes and "resize_below" not in takes and "gist_budget" in takes
+    assert check_options("cascade", resize_within=2.0) == []           # there it is taken
+
+
+def test_help_names_the_real_default_and_suggests_no_unused_option(capsys):
+    with pytest.raises(SystemExit):
+        foveate_main(["foveate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: cascade_glance)" in text and "default: cascade)" not in text
+    assert "gist_budget" not in text
+
+
+def test_a_lone_surrogate_in_a_question_names_the_question():
+    with pytest.raises(ValueError, match=r"^question must be valid Unicode text: it holds a lone "
+                                         r"surrogate '\\ud800' at position 4"):
+        foveate(GLANCE_PAGE, "What\ud800 is it?", budget=40, method="cascade")
+
+
+def test_the_commands_own_arguments_given_as_options_are_named(tmp_path, capsys):
+    src = tmp_path / "pages"
+    src.mkdir()
+    _png(src / "p.png")
+    with pytest.raises(SystemExit) as e:
+        foveate_main(["foveate", str(src), "-o", "budget=5", "-o", "question='x'", "--out",
+                      str(tmp_path / "o")])
+    lines = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and lines == [
+        "python -m fovea_core foveate: error: --option budget=...: the budget is given with "
+        "--budget, not as an option",
+        "python -m fovea_core foveate: error: --option question=...: the question is given "
+        "with --question, not as an option"]
+
+
+def test_a_page_without_read_permission_fails_naming_it(tmp_path, monkeypatch):
+    """A file that cannot be opened (permission denied; simulated, root reads anything) is
+    a page that fails, said as such, not a file skipped as not an image."""
+    page = _png(tmp_path / "p.png")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(page))
+    monkeypatch.setattr(Image, "open", denied)
+    with pytest.raises(ImageDecodeError, match=r"p\.png cannot be opened \(Permission denied\)"):
+        load_image(page)
+    r = run_page(dict(path=str(page), stem="p", out_dir=str(tmp_path), question=None, budget=8,
+                      method="resize", options={}))
+    assert r["status"] == "failed" and "cannot be opened" in r["message"]

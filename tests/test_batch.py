@@ -255,3 +255,69 @@ def test_a_notebook_that_is_not_one_is_named_with_the_reason(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert re.search(rf"{re.escape(str(nb))}: {reason}", err), err
+
+
+# --- an output folder that is a file, a value too long for a file name ----------------------
+
+class _InlinePool:
+    """A stand-in for the process pool: runs each job at once, in this process."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        fut = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+
+def _stub_run(src, path, profile, params, timeout, label):
+    """A run that writes an empty executed notebook (to prove its file name can exist)."""
+    path.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return True, 0.0, None
+
+
+def test_an_out_that_is_a_file_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("ran"))
+    nb = _project(tmp_path / "project") / "batch.ipynb"
+    shutil.copy(BATCH, nb)
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for out, message in [(afile, f"--out {afile}: exists and is not a folder"),
+                         (afile / "sub", f"--out {afile / 'sub'}: cannot create "
+                                         f"{afile / 'sub' / 'batch'} (Not a directory)")]:
+        code = main(["batch", "--root", str(nb.parent), str(nb), "-p", "a", "1",
+                     "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
+    assert afile.read_text() == "mine"
+
+
+def test_a_value_too_long_for_a_file_name_runs_under_a_shortened_name(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A 300-character ``-p`` value: the run's file name is cut and ends in a hash (two long
+    values that share their start still get two files); the table keeps the values."""
+    monkeypatch.setattr(batch, "ProcessPoolExecutor", _InlinePool)
+    monkeypatch.setattr(batch, "run_notebook", _stub_run)
+    nb = _project(tmp_path / "project") / "batch.ipynb"
+    shutil.copy(BATCH, nb)
+    long_a, long_b = "x" * 300, "x" * 299 + "y"
+    code = main(["batch", "--root", str(nb.parent), str(nb), "-p", "label", long_a, long_b,
+                 "--out", str(tmp_path / "runs")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    files = sorted((tmp_path / "runs" / "batch").glob("*.ipynb"))
+    assert len(files) == 2 and all(len(p.name) <= batch.MAX_RUN_NAME + 6 for p in files)
+    assert all(re.fullmatch(r"label=x+~[0-9a-f]{12}\.ipynb", p.name) for p in files)
+    rows = list(csv.DictReader((tmp_path / "runs" / "batch" / "glued.csv").read_text()
+                               .splitlines()))
+    assert sorted(r["label"] for r in rows) == sorted([long_a, long_b])
+    assert run_name({"a": 1}) == "a=1"                                # short names unchanged

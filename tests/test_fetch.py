@@ -332,3 +332,34 @@ def test_wildreceipt_derivation_reproduces_every_reference_file() -> None:
         for kind, path in [("ann", ann), ("box", ref / "box" / f"{ann.stem}.csv"),
                            ("key", ref / "key" / f"{ann.stem}.json")]:
             assert F.derive_wildreceipt(kind, line, number) == path.read_bytes(), path
+
+
+@needs_ref
+def test_force_keeps_the_users_own_files_and_says_so(mirror) -> None:
+    """``--force`` over a dataset folder replaces the manifest's files and keeps every other
+    file in it (it deleted them, without a word, before)."""
+    manifest, base, _, dest = mirror
+    ds = manifest["sroie-dev"]
+    folder = dest / "sroie-dev"
+    (folder / "key").mkdir(parents=True)
+    (folder / "key" / "000.json").write_text("{}")                  # a manifest file, stale
+    (folder / "notes.txt").write_text("my notes")                   # the user's own
+    (folder / "mine").mkdir()
+    (folder / "mine" / "extra.jpg").write_bytes(b"\xff\xd8 mine")
+    outcome = F.fetch_dataset(ds, dest, base_url=base, force=True, progress=False)
+    assert outcome == ("replaced; kept 2 file(s) not in the manifest: mine/extra.jpg, "
+                       "notes.txt")
+    assert F.check_folder(ds, folder) == []
+    assert (folder / "notes.txt").read_text() == "my notes"
+    assert (folder / "mine" / "extra.jpg").read_bytes() == b"\xff\xd8 mine"
+    assert leftovers(dest) == ["sroie-dev"]                         # no old folder left
+
+
+def test_an_empty_dest_is_refused(capsys, tmp_path, monkeypatch) -> None:
+    """``--dest ''`` fetched into the default root, as if no --dest were given."""
+    monkeypatch.setenv("FOVEA_DATA", str(tmp_path))
+    monkeypatch.setattr(F, "fetch", lambda *a, **k: pytest.fail("fetched"))
+    with pytest.raises(SystemExit) as e:
+        F.main(["--dest", "", "sroie-dev"])
+    assert e.value.code == 2
+    assert "--dest must be a folder's path, got an empty string" in capsys.readouterr().err

@@ -195,3 +195,31 @@ def test_unsupported_processors_and_models_are_named():
             FoveatedProcessor(bad)
     with pytest.raises(ValueError, match="config_or_model.*supported: Qwen2VLProcessor"):
         FoveatedProcessor.from_model(LlamaConfig())
+
+
+def test_a_models_name_is_refused_naming_the_argument():
+    with pytest.raises(TypeError, match=r"^config_or_model must be a Qwen-VL config or model .*"
+                                        r"got str 'qwen2-vl-tiny'.*AutoProcessor"):
+        FoveatedProcessor.from_model("qwen2-vl-tiny")
+    with pytest.raises(TypeError, match="config_or_model"):
+        stock_processor(None)
+
+
+def test_a_page_too_small_for_the_cascade_suggests_no_smaller_patch(family_setup):
+    """A 5 x 5 page (resized by the processor to its smallest grid): the message must not
+    suggest a smaller patch, which the processor fixes to the merged cell."""
+    family, model, fp = family_setup
+    with pytest.raises(ValueError) as info:
+        fp(np.zeros((5, 5, 3), np.uint8), QUESTION, method="cascade")
+    msg = str(info.value)
+    assert "no budget fits" in msg and "smaller patch" not in msg
+    assert "the patch is fixed to the merged cell): use a larger page, or a method that " \
+           "fits any page, e.g. method='resize'" in msg
+
+
+def test_a_lone_surrogate_in_the_prompt_names_it(family_setup):
+    family, model, fp = family_setup
+    page = _page(4, 5, merged_cell_px(family))
+    with pytest.raises(ValueError, match=r"^text must be valid Unicode text: it holds a lone "
+                                         r"surrogate"):
+        fp(page, "What\ud800?", budget=8, method="resize")

@@ -10,6 +10,7 @@ needs a pretrained checkpoint and the book's evaluation.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -296,7 +297,13 @@ def test_prompts_and_the_chat_template(setup, garbage, monkeypatch):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(budget=1), "budget must be an int"),
-    (dict(budget=GRID * GRID + 1), r"budget must be in \[2, 144\]"),
+    (dict(budget=GRID * GRID + 1), r"budget must be in \[\d+, 144\] on this page"),
+    (dict(budget=2), r"budget must be in \[\d+, 144\] on this page .*fixation 1, N1 = "
+                     r"round\(0\.5 N\) tokens, is a cascade, which needs \d+ to 144"),
+    (dict(method="cascade_glance"),
+     r"registered cascade of one fixation .*'cascade_glance' reads the page"),
+    (dict(method="cascade_read"), r"registered cascade of one fixation"),
+    (dict(question="What\ud800?"), r"question must be valid Unicode text"),
     (dict(first_budget=0), "first_budget"),
     (dict(first_budget=N), "first_budget"),
     (dict(method="resize"), "registered cascade"),
@@ -314,3 +321,43 @@ def test_bad_arguments_raise_before_the_model_runs(setup, kw, match, monkeypatch
     question = args.pop("question")
     with pytest.raises(ValueError, match=match):
         fp.two_fixations(model, page, question, **args)
+
+
+def test_the_budget_range_in_the_message_is_the_one_that_runs(setup, monkeypatch):
+    """The smallest N the message gives runs (fixation 1 at round(N / 2) inside the
+    cascade's range); one less is refused, before the model runs, with that range."""
+    import re
+
+    family, model, fp, page = setup
+    with pytest.raises(ValueError) as info:
+        fp.two_fixations(model, page, QUESTION, budget=2)
+    low = int(re.search(r"budget must be in \[(\d+), 144\]", str(info.value)).group(1))
+    monkeypatch.setattr(model, "generate", _replying(fp, "no box"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FoveateWarning)
+        res = fp.two_fixations(model, page, QUESTION, budget=low, max_new_tokens=2)
+        assert res.counts.total == low
+        with pytest.raises(ValueError, match=rf"budget must be in \[{low}, 144\]"):
+            fp.two_fixations(model, page, QUESTION, budget=low - 1)
+
+
+def test_a_model_that_is_not_one_is_refused_before_fixation_1(setup, monkeypatch):
+    family, model, fp, page = setup
+    monkeypatch.setattr(fp, "_foveate", lambda *a, **k: pytest.fail("fixation 1 ran"))
+    for bad in (None, "qwen2-vl-tiny", object()):
+        with pytest.raises(TypeError, match=r"^model must be a Qwen-VL "
+                                            rf"\.\.\.ForConditionalGeneration .*\({family}\)"):
+            fp.two_fixations(bad, page, QUESTION, budget=N)
+
+
+@pytest.mark.skipif(len(FAMILIES) < 2, reason="needs two Qwen-VL families in transformers")
+def test_a_model_of_another_family_is_refused(setup, monkeypatch):
+    """A Qwen2.5-VL model with a Qwen2-VL processor: another patch size and another box
+    convention, so its boxes would be read in the wrong coordinates."""
+    family, model, fp, page = setup
+    other = next(f for f in FAMILIES if f != family)
+    wrong = build_qwen(f"{other}-tiny")
+    monkeypatch.setattr(wrong, "generate", lambda **_: pytest.fail("generate ran"))
+    with pytest.raises(ValueError, match=rf"^model: a {re.escape(other)} model with a "
+                                         rf"{re.escape(family)} processor"):
+        fp.two_fixations(wrong, page, QUESTION, budget=N)

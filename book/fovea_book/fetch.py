@@ -22,7 +22,8 @@ the folder renamed to ``<dest>/<name>``. A wrong checksum, a failed or interrupt
 download (any exception, Ctrl-C included) removes the temporary folder and leaves
 nothing half-written. A dataset folder that already holds every file with the right hash
 is left alone ("up to date"); one that exists but differs is reported and only replaced
-with ``--force``.
+with ``--force``, which replaces the manifest's files and keeps every other file of the
+folder (a user's notes, extra images) where it was, and says how many it kept.
 
 The datasets, their sources and the rule that picked each subset:
 
@@ -469,11 +470,14 @@ def fetch_dataset(dataset: Dataset, dest: str | Path, *, base_url: str | None = 
         base_url: replaces ``https://raw.githubusercontent.com`` (see :func:`raw_url`).
         images_base_url: base URL of WildReceipt's ``image_files/`` (default
             ``$FOVEA_WILDRECEIPT_IMAGES``, else the manifest's, else none).
-        force: replace an existing folder that differs from the manifest.
+        force: replace an existing folder that differs from the manifest: its manifest
+            files are replaced, every other file in it is kept (moved into the new folder).
         progress: show a progress bar over the files.
 
     Returns:
-        ``"up to date"`` (the folder was already complete), ``"fetched"`` or ``"replaced"``.
+        ``"up to date"`` (the folder was already complete), ``"fetched"`` or ``"replaced"``
+        (followed by ``"; kept K files not in the manifest: a, b, ..."`` when the folder
+        held files of its own).
 
     Raises:
         ChecksumError: a file's SHA-256 differs (the message names file, origin and hashes).
@@ -517,13 +521,46 @@ def fetch_dataset(dataset: Dataset, dest: str | Path, *, base_url: str | None = 
             except BaseException:
                 os.rename(old, final)
                 raise
+            kept, left = _keep_foreign(dataset, old, final)
+            if left:                                # never delete what could not be moved
+                return (f"replaced; {len(left)} file(s) not in the manifest could not be "
+                        f"moved into the new folder and are kept in {old}: "
+                        f"{_names(left)}")
             shutil.rmtree(old, ignore_errors=True)
-            return "replaced"
+            return "replaced" + (f"; kept {len(kept)} file(s) not in the manifest: "
+                                 f"{_names(kept)}" if kept else "")
         os.rename(work, final)
         return "fetched"
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def _names(paths: list[str], shown: int = 5) -> str:
+    return ", ".join(paths[:shown]) + (f", ... ({len(paths) - shown} more)"
+                                       if len(paths) > shown else "")
+
+
+def _keep_foreign(dataset: Dataset, old: Path, new: Path) -> tuple[list[str], list[str]]:
+    """Move every file (or link) of ``old`` that the manifest does not list into ``new`` at
+    the same relative path (a rename: same file system). Returns ``(kept, left)``: the
+    relative paths moved, and those that could not be (left in ``old``)."""
+    ours = {f.dest for f in dataset.files}
+    kept, left = [], []
+    for p in sorted(old.rglob("*")):
+        rel = p.relative_to(old).as_posix()
+        if p.is_dir() and not p.is_symlink() or rel in ours:
+            continue
+        target = new / rel
+        try:
+            if target.exists() or target.is_symlink():
+                raise FileExistsError(rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(p, target)
+            kept.append(rel)
+        except OSError:
+            left.append(rel)
+    return kept, left
 
 
 def fetch(names: Iterable[str] | None = None, dest: str | Path | None = None, *,
@@ -592,9 +629,13 @@ def main(argv: Sequence[str] | None = None, manifest: Mapping[str, Dataset] | No
                         help="folder or URL holding WildReceipt's image_files/ "
                              f"(also ${IMAGES_ENV})")
     parser.add_argument("--force", action="store_true",
-                        help="replace an existing dataset folder that differs from the manifest")
+                        help="replace an existing dataset folder that differs from the manifest "
+                             "(its files; other files in it are kept)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.dest is not None and not args.dest.strip():
+        parser.error("--dest must be a folder's path, got an empty string (leave it out for "
+                     "$FOVEA_DATA, else data/external)")
     unknown = [n for n in args.names if n not in manifest]
     if unknown:
         parser.error(f"unknown dataset(s): {', '.join(unknown)}; "

@@ -258,15 +258,47 @@ def _disk_cache():
     return SqliteCache(cache_dir("coarse_ocr", f"reads-{tag}.sqlite"))
 
 
+#: whether a cached OCR value that could not be parsed was said (once per process)
+_BAD_ENTRY_SAID = False
+
+
+def _parse_read(text: str) -> TextRead:
+    """A cached OCR read (JSON: ``boxes`` ``[K, 4]``, ``texts`` K strings, ``conf`` K
+    floats) as a :class:`TextRead`; ``ValueError`` (or ``KeyError``, ``TypeError``) for
+    anything else."""
+    d = json.loads(text)
+    boxes = np.asarray(d["boxes"], np.float32).reshape(-1, 4)
+    texts = tuple(d["texts"])
+    conf = np.asarray(d["conf"], np.float32).reshape(-1)
+    if not (len(texts) == len(conf) == boxes.shape[0]
+            and all(isinstance(t, str) for t in texts)):
+        raise ValueError(f"{boxes.shape[0]} boxes, {len(texts)} texts, {len(conf)} scores")
+    return TextRead(boxes, texts, conf)
+
+
 def _read_text_cached(img: np.ndarray, key: tuple):
-    """:func:`read_text` of ``img`` through the disk cache (JSON: boxes, texts, conf)."""
+    """:func:`read_text` of ``img`` through the disk cache (JSON: boxes, texts, conf). A
+    cached value that does not parse (a damaged file, another program's write) is dropped
+    and recomputed, with one :class:`~fovea_core.cache.CacheWarning` per process."""
+    global _BAD_ENTRY_SAID
     cache = _disk_cache()
     k = hashlib.sha1(repr(key).encode()).hexdigest()
     text = None if cache is None else cache.get(k)
     if text is not None:
-        d = json.loads(text)
-        return TextRead(np.asarray(d["boxes"], np.float32).reshape(-1, 4), tuple(d["texts"]),
-                        np.asarray(d["conf"], np.float32))
+        try:
+            return _parse_read(text)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            if not _BAD_ENTRY_SAID:
+                import warnings
+
+                from fovea_core.cache import CacheWarning
+
+                _BAD_ENTRY_SAID = True
+                warnings.warn(f"cache {cache.path}: an OCR read stored there cannot be parsed "
+                              f"({type(err).__name__}: {err}); it is dropped and the page read "
+                              "again (said once; other damaged entries are replaced silently)",
+                              CacheWarning, stacklevel=2)
+            cache.drop(k)
     r = read_text(img, min_conf=key[2])
     if cache is not None:
         cache.put(k, json.dumps(dict(boxes=np.asarray(r.boxes).tolist(), texts=list(r.texts),

@@ -204,6 +204,7 @@ def stock_processor(config_or_model: Any, tokenizer: Any = None):
     """
     from transformers import Qwen2VLImageProcessorPil
 
+    _check_config_or_model(config_or_model)
     try:
         family = family_of(config_or_model)
     except ValueError as err:
@@ -219,6 +220,41 @@ def stock_processor(config_or_model: Any, tokenizer: Any = None):
     tok = tokenizer if tokenizer is not None else offline_tokenizer(config_or_model)
     return _images_only(classes[family])(image_processor=image_processor, tokenizer=tok,
                                          video_processor=None)
+
+
+def _check_config_or_model(config_or_model: Any) -> None:
+    """``TypeError`` naming the argument unless it is a config (``model_type``) or a model
+    holding one (``.config.model_type``): e.g. a model's name passed as a string."""
+    cfg = getattr(config_or_model, "config", config_or_model)
+    if not isinstance(getattr(cfg, "model_type", None), str):
+        raise TypeError(
+            "config_or_model must be a Qwen-VL config or model (a transformers "
+            "Qwen2VLConfig / ...ForConditionalGeneration, e.g. "
+            "fovea_core.vlm.qwen.build_qwen('qwen2-vl-tiny')), got "
+            f"{type(config_or_model).__name__} {config_or_model!r:.60}; for a checkpoint's "
+            "name, wrap its processor: FoveatedProcessor(AutoProcessor.from_pretrained(name))")
+
+
+def _check_model(model: Any, family: str) -> None:
+    """``model`` can answer for this processor: it has ``generate`` (``TypeError`` naming
+    ``model`` otherwise, e.g. ``None``) and, where it carries a config, it is of the
+    processor's family (``ValueError``: a Qwen2.5-VL model with a Qwen2-VL processor would
+    get another patch size and read its boxes in the wrong coordinates)."""
+    if model is None or not callable(getattr(model, "generate", None)):
+        raise TypeError(f"model must be a Qwen-VL ...ForConditionalGeneration of this "
+                        f"processor's family ({family}), with generate(); got "
+                        f"{type(model).__name__}")
+    cfg = getattr(model, "config", None)
+    if isinstance(getattr(cfg, "model_type", None), str):
+        try:
+            got = family_of(cfg)
+        except ValueError as err:
+            raise ValueError(f"model: {err}; two_fixations needs a {family} model") from None
+        if got != family:
+            raise ValueError(f"model: a {got} model with a {family} processor (its patch size, "
+                             f"normalisation and box coordinates, {GROUNDING_COORDS[family]}, "
+                             f"are {family}'s); wrap the model's own processor: "
+                             f"FoveatedProcessor.from_model(model)")
 
 
 def _images_only(cls: type) -> type:
@@ -325,9 +361,12 @@ class FoveatedProcessor:
         return torch.from_numpy(np.ascontiguousarray(out)).float()[None] / 255
 
     def _prompt(self, text: str) -> tuple[str, bool]:
+        from fovea_core.foveation import check_text
+
         if not isinstance(text, str):
             raise TypeError("text must be a str (one prompt for one page), got "
                             f"{type(text).__name__}")
+        check_text(text, "text")
         k = text.count(self.image_token)
         if k > 1:
             raise ValueError(f"text holds {k} image placeholders {self.image_token!r}; "
@@ -392,10 +431,15 @@ class FoveatedProcessor:
                            **options)
         except ValueError as err:
             msg = str(err)
+            grid = (f"the processor resizes this page to {hr}x{wr} px: {hm}x{wm} = {hm * wm} "
+                    f"merged tokens of {self.cell_px} px")
             if msg.startswith("budget"):
-                raise ValueError(f"{msg} (the processor resizes this page to {hr}x{wr} px: "
-                                 f"{hm}x{wm} = {hm * wm} merged tokens of {self.cell_px} px)"
-                                 ) from None
+                raise ValueError(f"{msg} ({grid})") from None
+            if "no budget fits" in msg:          # the patch is the merged cell: not a choice
+                head, _, tail = msg.partition("; use a larger page or a smaller patch")
+                raise ValueError(f"{head}{tail} ({grid}; the patch is fixed to the merged "
+                                 f"cell): use a larger page, or a method that fits any page, "
+                                 f"e.g. method='resize'") from None
             raise
 
     def encode(self, foveation, text: str):
@@ -496,13 +540,21 @@ class FoveatedProcessor:
         the prefill saw ``N1 + N`` image tokens and the model decoded the reply.
 
         Args:
-            model: a Qwen-VL ``...ForConditionalGeneration`` of this processor's family.
+            model: a Qwen-VL ``...ForConditionalGeneration`` of this processor's family
+                (checked before anything runs: a model of another family is refused).
             images: one page (:meth:`__call__`).
             question: the question (a non-empty str); both fixations' cascades read it.
-            budget: N, image tokens of the answer prompt (``N1 + N2``).
-            first_budget: ``N1`` in ``[1, N - 1]`` (and in the cascade's range for the page);
+            budget: N, image tokens of the answer prompt (``N1 + N2``), an int >= 2 and at
+                most the resized page's ``Hm * Wm`` merged cells, large enough that ``N1``
+                lies in the cascade's range for the page (its gist plus at least one fovea
+                token, :func:`~fovea_core.cascade.allocator.budget_range`) and ``N2 >= 1``;
+                the message of a budget outside gives the page's range.
+            first_budget: ``N1`` in ``[1, N - 1]`` and in the cascade's range for the page;
                 ``None``: ``round(FIRST_SHARE * N)``.
-            method: a registered cascade (``"cascade"``, ``"cascade_text"``, ...).
+            method: a registered one-fixation cascade (``"cascade"``, ``"cascade_text"``,
+                ...); not the read-then-look ones (``"cascade_read"``, ``"cascade_glance"``),
+                which make their own second look and whose first stage is not a gist that
+                fixation 2 can share.
             max_new_tokens: the grounding reply's length limit.
             grounding_prompt, answer_prompt: prompts with ``{question}`` (replaced, no other
                 braces read); ``None`` grounding prompt: the family's default.
@@ -524,19 +576,27 @@ class FoveatedProcessor:
             box and the token counts.
 
         Raises:
-            ValueError: a bad question, budget (``N`` in ``[2, Hm * Wm]``), first_budget,
-                method, seen_weight or option.
+            TypeError: ``model`` is not a model (e.g. ``None``).
+            ValueError: a model of another family, a bad question, budget, first_budget,
+                method, seen_weight or option; all before fixation 1 runs.
         """
         from dataclasses import replace
 
-        from fovea_core.cascade.allocator import REGISTERED
+        from fovea_core.cascade.allocator import REGISTERED, RUNNERS, budget_range
         from fovea_core.cascade.core import STAGE_GIST
+        from fovea_core.foveation import check_text
 
+        _check_model(model, self.family)
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty str, got {question!r}")
-        if method not in REGISTERED:
-            raise ValueError(f"method must be a registered cascade ({', '.join(REGISTERED)}), "
-                             f"got {method!r}")
+        check_text(question, "question")
+        one_look = [m for m in REGISTERED if m not in RUNNERS]
+        if method not in one_look:
+            why = (f"; {method!r} reads the page and looks again on its own, and its first "
+                   "stage is not a gist the second fixation can share"
+                   if method in RUNNERS else "")
+            raise ValueError(f"method must be a registered cascade of one fixation "
+                             f"({', '.join(one_look)}), got {method!r}{why}")
         if "patch" in method_options:
             raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
                              f"{self.family}); leave it out")
@@ -557,10 +617,30 @@ class FoveatedProcessor:
         hr, wr = page.shape[-2:]
         f = self.cell_px
         cells = (hr // f) * (wr // f)
-        if n > cells:
-            raise ValueError(f"budget must be in [2, {cells}] (the processor resizes this page to "
-                             f"{hr}x{wr} px: {hr // f}x{wr // f} = {cells} merged tokens of {f} "
-                             f"px), got {n}")
+        gb = method_options.get("gist_budget")
+        low, high = budget_range((hr, wr), patch=f,
+                                 gist_budget=int(gb) if isinstance(gb, int) else None)
+        low, high = int(low), int(high)
+        # the smallest N whose N1 is in the cascade's range and leaves N2 >= 1
+        split = (lambda m: max(1, round(FIRST_SHARE * m))) if first_budget is None \
+            else (lambda m: n1)
+        n_min = next((m for m in (2 * low - 1, 2 * low, 2 * low + 1, n1 + 1)
+                      if 2 <= m <= cells and low <= split(m) <= min(high, m - 1)), None)
+        grid = (f"the processor resizes this page to {hr}x{wr} px: {hr // f}x{wr // f} = "
+                f"{cells} merged tokens of {f} px")
+        if n_min is None:
+            raise ValueError(f"budget: no budget gives two fixations on this page ({grid}; "
+                             f"fixation 1's cascade needs {low} to {high} tokens and "
+                             f"fixation 2 at least one); use a larger page")
+        if n > cells or n < n_min:
+            raise ValueError(f"budget must be in [{n_min}, {cells}] on this page ({grid}; "
+                             f"fixation 1, N1 = {'round(0.5 N)' if first_budget is None else n1}"
+                             f" tokens, is a cascade, which needs {low} to {high}, its gist "
+                             f"plus at least one fovea token; fixation 2 at least one), got {n}")
+        if not low <= n1 <= high:
+            raise ValueError(f"first_budget must be in [{low}, {min(high, n - 1)}] on this page "
+                             f"({grid}; the cascade needs its gist plus at least one fovea "
+                             f"token, and fixation 2 at least one of N = {n}), got {n1}")
 
         # ---- fixation 1 and the grounding call
         fov1 = self._foveate(page, question, n1, method, dict(method_options))

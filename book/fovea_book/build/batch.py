@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import hashlib
 import itertools
 import json
 import os
@@ -232,9 +233,21 @@ def check_root(root: Path) -> None:
                          "_toc.yml and fovea_core/)")
 
 
+#: the longest run name (characters) kept as it is; file systems allow 255 bytes per name
+#: (with ``.ipynb``), and a longer one ends in a hash of the whole
+MAX_RUN_NAME = 120
+
+
 def run_name(params: dict[str, object]) -> str:
-    """``budgets=64,seed=0``: the executed copy's file stem for one grid point."""
-    return ",".join(f"{slug(k)}={slug(v)}" for k, v in params.items()) or "defaults"
+    """``budgets=64,seed=0``: the executed copy's file stem for one grid point. A name
+    longer than :data:`MAX_RUN_NAME` (a long ``-p`` value) is cut there and ends in ``~``
+    and 12 hex digits of a SHA-1 of the full name, so it fits any file system and two
+    points still differ (``glued.csv`` holds the values in full)."""
+    name = ",".join(f"{slug(k)}={slug(v)}" for k, v in params.items()) or "defaults"
+    if len(name) <= MAX_RUN_NAME:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    return f"{name[:MAX_RUN_NAME - 13]}~{digest}"
 
 
 def run_path(folder: Path, name: str) -> Path:
@@ -329,10 +342,18 @@ def run_batch(root: Path, notebook: Path, params: list[list[str]], *, profile: s
     names = [run_name(p) for p in points]
     if len(set(names)) != len(names):        # two values with the same slug: disambiguate
         names = [f"{n}-{i}" for i, n in enumerate(names)]
-    folder = (out or root / "_build" / "runs") / src.stem
+    base = out or root / "_build" / "runs"
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder; pass a folder (created if "
+                         "missing; default _build/runs)")
+    folder = base / src.stem
     for name in names:
         run_path(folder, name)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {base}: cannot create {folder} "
+                         f"({exc.strerror or type(exc).__name__})") from None
     records = CacheRecords.load(folder / ".cache.json")
     shared = Inputs.of(root)
     jobs = max(1, min(jobs or (os.cpu_count() or 1), len(points)))
