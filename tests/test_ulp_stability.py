@@ -115,3 +115,21 @@ def test_tokens_do_not_move_with_a_few_ulps(name, images):
         assert [f for f, _ in got] == [f for f, _ in want], (name, trial)
         for (field, a), (_, b_) in zip(got, want):
             assert torch.equal(a, b_), f"{name}: {field} moved with a few ulps (trial {trial})"
+
+
+def test_rank_grid_ties_noise_and_keeps_the_order():
+    """Values a few ulps apart share a grid index; distinct values keep their order; +inf and
+    NaN rank above, -inf below every finite value; an all-zero row is all ties."""
+    from fovea_core.allocators.base import rank_grid
+
+    x = torch.tensor([[1.0, 1.0 * (1 + 4 * EPS), 0.5, 0.5 * (1 - 3 * EPS), 0.25, 0.0,
+                       -float("inf"), float("inf"), float("nan")]])
+    q = rank_grid(x)[0].tolist()
+    assert q[0] == q[1] and q[2] == q[3]
+    assert q[8] > q[7] > q[0] > q[2] > q[4] > q[5] > q[6]
+    assert rank_grid(torch.zeros(2, 5)).eq(0).all()
+    # the scale is per row along dim: a row of small values is ranked as finely
+    small = torch.tensor([[1e-6, 2e-6, 3e-6], [1.0, 2.0, 3.0]])
+    assert torch.equal(rank_grid(small)[0], rank_grid(small)[1])
+    with pytest.raises(ValueError, match="bits must be in"):
+        rank_grid(x, bits=40)
