@@ -51,7 +51,8 @@ from fovea_core.importance.base import fixation_from_scores  # the one default-f
 __all__ = ["Candidates", "check_budget", "check_seed", "check_inputs", "resolve_fixation",
            "fixation_from_scores", "pool_scores", "order", "order_lex", "rank_of",
            "select", "lex_key", "group_best", "group_rank", "largest_remainder",
-           "cells_to_tokens", "candidate_grid", "image_rand", "rank_grid", "rank_weights", "RANK_BITS", "pixel_grid", "PIXEL_BITS", "nonneg", "cell_centers",
+           "cells_to_tokens", "candidate_grid", "image_rand", "rank_grid", "rank_weights",
+           "RANK_BITS", "pixel_grid", "PIXEL_BITS", "nonneg", "cell_centers",
            "device_values", "stratum_ids", "top_per_stratum", "box3_mean",
            "footprint_cover", "importance_captured"]
 
@@ -374,9 +375,10 @@ def rank_grid(x: torch.Tensor, dim: int = -1, *, bits: int = RANK_BITS) -> torch
     whose exact scores tie, or differ by a few units in the last place (ulps), can come out
     in either order on another machine. Ranking on ``round(x / scale * 2**bits)``, with
     ``scale = max |x|`` over ``dim`` (finite values; 1 when all are 0), makes values within
-    about ``scale * 2**-(bits + 1)`` equal (``bits = 16``: 128 float32 ulps of the largest
-    value, well above the noise of a few rounded sums), and equal values are ranked by the
-    callers' stable tie-break, the lower candidate index first (:func:`lex_key`). Exact ties
+    about ``scale * 2**-(bits + 1)`` equal (``bits = 16``: a step of 128 to 256 float32
+    ulps of the largest value, well above the noise of a few rounded sums), and equal
+    values are ranked by the callers' stable tie-break, the lower candidate index first
+    (:func:`lex_key`). Exact ties
     (flat regions, integer maps, blank page areas) therefore stay ties on every machine.
     A value can still move to the next grid index when it lies within float noise of a
     half-step boundary (probability about noise / step); simple ratios to the scale
@@ -418,9 +420,9 @@ def pixel_grid(pixels: torch.Tensor | np.ndarray, bits: int = PIXEL_BITS):
     A page's 8-bit values ``k / 255`` and their means over ``2**l x 2**l`` blocks (the
     pyramid's levels, ``l <= bits / 2``) lie at least ``2**-bits / 510`` from a rounding
     boundary of this grid (``k * 2**bits / 255`` is never within ``1 / 510`` of a
-    half-integer), about four times the float32 noise of a rounded mean, so pixels that
-    differ only in float noise (another CPU's sums) read alike, and equal pixels (a blank
-    background) stay equal. Returns the same type (tensor or array) and dtype.
+    half-integer; about 16 float32 ulps at 1.0, above the noise of a rounded mean), so
+    pixels that differ only in float noise (another CPU's sums) read alike, and equal
+    pixels (a blank background) stay equal. Returns the same type (tensor or array) and dtype.
     """
     step = float(2**bits)
     if isinstance(pixels, np.ndarray):
