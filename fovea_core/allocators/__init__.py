@@ -22,8 +22,11 @@ coverage guarantee, kind). Two wrappers differ in output: ``multi_fixation`` wit
 ``"buckets"``) returns a list of per-bucket results because a TokenSet has one N per batch.
 
 Scores of coarser levels are pooled from the level-0 map (max within a level, mean across
-levels; each allocator's docstring says which). Ties always break towards the lower
-candidate index (row-major, finer level first), so results are deterministic. ``v1_cortical`` comes from :mod:`fovea_core.allocators.cortical`
+levels; each allocator's docstring says which). Every ranking compares values on a grid
+well above float noise (:func:`~fovea_core.allocators.base.rank_grid`: values within about
+``max / 2**17`` of each other tie), and ties always break towards the lower candidate index
+(row-major, finer level first), so results are deterministic and the same on every CPU
+(a few ulps of difference in a score map, a band energy or a pixel do not move a token). ``v1_cortical`` comes from :mod:`fovea_core.allocators.cortical`
 when that module is present. The budgeted cascade's methods
 (a higher layer, built from these allocators) join the same table when
 :mod:`fovea_core.cascade` is imported; :mod:`fovea_core.methods` imports both and is the

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        group_rank, largest_remainder, nonneg, resolve_fixation,
-                                        select)
+                                        group_rank, largest_remainder, nonneg, pixel_grid,
+                                        rank_of, rank_weights, resolve_fixation, select)
 from fovea_core.allocators import content_cache
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
@@ -39,8 +39,10 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
 
     SLIC-zero (adaptive compactness) on the coarsest pyramid level whose longer side is
     still >= ``max_side`` pixels (level 0 when the image is smaller), read at each patch's
-    centre. A loop over images (the segmenter is a library call per image); each page's
-    labels are cached (:mod:`~fovea_core.allocators.content_cache`), so a budget sweep over
+    centre. The pixels are first rounded to the content grid
+    (:func:`~fovea_core.allocators.base.pixel_grid`), so pixels that differ only in float
+    noise (another CPU's rounding of the pyramid's means) segment alike. A loop over images (the segmenter is a library call per image);
+    each page's labels are cached (:mod:`~fovea_core.allocators.content_cache`), so a budget sweep over
     the same pages segments them once.
     """
     img = pyramid.levels[segment_level(pyramid, max_side)]
@@ -52,6 +54,7 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
     out = []
     for x in img:                                                      # over images
         arr = x.permute(1, 2, 0).cpu().numpy().astype(np.float64)
+        arr = pixel_grid(arr)
 
         def compute(arr: np.ndarray = arr) -> torch.Tensor:
             from skimage.segmentation import slic    # here: it imports scipy (~0.5 s)
@@ -93,12 +96,11 @@ def atlas(pyramid: Pyramid, scores, budget: int, *, n_segments: int = 24,
     w = torch.zeros(b, nr).scatter_add_(1, g, nonneg(s).flatten(1))
     cnt = torch.zeros(b, nr, dtype=torch.long).scatter_add_(1, g, torch.ones_like(g))
     present = cnt > 0
-    # one per present region (the heaviest regions first if there are more than n)
-    one = (torch.zeros(b, nr, dtype=torch.long)
-           .scatter(1, torch.sort(torch.where(present, w, -1.0), dim=1, descending=True,
-                                  stable=True).indices, torch.arange(nr).expand(b, nr)) < n) & present
+    # one per present region (the heaviest regions first if there are more than n; weights
+    # ranked and split on the ranking grid: rank_of, rank_weights)
+    one = (rank_of(torch.where(present, w, -torch.inf)) < n) & present
     rest = (n - one.sum(1)).clamp(min=0)
-    q = one.long() + largest_remainder(torch.where(present, w, 0.0), rest,
+    q = one.long() + largest_remainder(rank_weights(torch.where(present, w, 0.0)), rest,
                                        capacity=(cnt - one.long()).clamp(min=0))
     tier = (group_rank(flat, g, nr) < q.gather(1, g)).long()
     return cells_to_tokens(candidate_grid(pyramid, [0], patch), select(flat, n, tier), flat,

@@ -8,9 +8,12 @@ candidate cells (no Python loop over patches):
    tiers are taken first, e.g. "best cell of its log-polar bin" = 1, "anything else" = 0)
    and a *priority* (a float, usually the importance score);
 2. :func:`select` takes, per image, the ``budget`` candidates that come first in the
-   lexicographic order (tier desc, priority desc, candidate index asc). Ties therefore
-   break deterministically towards the lower candidate index (row-major, finer level
-   first), and the result has exactly ``budget`` distinct cells.
+   lexicographic order (tier desc, priority desc, candidate index asc). Priorities are
+   compared on a grid well above float noise (:func:`rank_grid`: values within
+   ``max|priority| / 2**17`` of each other tie), so a choice never flips on the last bit
+   of a float sum on another CPU. Ties therefore break deterministically towards the
+   lower candidate index (row-major, finer level first), and the result has exactly
+   ``budget`` distinct cells.
 
 Scores live on the level-0 patch grid ``[B, Gh, Gw]`` with ``Gh = ceil(H / patch)``.
 Coarser levels get their scores by pooling ``2**l x 2**l`` blocks (:func:`pool_scores`,
@@ -48,7 +51,8 @@ from fovea_core.importance.base import fixation_from_scores  # the one default-f
 __all__ = ["Candidates", "check_budget", "check_seed", "check_inputs", "resolve_fixation",
            "fixation_from_scores", "pool_scores", "order", "order_lex", "rank_of",
            "select", "lex_key", "group_best", "group_rank", "largest_remainder",
-           "cells_to_tokens", "candidate_grid", "image_rand", "nonneg", "cell_centers",
+           "cells_to_tokens", "candidate_grid", "image_rand", "rank_grid", "rank_weights",
+           "RANK_BITS", "pixel_grid", "PIXEL_BITS", "nonneg", "cell_centers",
            "device_values", "stratum_ids", "top_per_stratum", "box3_mean",
            "footprint_cover", "importance_captured"]
 
@@ -148,9 +152,19 @@ def check_inputs(pyramid: Pyramid, scores: torch.Tensor | np.ndarray, budget: in
 
 
 def nonneg(scores: torch.Tensor) -> torch.Tensor:
-    """Scores shifted per image so that the minimum is 0 (weights for proportional quotas)."""
-    flat = scores.flatten(1)
-    return scores - flat.min(dim=1).values.view(-1, *([1] * (scores.ndim - 1)))
+    """Scores ``[B, ...]`` shifted per image so that the minimum is 0 (weights for
+    proportional quotas), on the ranking grid of the unshifted map (:func:`rank_grid` over
+    each image's values, scaled back): ``(q - min q) * max|s| / 2**RANK_BITS``, exact
+    float operations on the grid indices ``q``. The shift cancels: on a flat map ``s - min s``
+    would be pure float noise at full relative scale; here it is exactly 0, and any two cells
+    whose scores tie on the grid keep equal weights on every CPU. Returns float32 of the
+    scores' shape."""
+    flat = scores.flatten(1).float()
+    q = rank_grid(flat).float()                         # |q| <= 2**RANK_BITS + 2: exact
+    scale = torch.where(torch.isfinite(flat), flat.abs(), torch.zeros_like(flat)).amax(
+        1, keepdim=True)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)) / float(2**RANK_BITS)
+    return ((q - q.amin(1, keepdim=True)) * scale).view(scores.shape)
 
 
 def box3_mean(x: torch.Tensor) -> torch.Tensor:
@@ -197,13 +211,21 @@ def resolve_fixation(fixation, scores: torch.Tensor, *, dtype: torch.dtype = tor
     return f.to(scores.device, non_blocking=True).contiguous()
 
 
+#: resolution of the score map's hash that seeds :func:`image_rand` (16 levels per cell)
+SEED_BITS = 4
+
+
 def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.Tensor:
     """Uniform random numbers ``[B, n]`` (default ``n = Gh*Gw``), one stream per image.
 
     Image ``b`` draws from a generator seeded with ``seed`` mixed with a CRC32 of its score
-    map, so the draw is deterministic for a seed, independent of the batch it sits in
-    (batch == per-image loop) and different for different images. (The loop is over images,
-    not patches.)
+    map on a coarse grid (:func:`rank_grid` with :data:`SEED_BITS` bits), so the draw is
+    deterministic for a seed, independent of the batch it sits in (batch == per-image loop)
+    and different for different images. The grid is coarse on purpose: a CRC changes
+    completely when one value moves, and one of ``M`` cells crosses a grid boundary under
+    float noise ``e`` (relative to the map's largest value) with probability about
+    ``M * e * 2**(SEED_BITS + 1)`` (``1e-3`` for a thousand cells at a few ulps), while 16
+    levels per cell still tell pages apart. (The loop is over images, not patches.)
 
     Synchronises on a device: the CRC32 reads the score bytes on the host and the numbers
     come from torch's CPU generator (the same on every device); they are copied back to the
@@ -212,7 +234,7 @@ def image_rand(scores: torch.Tensor, seed: int, n: int | None = None) -> torch.T
     seed = check_seed(seed)
     n = scores[0].numel() if n is None else n
     rows = []
-    for s in scores.detach().cpu():
+    for s in rank_grid(scores.detach().flatten(1), bits=SEED_BITS).cpu():
         crc = zlib.crc32(np.ascontiguousarray(s.numpy()).tobytes())
         g = torch.Generator().manual_seed((int(seed) * 1_000_003 + crc) % (2**63))
         rows.append(torch.rand(n, generator=g))
@@ -338,13 +360,90 @@ def stratum_ids(shape: tuple[int, int], strata: int | tuple[int, int],
 
 # ----------------------------------------------------------------------------- ranking
 SECONDARY_BITS = 14  # resolution of the optional secondary key (quantised to 1/16384)
+#: resolution of every ranking: values are ranked on a grid of ``scale / 2**RANK_BITS``,
+#: ``scale`` the largest ``|value|`` of the map (see :func:`rank_grid`)
+RANK_BITS = 16
 
 
-def float_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving map of float32 values to int64 in ``[0, 2**32)`` (IEEE bit trick;
-    ``-0.0`` is first mapped to ``+0.0``)."""
-    bits = (x.float() + 0.0).view(torch.int32).long()
-    return torch.where(bits < 0, -bits - 1, bits + 2**31)
+def rank_grid(x: torch.Tensor, dim: int = -1, *, bits: int = RANK_BITS) -> torch.Tensor:
+    """The values every selection ranks on: ``x`` snapped to a grid well above float noise,
+    as int64 grid indices of ``x``'s shape (the one rule that keeps a choice from flipping
+    on the last bit of a float sum).
+
+    A score map is computed with float sums (pooling, band energies, a network's
+    convolutions) whose rounding depends on the CPU (SIMD width, BLAS kernels): two cells
+    whose exact scores tie, or differ by a few units in the last place (ulps), can come out
+    in either order on another machine. Ranking on ``round(x / scale * 2**bits)``, with
+    ``scale = max |x|`` over ``dim`` (finite values; 1 when all are 0), makes values within
+    about ``scale * 2**-(bits + 1)`` equal (``bits = 16``: a step of 128 to 256 float32
+    ulps of the largest value, well above the noise of a few rounded sums), and equal
+    values are ranked by the callers' stable tie-break, the lower candidate index first
+    (:func:`lex_key`). Exact ties
+    (flat regions, integer maps, blank page areas) therefore stay ties on every machine.
+    A value can still move to the next grid index when it lies within float noise of a
+    half-step boundary (probability about noise / step); simple ratios to the scale
+    (``k / m`` with small ``m``) are never on a boundary, since the grid is a power of two.
+
+    ``+inf`` ranks above every finite value and ``NaN`` above ``+inf`` (the order of IEEE
+    bits the ranking used before), ``-inf`` below every finite value.
+
+    Args:
+        x: real tensor ``[..., M, ...]`` (any float dtype; integers are used as floats).
+        dim: the axis whose values are compared (the scale is taken along it).
+        bits: grid resolution, ``1 <= bits <= 29``.
+
+    Returns:
+        int64 ``[..., M, ...]`` in ``[-2**bits - 1, 2**bits + 2]``; its order is the order
+        the selection uses (ties where the values are within the grid step).
+    """
+    if not 1 <= int(bits) <= 29:
+        raise ValueError(f"bits must be in [1, 29], got {bits!r}")
+    v = x if x.is_floating_point() else x.float()
+    finite = torch.isfinite(v)
+    mag = torch.where(finite, v.abs(), torch.zeros_like(v))
+    scale = mag.amax(dim, keepdim=True) if v.numel() else torch.ones_like(mag)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(torch.where(finite, v, torch.zeros_like(v)) / scale * float(2**bits))
+    top = float(2**bits)
+    q = torch.where(v == float("inf"), top + 1, torch.where(v == float("-inf"), -top - 1, q))
+    return torch.where(torch.isnan(v), top + 2, q).long()
+
+
+#: pixels that a content allocator compares are read on a grid of ``2**-PIXEL_BITS``
+PIXEL_BITS = 10
+
+
+def pixel_grid(pixels: torch.Tensor | np.ndarray, bits: int = PIXEL_BITS):
+    """``pixels`` (any shape, values in about ``[0, 1]``) rounded to a grid of
+    ``2**-bits``: the pixels a content allocator compares (superpixels, patch features).
+
+    A page's 8-bit values ``k / 255`` and their means over ``2**l x 2**l`` blocks (the
+    pyramid's levels, ``l <= bits / 2``) lie at least ``2**-bits / 510`` from a rounding
+    boundary of this grid (``k * 2**bits / 255`` is never within ``1 / 510`` of a
+    half-integer; about 16 float32 ulps at 1.0, above the noise of a rounded mean), so
+    pixels that differ only in float noise (another CPU's sums) read alike, and equal
+    pixels (a blank background) stay equal. Returns the same type (tensor or array) and dtype.
+    """
+    step = float(2**bits)
+    if isinstance(pixels, np.ndarray):
+        return (np.round(pixels * step) / step).astype(pixels.dtype, copy=False)
+    return torch.round(pixels * step) / step
+
+
+def rank_weights(weights: torch.Tensor) -> torch.Tensor:
+    """``weights [B, G]`` (>= 0) for :func:`largest_remainder` on the ranking grid: the
+    :func:`rank_grid` indices along ``G`` as float64, proportional to the weights to within
+    ``max(weights) / 2**17``. Weights that tie exactly (equal strata of a flat or integer
+    map) stay tied on every CPU, so the remainders that decide the last units of the quotas
+    never compare float noise. Negative weights become 0, as in :func:`largest_remainder`.
+    """
+    return rank_grid(weights.clamp(min=0)).double()
+
+
+def float_key(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Order-preserving map of ``x`` to int64 in ``[0, 2**32)``: :func:`rank_grid` along
+    ``dim``, shifted to be non-negative (ties where the grid makes values equal)."""
+    return rank_grid(x, dim) + (2**RANK_BITS + 1)
 
 
 def _secondary_key(sec: torch.Tensor) -> torch.Tensor:
@@ -366,7 +465,8 @@ def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
     """One int64 key per candidate ``[B, M]`` whose descending order is the lexicographic
     order (tier desc, priority desc, secondary desc, index asc); keys are unique.
 
-    ``priority`` enters with its exact float32 order (:func:`float_key`); ``secondary``
+    ``priority`` enters on the rounding-robust grid of :func:`rank_grid` (per image, along
+    the candidates: values within the grid step tie and go to the lower index); ``secondary``
     (optional) is quantised to ``SECONDARY_BITS`` bits over its per-image range (integers
     are used as they are); ``tier`` is a small non-negative int. Returns ``None`` when the
     bits do not fit in 63 (then callers use the multi-sort path).
@@ -397,10 +497,13 @@ def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
 
 
 def _order_sorts(keys: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stable multi-sort fallback of :func:`lex_key` (float keys on :func:`rank_grid`)."""
     b, m = keys[0].shape[0], keys[-1].shape[-1]
     perm = torch.arange(m, device=keys[-1].device).expand(b, m)
     for key in reversed(list(keys)):
-        k = key.expand(b, m).gather(1, perm)
+        key = key.expand(b, m)
+        key = rank_grid(key) if key.is_floating_point() else key
+        k = key.gather(1, perm)
         perm = perm.gather(1, torch.sort(k, dim=1, descending=True, stable=True).indices)
     return perm
 
@@ -411,7 +514,7 @@ def order_lex(keys: Sequence[torch.Tensor], *, tier_max: int | None = None) -> t
     ``tier_max``)."""
     key = lex_key(keys[1], keys[0], keys[2] if len(keys) > 2 else None, tier_max=tier_max)
     if key is None:
-        return _order_sorts(keys)
+        return _order_sorts(list(keys[:2]) + [_secondary_key(k) for k in keys[2:]])
     return torch.sort(key, dim=1, descending=True).indices
 
 
@@ -448,7 +551,8 @@ def select(priority: torch.Tensor, budget: int, tier: torch.Tensor | None = None
         key = lex_key(priority, tier, secondary, tier_max=tier_max)
     if key is None:
         keys = [tier if tier is not None else torch.zeros_like(priority, dtype=torch.long), priority]
-        return _order_sorts(keys + ([secondary] if secondary is not None else []))[:, :budget]
+        return _order_sorts(keys + ([_secondary_key(secondary.expand_as(priority))]
+                                    if secondary is not None else []))[:, :budget]
     return torch.topk(key, budget, dim=1, sorted=False).indices
 
 
@@ -670,7 +774,8 @@ def footprint_cover(tokens: TokenSet, grid_shape: tuple[int, int]) -> torch.Tens
 
 def importance_captured(tokens: TokenSet, scores: torch.Tensor) -> torch.Tensor:
     """``[B]``: share of the (min-shifted) importance mass whose cells some footprint covers."""
-    w = nonneg(torch.as_tensor(scores, dtype=torch.float32))
+    s = torch.as_tensor(scores, dtype=torch.float32)
+    w = s - s.flatten(1).amin(1).view(-1, *([1] * (s.ndim - 1)))   # a measure: no grid
     cov = footprint_cover(tokens, tuple(w.shape[1:])) > 0
     tot = w.flatten(1).sum(1)
     return torch.where(tot > 0, (w * cov).flatten(1).sum(1) / tot.clamp(min=1e-30),

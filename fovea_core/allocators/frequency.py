@@ -20,7 +20,7 @@ import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
                                         group_rank, largest_remainder, nonneg, pool_scores,
-                                        resolve_fixation, select)
+                                        rank_weights, resolve_fixation, select)
 from fovea_core.allocators import content_cache
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
@@ -106,6 +106,10 @@ def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, heig
     (largest remainder, clipped to the level's cell count); within the band, cells of level
     ``t_s`` are ranked by ``energy x (1 + s/max s)`` (energy, boosted by importance
     ``s`` max-pooled to the cell); shortfalls are filled by the same priority across bands.
+    The energies are float sums whose last bits depend on the CPU (FFT, BLAS, SIMD width):
+    band weights and priorities are compared on the ranking grid
+    (:func:`~fovea_core.allocators.base.rank_weights`, :func:`~fovea_core.allocators.base.rank_grid`),
+    so near-equal energies (a blank page's noise-level bands) tie and go to the lower index.
     See :func:`band_energy` for the bands and the anisotropic weight ``aniso`` (>= 0).
     """
     if not aniso >= 0:
@@ -127,7 +131,7 @@ def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, heig
     prio = prio / prio.amax(1, keepdim=True).clamp(min=1e-30)
     band_w = torch.stack([e.flatten(1).sum(1) for e in e_lv], 1)       # [B, levels]
     caps = torch.tensor([h * w for h, w in cand.shapes])
-    q = largest_remainder(band_w, n, capacity=caps[None])
+    q = largest_remainder(rank_weights(band_w), n, capacity=caps[None])
     lv_idx = torch.repeat_interleave(torch.arange(len(uniq)), caps)
     tier = (group_rank(prio, lv_idx, len(uniq)) < q[:, lv_idx]).long()
     return cells_to_tokens(cand, select(prio, n, tier), prio, pyramid.image_size, fix,

@@ -16,7 +16,7 @@ import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
                                         check_seed, device_values, group_best, image_rand,
-                                        largest_remainder,
+                                        largest_remainder, rank_weights,
                                         lex_key, nonneg,
                                         resolve_fixation, select, stratum_ids, top_per_stratum)
 from fovea_core.allocators.registry import register
@@ -243,14 +243,14 @@ def stratified_quotas(scores: torch.Tensor, budget: int, strata: int | tuple[int
     """Importance-proportional quotas per stratum with >= 1 each.
 
     Weight of stratum ``g``: ``w_g = sum_{i in g} (s_i - min s)`` (per image); quota
-    ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`), clipped to
-    the stratum's cell count. Returns ``(group ids [M], quotas [B, G], counts [G])``.
+    ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`, on the
+    weights' ranking grid, :func:`rank_weights`), clipped to the stratum's cell count. Returns ``(group ids [M], quotas [B, G], counts [G])``.
     """
     b, dev = scores.shape[0], scores.device
     gid, ng = stratum_ids(tuple(scores.shape[1:]), strata, dev)
     w = torch.zeros(b, ng, device=dev).index_add_(1, gid, nonneg(scores).flatten(1))
     counts = torch.zeros(ng, dtype=torch.long, device=dev).index_add_(0, gid, torch.ones_like(gid))
-    q = largest_remainder(w, budget, minimum=1, capacity=counts.expand(b, ng))
+    q = largest_remainder(rank_weights(w), budget, minimum=1, capacity=counts.expand(b, ng))
     return gid, q, counts
 
 

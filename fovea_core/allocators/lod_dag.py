@@ -84,7 +84,8 @@ def lod_dag(pyramid: Pyramid, scores, budget: int, *, alpha: float = 1.0,
                           torch.ones(b, m, dtype=torch.bool, device=dev))
     leaf = ~refined & par_ref
     is_pchild = has_parent[None] & (parent[None] == partial[:, None])
-    crank = group_rank(torch.where(is_pchild, mass, -1.0).float(),
+    # -inf, not a finite sentinel: the ranking grid's scale is the children's largest mass
+    crank = group_rank(torch.where(is_pchild, mass, -torch.inf).float(),
                        is_pchild.long(), 2)
     take_child = is_pchild & (crank < (r + 1)[:, None])
     leaf = torch.where((partial >= 0)[:, None] & (ar == partial[:, None]),

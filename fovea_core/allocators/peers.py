@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        device_values, order, rank_of, resolve_fixation)
+                                        device_values, order, pixel_grid, rank_grid,
+                                        rank_of, resolve_fixation)
 from fovea_core.allocators.registry import register
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -69,9 +70,11 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
     pixels a side, 4 x 4 for the default level 2) with the thumbnail's mean removed, so it
     encodes local structure (edges, strokes, orientation) and contrast. The vectors are
     centred over the image's patches (cosine similarity then compares deviations from the
-    average patch)."""
+    average patch). The level's pixels are read on the content grid
+    (:func:`~fovea_core.allocators.base.pixel_grid`): equal on every CPU, and exactly equal
+    for equal patches (a blank background)."""
     lv = feature_level(pyramid, patch, level)
-    img = pyramid.levels[lv]
+    img = pixel_grid(pyramid.levels[lv])
     cell = patch // 2**lv
     gh, gw = pyramid.grid_shape(patch, 0)
     pad = (0, gw * cell - img.shape[-1], 0, gh * cell - img.shape[-2])
@@ -88,7 +91,14 @@ def patch_features(pyramid: Pyramid, patch: int = 16, level: int = 2) -> torch.T
 
 
 def _unit(f: torch.Tensor) -> torch.Tensor:
-    return f / f.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+    """Unit rows of ``f [B, M, D]`` after snapping every image's features to the ranking
+    grid (:func:`~fovea_core.allocators.base.rank_grid` over all its ``M * D`` values):
+    patches whose features differ only in float noise (a blank page's white patches, summed
+    in another order on another CPU) get bit-identical unit vectors, so the greedy and the
+    merge compare exact ties, broken by the lower index, not noise. Cosine similarity does
+    not depend on the grid's scale."""
+    g = rank_grid(f.flatten(1)).view_as(f).to(torch.float32)
+    return g / g.norm(dim=-1, keepdim=True).clamp(min=1e-8)
 
 
 @register("divprune", family="peers", version="peer", content=True, reads=_reads)

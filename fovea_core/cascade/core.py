@@ -292,7 +292,9 @@ def place_fovea(scores: torch.Tensor, budget: int, *, image_size: tuple[int, int
     mass = grid_mass(s, image_size, side, patch=patch)                       # [B, nr, nc]
     prio = _context(mass, context, context_weight).flatten(1)
     if exclude is not None:
-        prio = torch.where(exclude.flatten(1), torch.full_like(prio, -1.0), prio)
+        # -inf, not a finite sentinel: the ranking grid (rank_grid) is scaled by the
+        # largest finite priority, the map's own mass
+        prio = torch.where(exclude.flatten(1), torch.full_like(prio, -torch.inf), prio)
     idx = torch.sort(select(prio, int(budget)), dim=1).values                 # [B, M]
     rows, cols = idx // nc, idx % nc
     h, w = image_size
