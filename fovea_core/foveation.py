@@ -534,22 +534,17 @@ def method_names() -> list[str]:
 
 
 def method_summary(name: str, width: int = 100) -> str:
-    """One line on a method for ``--help``: the first sentence of the registered allocator's
+    """One line on a method for ``--help``: the first sentence of the registered function's
     docstring (reST roles and literals stripped, at most ``width`` characters), plus the
-    localiser a registered cascade variant binds."""
+    keywords its registry entry binds (a variant's, e.g. ``strata=8``, or a cascade's
+    options, e.g. ``localiser=gist_query``)."""
     import re
 
-    ALLOCATORS, _ = _registry()
+    _, INFO = _registry()
 
-    fn = ALLOCATORS[name]
-    try:                            # a registered variant: its function's doc + what it binds
-        free = inspect.getclosurevars(fn).nonlocals
-    except TypeError:
-        free = {}
-    bound = free.get("defaults") if isinstance(free.get("defaults"), Mapping) else {}
-    bound = bound or _cascade_defaults(name)
-    inner = free.get("fn") if callable(free.get("fn")) else fn
-    doc = inspect.getdoc(inner) or inspect.getdoc(fn) or ""
+    entry = INFO[name]
+    bound = entry["params"]
+    doc = inspect.getdoc(entry["fn"]) or ""
     para = " ".join(doc.strip().split("\n\n")[0].split()) or "(no description)"
     para = re.sub(r":\w+:`~?([^`]+)`", r"\1", para).replace("``", "")
     m = re.search(r"(?<=\.)\s", para)
@@ -568,22 +563,6 @@ def check_method(method: str) -> None:
     if INFO[method]["kind"] != "fixed":
         raise ValueError(f"method {method!r} (kind {INFO[method]['kind']!r}) does not return N "
                          "tokens for one page; choose one of: " + ", ".join(method_names()))
-
-
-def _cascade_defaults(method: str) -> dict:
-    """The keywords a registered cascade variant binds
-    (:data:`~fovea_core.cascade.allocator.REGISTERED`; ``{}``: not a registered cascade)."""
-    _, INFO = _registry()
-    if INFO[method]["family"] != "cascade":
-        return {}
-    from fovea_core.cascade.allocator import REGISTERED
-
-    return dict(REGISTERED.get(method, {}))
-
-
-def _default_localiser(method: str) -> Any:
-    """The localiser a registered cascade variant binds (``None``: not a bound variant)."""
-    return _cascade_defaults(method).get("localiser")
 
 
 def _scorer_for(method: str, question: str | None, options: Mapping) -> str:
@@ -614,7 +593,7 @@ def uses_question(method: str, **options: Any) -> bool:
     if info["uses_scores"]:
         return _scorer_for(method, "?", options) in _query_scorers()
     if info["family"] == "cascade":
-        loc = options.get("localiser", _default_localiser(method) or "learned")
+        loc = options.get("localiser", info["params"].get("localiser") or "learned")
         return callable(loc) or loc not in _QUESTION_BLIND_LOCALISERS
     return False
 
@@ -653,25 +632,19 @@ def _cost(method: str, scorer: str, pyramid, budget: int, side_ms: float,
 
 # ----------------------------------------------------------------------------- foveate
 def _accepted_options(method: str) -> list[str]:
-    """Keyword options the registered allocator's function names (for error messages)."""
-    ALLOCATORS, INFO = _registry()
+    """Keyword options the registered method takes (for error messages): those its
+    function names, or for a method with stages (the cascade's) those its runner names
+    plus the shared keywords, which :func:`~fovea_core.allocators.registry.allocate_parts`
+    checks."""
+    _, INFO = _registry()
 
-    fn = ALLOCATORS[method]
-    if INFO[method]["family"] == "cascade":          # its registered wrapper takes **kw
-        from fovea_core.cascade.allocator import RUNNERS, cascade, cascade_parts
-
-        run = RUNNERS.get(method)                    # a cascade with stages of its own
-        params = set(inspect.signature(cascade).parameters)
-        if run is not None:                          # its runner's keywords, not cascade's
-            params = set(inspect.signature(run).parameters) | _SHARED_KEYWORDS
-        skip = {"pyramid", "scores", "budget", "query", "kw", "kwargs", "params", "gist_obj"}
-        return sorted(params - skip)
-    else:                                            # a registered variant wraps its function
-        fn = inspect.getclosurevars(fn).nonlocals.get("fn", fn)
-    params = inspect.signature(fn).parameters
-    skip = {"pyramid", "scores", "budget", "query", "kw", "kwargs", "params"}
-    return sorted(k for k, p in params.items() if k not in skip
-                  and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+    entry = INFO[method]
+    run = entry["runner"]
+    params = inspect.signature(run or entry["fn"]).parameters
+    names = {k for k, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    if run is not None:
+        names = (names | _SHARED_KEYWORDS) - _RUNNER_HOOKS
+    return sorted(names - {"pyramid", "scores", "budget", "query", "params"})
 
 
 def _glance(method: str, options: Mapping, budget: Any) -> int | None:
@@ -683,13 +656,14 @@ def _glance(method: str, options: Mapping, budget: Any) -> int | None:
     ``budget`` whose glance, ``min(round(glance_share * N), N - 2)`` tokens, is finer than
     the gist asked for (``gist_budget`` < the glance). At a smaller budget, or with a
     larger ``gist_budget``, the gist path may run, and ``gist_budget`` counts."""
-    from fovea_core.cascade.allocator import RUNNERS, is_number
+    from fovea_core.cascade.allocator import is_number
     from fovea_core.cascade.reading import reading_parts
 
-    if RUNNERS.get(method) is not reading_parts or isinstance(budget, bool) \
+    _, INFO = _registry()
+    if INFO[method]["runner"] is not reading_parts or isinstance(budget, bool) \
             or not isinstance(budget, (int, np.integer)):
         return None
-    merged = {**_cascade_defaults(method), **options}
+    merged = {**INFO[method]["params"], **options}
     below, share = merged.get("glance_below"), merged.get("glance_share")
     if not (is_number(below) and float(below) >= 1.0 and is_number(share)
             and 0.0 < float(share) < 1.0):
@@ -723,6 +697,8 @@ def unused_options(method: str, *, budget: int | None = None, **options: Any) ->
 
 #: the keywords every registered allocator takes besides its own (the shared rules)
 _SHARED_KEYWORDS = frozenset({"fixation", "seed", "patch"})
+#: a runner's keywords for its callers' reuse (a computed gist, a size head), not options
+_RUNNER_HOOKS = frozenset({"gist_obj", "size"})
 #: the one-fixation cascade's switches to ``resize``, which the read-then-look cascades
 #: (``cascade_read``, ``cascade_glance``) do not take
 _RESIZE_SWITCHES = ("resize_within", "resize_below", "resize_legible")
@@ -738,7 +714,7 @@ def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
     from fovea_core.cascade import allocator as A
     from fovea_core.cascade.localisers import get_localiser
 
-    o = {**_cascade_defaults(method), **opts}
+    o = {**_registry()[1][method]["params"], **opts}
     gb = o.get("gist_budget")
     if gb is not None:
         known = isinstance(budget, (int, np.integer)) and not isinstance(budget, bool) \
@@ -764,7 +740,7 @@ def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
         A._check_legible(o["resize_legible"])
     from fovea_core.cascade import reading as R
 
-    if A.RUNNERS.get(method) is R.reading_parts:
+    if _registry()[1][method]["runner"] is R.reading_parts:
         rsig = inspect.signature(R.reading_parts).parameters
         R._check_args(*(o.get(k, rsig[k].default) for k in ("first_share", "geometry", "side",
                                                               "fovea")))
@@ -903,7 +879,7 @@ def _page_budget(method: str, budget: Any, size: tuple[int, int], patch: int,
     if INFO[method]["family"] == "cascade":
         from fovea_core.cascade.allocator import check_cascade_budget
 
-        gist_budget = options.get("gist_budget", _cascade_defaults(method).get("gist_budget"))
+        gist_budget = options.get("gist_budget", INFO[method]["params"].get("gist_budget"))
         return check_cascade_budget(budget, size, patch=patch, gist_budget=gist_budget,
                                     name=None)
     if method == "full":
@@ -1054,7 +1030,7 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
         scorer's name, an option the method does not take; each message names the argument
         and the accepted values.
     """
-    from fovea_core.methods import allocate
+    from fovea_core.methods import allocate, allocate_parts
 
     _, INFO = _registry()
     from fovea_core.importance import score
@@ -1089,10 +1065,8 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
         call["query"] = question
     side = None                         # a cascade's side cost, from the run that allocated
     try:
-        if INFO[method]["family"] == "cascade":
-            from fovea_core.cascade.allocator import registered_parts
-
-            parts = registered_parts(method, pyr, scores, budget, **call)
+        if INFO[method]["runner"] is not None:        # a method with stages: its parts
+            parts = allocate_parts(method, pyr, scores, budget, **call)
             tokens, side = parts.tokens, parts.side
         else:
             tokens = allocate(method, pyr, scores, budget, **call)

@@ -434,10 +434,9 @@ def test_the_table_of_who_reads_fixation_and_seed_matches_every_method():
     (or stops) reading one fails here instead of being warned about wrongly."""
     from fovea_book.eval.documents import make_document
     from fovea_core import build_pyramid
-    from fovea_core.cascade.allocator import registered_parts
     from fovea_core.foveation import _scorer_for
     from fovea_core.importance import score
-    from fovea_core.methods import INFO, allocate
+    from fovea_core.methods import INFO, allocate, allocate_parts
 
     doc = make_document(0, width=768, height=768)
     pyr = build_pyramid(load_image(np.asarray(Image.fromarray(doc.image).resize(
@@ -449,7 +448,7 @@ def test_the_table_of_who_reads_fixation_and_seed_matches_every_method():
         s = maps[_scorer_for(name, None, {})]   # would pass it without the table
         n = 64 if name in ("full", "stratified_8x8") else 32       # full: every cell
         if INFO[name]["family"] == "cascade":
-            return registered_parts(name, pyr, s, n, **opt).tokens
+            return allocate_parts(name, pyr, s, n, **opt).tokens
         return allocate(name, pyr, s, n, **opt)
 
     for name in method_names():

@@ -151,11 +151,11 @@ def test_the_package_default_is_the_committed_fit():
     fit chose, on the localiser that fit was run with."""
     from fovea_book.eval.glance_rule import default_record_path, read_record
     from fovea_core.cascade.reading import GLANCE_BELOW, GLANCE_SHARE
-    from fovea_core.cascade.allocator import REGISTERED
+    from fovea_core.methods import INFO
 
     rec = read_record(default_record_path())
     assert (GLANCE_BELOW, GLANCE_SHARE) == (rec["glance_below"], rec["glance_share"])
-    assert REGISTERED["cascade_glance"]["localiser"] == rec.get("localiser", "learned")
+    assert INFO["cascade_glance"]["params"]["localiser"] == rec.get("localiser", "learned")
 
 
 def test_the_ungated_rule_is_the_one_whose_worst_variant_loses_least():

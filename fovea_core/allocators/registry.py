@@ -1,12 +1,14 @@
-"""The allocator registry: ``ALLOCATORS[name]`` -> callable, plus per-method metadata.
+"""The method registry: one table written by one decorator (:func:`register`):
+``ALLOCATORS[name]`` -> callable, ``INFO[name]`` -> its metadata, options and runner.
 
 Every registered allocator has the signature::
 
     fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **params)
         -> TokenSet            # exactly ``budget`` distinct tokens per image
 
-except the two wrappers whose output shape differs (``INFO[name]["kind"]``):
-``"multi"`` (``multi_fixation`` with ``mode="per_fixation"`` returns ``k * budget`` tokens)
+(a method with stages, registered with ``runner=``, also returns every intermediate
+through :func:`allocate_parts`), except the two wrappers whose output shape differs
+(``INFO[name]["kind"]``): ``"multi"`` (``multi_fixation`` with ``mode="per_fixation"`` returns ``k * budget`` tokens)
 and ``"buckets"`` (``adaptive_budget`` returns a list of per-bucket results).
 """
 
@@ -29,8 +31,10 @@ def _signature_defaults(fn: Callable) -> dict:
 def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
              coverage: str | None = None, content: bool = False, learned: bool = False,
              reads: Callable | None = None, uses_scores: bool = True,
-             side_compute: bool = False, **defaults) -> Callable[[Callable], Callable]:
-    """Decorator adding ``fn`` (optionally with fixed keyword ``defaults``) as ``name``.
+             side_compute: bool = False, runner: Callable | None = None,
+             **defaults) -> Callable[[Callable], Callable]:
+    """Decorator adding ``fn`` (optionally with keyword ``defaults``) as ``name``: the one
+    place a method enters :data:`ALLOCATORS` and :data:`INFO`.
 
     Metadata: ``family`` (module), ``version`` (Homunculus variant, e.g. ``"v1"``),
     ``kind`` (``"fixed"`` = exactly ``budget`` tokens), ``coverage`` (the guarantee the
@@ -50,6 +54,17 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     through :func:`allocate` raises ``ValueError`` naming the parameter instead of silently
     running another method under the variant's name. A keyword bound to ``fn``'s own
     default is documentation only (``INFO[name]["params"]``) and may be overridden.
+
+    ``runner`` (a method with stages, the cascade's): ``runner(pyramid, budget, *, query,
+    patch, **options)`` returns every intermediate (a named tuple whose first field is
+    ``tokens``, e.g. :class:`~fovea_core.cascade.allocator.CascadeParts`), which
+    :func:`allocate_parts` returns; ``allocate`` returns its tokens. Its ``defaults`` are
+    the method's options (e.g. ``localiser="gist_query"``), which a call may override (the
+    second fixation replaces the localiser), so none is fixed. ``fn`` is then the function
+    that documents the method (its docstring is the method's help).
+
+    ``INFO[name]`` holds the metadata above and ``fn`` (the documented function),
+    ``runner``, ``params`` (every bound keyword) and ``fixed``.
     """
     if side_compute and reads is None:
         raise ValueError(f"allocator {name!r} declares side compute: declare reads= (its pixels)")
@@ -59,8 +74,14 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
         if name in ALLOCATORS:
             raise ValueError(f"allocator {name!r} is already registered")
         own = _signature_defaults(fn)
-        fixed = {k: v for k, v in defaults.items() if k not in own or own[k] != v}
-        if defaults:
+        fixed = {} if runner is not None else {
+            k: v for k, v in defaults.items() if k not in own or own[k] != v}
+        if runner is not None:
+            def staged(pyramid, scores, budget=None, **kw):
+                return allocate_parts(name, pyramid, scores, budget, **kw).tokens
+            staged.__name__, staged.__doc__ = name, fn.__doc__
+            ALLOCATORS[name] = staged
+        elif defaults:
             def bound(pyramid, scores, budget=None, **kw):
                 for key, val in fixed.items():
                     if key in kw and kw[key] != val:
@@ -76,9 +97,18 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
             ALLOCATORS[name] = fn
         INFO[name] = dict(family=family, version=version, kind=kind, coverage=coverage,
                           content=content, learned=learned, params=defaults, fixed=fixed,
-                          reads=reads, uses_scores=uses_scores, side_compute=side_compute)
+                          reads=reads, uses_scores=uses_scores, side_compute=side_compute,
+                          fn=fn, runner=runner)
         return fn
     return deco
+
+
+def _entry(name: str) -> dict:
+    """``INFO[name]``; an unknown name raises ``ValueError`` listing the registered ones."""
+    if name not in INFO:
+        raise ValueError(f"unknown allocator {name!r}; registered: {sorted(INFO)}"
+                         + _CASCADE_NOTE)
+    return INFO[name]
 
 
 def allocate(name: str, pyramid, scores, budget=None, **kwargs):
@@ -87,14 +117,12 @@ def allocate(name: str, pyramid, scores, budget=None, **kwargs):
     ``scores`` may be ``None`` for an allocator registered with ``uses_scores=False`` (its
     tokens do not depend on the map): a zero map ``[B, Gh, Gw]`` of the pyramid's patch
     grid, on the pyramid's device, stands in for it, so the shared checks still run. The
-    cascade takes ``None`` itself (its budget is not capped by the grid). Any other allocator raises
+    methods with stages (the cascade's) take ``None`` themselves (their budget is not capped by
+    the grid). Any other allocator raises
     ``ValueError`` naming ``scores`` (:func:`~fovea_core.allocators.base.check_inputs`).
     """
-    if name not in ALLOCATORS:
-        raise ValueError(f"unknown allocator {name!r}; registered: {sorted(ALLOCATORS)}"
-                         + _CASCADE_NOTE)
-    info = INFO[name]
-    if scores is None and not info["uses_scores"] and info["family"] != "cascade":
+    info = _entry(name)
+    if scores is None and not info["uses_scores"] and info["runner"] is None:
         import torch
 
         from fovea_core.pyramid import Pyramid
@@ -107,13 +135,52 @@ def allocate(name: str, pyramid, scores, budget=None, **kwargs):
     return ALLOCATORS[name](pyramid, scores, budget, **kwargs)
 
 
+def allocate_parts(name: str, pyramid, scores, budget=None, *, fixation=None,
+                   query: str | None = None, seed: int = 0, patch: int = 16, **kwargs):
+    """Run the method with stages registered as ``name`` (``runner=``, e.g. ``"cascade_text"``)
+    as :func:`allocate` does and return every intermediate, its side cost included (e.g.
+    :attr:`~fovea_core.cascade.allocator.CascadeParts.side`), so that a caller that needs
+    the cost gets it from the run that made the tokens. The registered options
+    (``INFO[name]["params"]``) are the defaults of ``kwargs``. ``scores`` (``[B, Gh, Gw]``
+    or ``None``), ``fixation`` and ``seed`` are held to the shared rules and otherwise
+    ignored (the method looks at the page through its own tokens).
+
+    Raises:
+        ValueError: ``name`` is not registered with a runner (the message lists those that
+            are), or what the shared checks and the runner raise.
+    """
+    info = _entry(name)
+    if info["runner"] is None:
+        staged = [n for n, i in INFO.items() if i["runner"] is not None]
+        raise ValueError(f"{name!r} is not a method with stages; those are: "
+                         f"{', '.join(staged)}")
+    if scores is not None:              # ignored, but held to the shared rules like any map
+        from fovea_core.allocators.base import check_inputs
+
+        _, budget = check_inputs(pyramid, scores, budget, patch=patch, name=info["family"])
+    check_fixation(pyramid, fixation)
+    return info["runner"](pyramid, budget, query=query, patch=patch,
+                          **{**info["params"], **kwargs})
+
+
+def check_fixation(pyramid, fixation) -> None:
+    """A given ``fixation`` that the method ignores (it fixates its own map's peak) is still
+    held to the shared rule (:func:`~fovea_core.allocators.base.resolve_fixation`: finite,
+    in [0, 1]); ``None`` passes."""
+    if fixation is not None:
+        import torch
+
+        from fovea_core.allocators.base import resolve_fixation
+        from fovea_core.pyramid import Pyramid
+
+        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
+            pyramid, Pyramid) else 1, 1, 1))
+
+
 def allocator_reads(name: str, pyramid) -> int:
     """Pixels allocator ``name`` looks at on ``pyramid`` besides the scores (0 for methods that
     read only the score map; the declared ``reads`` of the content methods)."""
-    if name not in INFO:
-        raise ValueError(f"unknown allocator {name!r}; registered: {sorted(INFO)}"
-                         + _CASCADE_NOTE)
-    reads = INFO[name]["reads"]
+    reads = _entry(name)["reads"]
     return 0 if reads is None else int(reads(pyramid))
 
 

@@ -30,7 +30,7 @@ import torch
 
 from fovea_core.allocators.base import check_budget
 from fovea_core.allocators.grid import resize, resize_grid, resize_scales
-from fovea_core.allocators.registry import register
+from fovea_core.allocators.registry import check_fixation, register
 from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, place_fovea,
                                      foveate_regions, gist, gist_to_grid, look_ink,
                                      page_key)
@@ -43,7 +43,6 @@ from fovea_core.tokens import TokenSet
 __all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
            "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
            "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
-           "REGISTERED", "RUNNERS", "registered_parts", "registered_allocator",
            "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
            "SAFE_RESIZE_LEGIBLE", "fitting_level", "is_number", "check_fixation"]
 
@@ -646,59 +645,6 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | No
                          resize_legible=resize_legible).tokens
 
 
-def check_fixation(pyramid: Pyramid, fixation) -> None:
-    """A given ``fixation`` is ignored (the cascade fixates its map's peak) but held to the
-    shared rule (:func:`~fovea_core.allocators.base.resolve_fixation`: finite, in [0, 1])."""
-    if fixation is not None:
-        from fovea_core.allocators.base import resolve_fixation
-
-        resolve_fixation(fixation, torch.zeros(pyramid.batch_size if isinstance(
-            pyramid, Pyramid) else 1, 1, 1))
-
-
-#: the keyword defaults of each registered cascade (``{name: {"localiser": ..., ...}}``)
-REGISTERED: dict[str, dict] = {}
-#: registered cascades that run their own stages instead of :func:`cascade_parts`
-#: (``{name: parts function}``, called as :func:`registered_parts` calls
-#: :func:`cascade_parts`; what it returns has :class:`CascadeParts`' fields first), e.g. the
-#: read-then-look cascade ``"cascade_read"`` of :mod:`fovea_core.cascade.reading`
-RUNNERS: dict[str, Callable] = {}
-
-
-def registered_parts(name: str, pyramid: Pyramid, scores, budget: int, *, fixation=None,
-                     query: str | None = None, seed: int = 0, patch: int = 16,
-                     **kw) -> CascadeParts:
-    """Run the registered cascade ``name`` (e.g. ``"cascade_text"``) as
-    ``allocate(name, ...)`` does and return every intermediate, its side cost included
-    (:attr:`CascadeParts.side`), so that a caller that needs the cost gets it from the run
-    that made the tokens. ``scores``, ``fixation`` and ``seed`` are held to the shared rules
-    and otherwise ignored, as in :func:`cascade`. A name in :data:`RUNNERS` runs its own
-    stages (e.g. ``"cascade_read"``) and returns its own parts."""
-    if name not in REGISTERED:
-        raise ValueError(f"{name!r} is not a registered cascade; registered: "
-                         f"{', '.join(REGISTERED)}")
-    if scores is not None:              # ignored, but held to the shared rules like any map
-        from fovea_core.allocators.base import check_inputs
-
-        _, budget = check_inputs(pyramid, scores, budget, patch=patch, name="cascade")
-    check_fixation(pyramid, fixation)
-    run = RUNNERS.get(name, cascade_parts)
-    return run(pyramid, budget, query=query, patch=patch, **{**REGISTERED[name], **kw})
-
-
-def registered_allocator(name: str, **defaults):
-    """The allocator function registered as ``name``: :func:`registered_parts` of ``name``
-    (whose runner is ``RUNNERS[name]``) with ``defaults`` (recorded in
-    :data:`REGISTERED`), returning its tokens; documented as :func:`cascade`."""
-    REGISTERED[name] = defaults
-
-    def fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **kw):
-        return registered_parts(name, pyramid, scores, budget, fixation=fixation, query=query,
-                                seed=seed, patch=patch, **kw).tokens
-    fn.__doc__ = cascade.__doc__
-    return fn
-
-
 def text_render_reads(pyramid: Pyramid) -> int:
     """Pixels ``cascade_text``'s side channel reads besides its N tokens: the detector's
     render of each page (:func:`~fovea_core.cascade.side.render_size`)."""
@@ -719,17 +665,17 @@ for _name, _loc, _learned in (("cascade", "learned", True),
                               ("cascade_prior", "learned_prior", True),
                               ("cascade_paper", "learned_paper", True)):
     register(_name, family="cascade", version="cascade", content=True, learned=_learned,
-             reads=reads_nothing_else,
-             uses_scores=False)(registered_allocator(_name, localiser=_loc))
+             reads=reads_nothing_else, uses_scores=False, runner=cascade_parts,
+             localiser=_loc)(cascade)
 #: the safe cascade's switches to ``resize`` (``cascade_safe``): the pair the fit on
 #: photograph-like training pages chose, objective "never below resize on any variant"
 #: (``python -m fovea_book.eval.safe_rule``, record ``data/models/safe_rule.json``)
 SAFE_RESIZE_BELOW = 0.95
 SAFE_RESIZE_LEGIBLE = 1.0
 register("cascade_safe", family="cascade", version="cascade", content=True, learned=True,
-         reads=reads_nothing_else, uses_scores=False)(
-    registered_allocator("cascade_safe", localiser="learned", resize_below=SAFE_RESIZE_BELOW,
-                         resize_legible=SAFE_RESIZE_LEGIBLE))
+         reads=reads_nothing_else, uses_scores=False, runner=cascade_parts,
+         localiser="learned", resize_below=SAFE_RESIZE_BELOW,
+         resize_legible=SAFE_RESIZE_LEGIBLE)(cascade)
 register("cascade_text", family="cascade", version="cascade", content=True, learned=True,
-         reads=text_render_reads, uses_scores=False, side_compute=True)(
-    registered_allocator("cascade_text", localiser="learned", side="text"))
+         reads=text_render_reads, uses_scores=False, side_compute=True, runner=cascade_parts,
+         localiser="learned", side="text")(cascade)

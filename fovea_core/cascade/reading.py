@@ -75,12 +75,11 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.grid import resize_grid
-from fovea_core.allocators.registry import register
-from fovea_core.cascade.allocator import (LEGIBLE_PX, RUNNERS, SURROUND, CascadeParts,
+from fovea_core.allocators.registry import allocate_parts, check_fixation, register
+from fovea_core.cascade.allocator import (LEGIBLE_PX, SURROUND, CascadeParts,
                                           cascade_parts, check_cascade_budget, choose_level,
                                           covered_share, fitting_level, gist_budget_for,
                                           is_number, map_confidence, reads_nothing_else,
-                                          registered_allocator, registered_parts,
                                           text_size_map)
 from fovea_core.cascade.core import Gist, combine, fovea_grid, gist, place_fovea
 from fovea_core.cascade.localisers import get_localiser
@@ -1026,6 +1025,9 @@ def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> Readi
                         tuple(r for p in parts for r in p.readings))
 
 
+@register(NAME, family="cascade", version="cascade", content=True, learned=True,
+          reads=reads_nothing_else, uses_scores=False, side_compute=False,
+          runner=reading_parts, localiser="learned")
 def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
                  first_share: float = FIRST_SHARE, fixation=None, seed: int = 0,
                  patch: int = 16, **kw) -> TokenSet:
@@ -1063,20 +1065,12 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str
             outside the cascade's range for the page (it needs the gist plus at least one
             token for the second fixation), and the cascade's own checks.
     """
-    from fovea_core.cascade.allocator import check_fixation
-
     check_fixation(pyramid, fixation)
     return reading_parts(pyramid, budget, query=query, first_share=first_share, patch=patch,
                          **kw).tokens
 
 
-# ----------------------------------------------------------------------------- registration
-RUNNERS[NAME] = reading_parts
-_fn = registered_allocator(NAME, localiser="learned")
-_fn.__doc__ = cascade_read.__doc__
-register(NAME, family="cascade", version="cascade", content=True, learned=True,
-         reads=reads_nothing_else, uses_scores=False, side_compute=False)(_fn)
-
+# ----------------------------------------------------------------------------- the default
 #: ``foveate``'s default, ``"cascade_glance"``: this cascade under the glance rule fitted for
 #: the committed localiser on photograph-like training pages (``python -m
 #: fovea_book.eval.glance_rule``, record ``data/models/glance_rule.json``; objective set
@@ -1090,6 +1084,10 @@ GLANCE_BELOW = 1.0
 GLANCE_SHARE = 0.9
 
 
+@register(GLANCE_NAME, family="cascade", version="cascade", content=True, learned=True,
+          reads=reads_nothing_else, uses_scores=False, side_compute=False,
+          runner=reading_parts, localiser="learned", glance_below=GLANCE_BELOW,
+          glance_share=GLANCE_SHARE)
 def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *,
                    fixation=None, query: str | None = None, seed: int = 0, patch: int = 16,
                    **kw) -> TokenSet:
@@ -1107,12 +1105,5 @@ def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *
     With ``query=None`` nothing is read and the last tokens follow the localiser's map.
     Returns the tokens ``[B, N]``; raises what :func:`cascade_read` raises.
     """
-    return registered_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
-                            query=query, seed=seed, patch=patch, **kw).tokens
-
-
-RUNNERS[GLANCE_NAME] = reading_parts
-registered_allocator(GLANCE_NAME, localiser="learned", glance_below=GLANCE_BELOW,
-                     glance_share=GLANCE_SHARE)
-register(GLANCE_NAME, family="cascade", version="cascade", content=True, learned=True,
-         reads=reads_nothing_else, uses_scores=False, side_compute=False)(cascade_glance)
+    return allocate_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
+                          query=query, seed=seed, patch=patch, **kw).tokens

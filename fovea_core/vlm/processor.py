@@ -582,7 +582,7 @@ class FoveatedProcessor:
         """
         from dataclasses import replace
 
-        from fovea_core.cascade.allocator import REGISTERED, RUNNERS, budget_range
+        from fovea_core.cascade.allocator import budget_range, cascade_parts
         from fovea_core.cascade.core import STAGE_GIST
         from fovea_core.foveation import check_text
 
@@ -590,11 +590,13 @@ class FoveatedProcessor:
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty str, got {question!r}")
         check_text(question, "question")
-        one_look = [m for m in REGISTERED if m not in RUNNERS]
+        from fovea_core.methods import INFO
+
+        one_look = [m for m, e in INFO.items() if e["runner"] is cascade_parts]
         if method not in one_look:
             why = (f"; {method!r} reads the page and looks again on its own, and its first "
                    "stage is not a gist the second fixation can share"
-                   if method in RUNNERS else "")
+                   if method in INFO and INFO[method]["runner"] is not None else "")
             raise ValueError(f"method must be a registered cascade of one fixation "
                              f"({', '.join(one_look)}), got {method!r}{why}")
         if "patch" in method_options:
@@ -663,8 +665,8 @@ class FoveatedProcessor:
         box = parse_grounding_box(reply, (hr, wr), GROUNDING_COORDS[self.family])
 
         # ---- fixation 2: the box's cells (or the cascade's own map), fixation 1's gist
-        fallback = method_options.get("localiser", REGISTERED[method].get("localiser",
-                                                                          "learned"))
+        fallback = method_options.get("localiser", INFO[method]["params"].get("localiser",
+                                                                            "learned"))
         lv = fov1.tokens.levels[0]
         core1 = ~gist1 & (lv <= lv[~gist1].min() + 0.25)          # fixation 1's finest tokens
         loc = SecondFixationMap(box.box, fallback, _select(fov1.tokens, core1), seen_weight)

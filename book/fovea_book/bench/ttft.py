@@ -163,7 +163,7 @@ STAGE_GROUPS = {"front_end": ("page", "pyramid", "gist", "localiser", "side", "f
 #: ``get_localiser`` is wrapped so that the localiser it returns is timed.
 PROBES = (("fovea_core.foveation", "build_pyramid", "pyramid"),
           ("fovea_core.methods", "allocate", "allocate"),
-          ("fovea_core.cascade.allocator", "registered_parts", "allocate"),
+          ("fovea_core.methods", "allocate_parts", "allocate"),
           ("fovea_core.cascade.allocator", "gist", "gist"),
           ("fovea_core.cascade.allocator", "get_localiser", "localiser"),
           ("fovea_core.cascade.allocator", "detect_text", "side"),
