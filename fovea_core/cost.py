@@ -4,17 +4,22 @@ A method's cost is the tokens it allocates (N) plus the equivalent tokens (16 x 
 each) of whatever its scorer and its allocator looked at outside N. Three labels:
 
 * ``"budgeted"`` -- reads nothing outside its N tokens;
-* ``"side compute"`` -- a cheap model outside N says only *where* things are and how big,
-  never what the text says (registered with ``side_compute=True``);
-* ``"unbudgeted"`` -- reads or recognises text outside N, or reads more than N's worth.
+* ``"side compute"`` -- a look outside N that says only *where* things are and how big,
+  never what the text says: a method registered with ``side_compute=True``, or a score-map
+  method whose scorer (or an allocator whose own look) reads pixels outside N, at most N
+  tokens' worth, without recognising text;
+* ``"unbudgeted"`` -- reads or recognises text outside N (a query-aware scorer's OCR), or
+  reads more than N's worth (or an undeclared amount) outside N.
 
-:func:`fovea_core.foveate.foveate` and the book's evaluator both take their costs from here.
+:func:`method_cost` is the one rule: :func:`fovea_core.foveation.foveate` and the book's
+evaluator both take their costs and labels from it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -22,8 +27,8 @@ import pandas as pd
 from fovea_core.methods import INFO, allocator_reads
 from fovea_core.pyramid import Pyramid
 
-__all__ = ["COST_LABELS", "TOKEN_PIXELS", "alloc_read_tokens", "cost_label", "scorer_tokens",
-           "side_compute", "uses_scores"]
+__all__ = ["COST_LABELS", "TOKEN_PIXELS", "MethodCost", "alloc_read_tokens", "cost_label",
+           "method_cost", "reads_text", "scorer_tokens", "side_compute", "uses_scores"]
 
 #: equivalent token side for costs (16 x 16 pixels), as in :mod:`fovea_core.importance`
 TOKEN_PIXELS = 256
@@ -40,15 +45,16 @@ def uses_scores(fn: Callable | str) -> bool:
     return bool(INFO[fn].get("uses_scores", True))
 
 
-#: the cost labels of the book's evaluation protocol (:func:`cost_label`): budgeted, side compute, unbudgeted
+#: the cost labels of the book's evaluation protocol, from cheapest to dearest
+#: (:func:`cost_label`): budgeted, side compute, unbudgeted
 COST_LABELS = ("budgeted", "side compute", "unbudgeted")
 
 
 def cost_label(side_compute, unbudgeted) -> str | np.ndarray:
-    """The one cost-label rule of the book's evaluation protocol: ``"side compute"`` where what the
-    method read outside N is side compute (it is then never called unbudgeted, as the
-    evaluator's rows say: ``unbudgeted`` is False on a side-compute row), else
-    ``"unbudgeted"`` where it read more than N's worth outside N, else ``"budgeted"``.
+    """The label of :func:`method_cost`'s two flags, the dearest that holds:
+    ``"unbudgeted"`` where ``unbudgeted``, else ``"side compute"`` where ``side_compute``,
+    else ``"budgeted"``. On flags gathered over several pages (``any`` per method) a method
+    takes the dearest label any page gave it.
 
     ``side_compute`` and ``unbudgeted`` are bools or equal-shaped array-likes / Series
     (``[M]``, one per method or row); a missing value (None, NaN, ``pd.NA``) counts as
@@ -62,8 +68,57 @@ def cost_label(side_compute, unbudgeted) -> str | np.ndarray:
     if side.shape != unb.shape:
         raise ValueError(f"cost_label: side_compute has shape {side.shape} and unbudgeted "
                          f"{unb.shape}; they must match (one flag of each per method)")
-    out = np.where(side, COST_LABELS[1], np.where(unb, COST_LABELS[2], COST_LABELS[0]))
+    out = np.where(unb, COST_LABELS[2], np.where(side, COST_LABELS[1], COST_LABELS[0]))
     return str(out) if out.ndim == 0 else out
+
+
+class MethodCost(NamedTuple):
+    """What one method read on one page, in tokens, and its label (:func:`method_cost`)."""
+
+    scorer_tokens: float        # the scorer's reads outside N (0: the method ignores the map)
+    alloc_read_tokens: float    # the allocator's own reads outside N (NaN: undeclared)
+    total_tokens: float         # budget + both
+    reads_text: bool            # the outside look recognises text (a query-aware scorer's OCR)
+    side_compute: bool          # flag of the label "side compute"
+    unbudgeted: bool            # flag of the label "unbudgeted"
+    label: str                  # cost_label(side_compute, unbudgeted)
+
+
+def reads_text(scorer: str | Callable) -> bool:
+    """Whether ``scorer`` recognises text on the page (the query-aware scorers, which read
+    it with an OCR: :data:`~fovea_core.importance.PAGE_PARTS`); a callable is assumed not
+    to (its reads, if declared, still count)."""
+    from fovea_core.importance import PAGE_PARTS
+
+    return isinstance(scorer, str) and scorer in PAGE_PARTS
+
+
+def method_cost(allocator: Callable | str, scorer: str | Callable, pyramid: Pyramid,
+                budget: int) -> MethodCost:
+    """The one cost rule of the evaluation protocol ("Same currency") for ``allocator`` fed
+    ``scorer``'s map on ``pyramid``'s page at ``budget`` = N tokens.
+
+    What is read outside N: the scorer's pixels for an allocator that ranks the map
+    (:func:`uses_scores`; ``resize`` and the cascade are not charged for a scorer) plus the
+    allocator's own (:func:`alloc_read_tokens`), as 16 x 16-pixel tokens. The label:
+
+    * ``"unbudgeted"`` if the scorer recognises text (:func:`reads_text`), or if the method
+      is not registered as side compute and what it read outside N exceeds N (or is not
+      declared: NaN);
+    * else ``"side compute"`` if the method is registered so (:func:`side_compute`) or
+      read anything outside N (a scorer's look says where, not what: never budgeted);
+    * else ``"budgeted"``.
+    """
+    used = uses_scores(allocator)
+    s_tok = scorer_tokens(scorer, tuple(pyramid.image_size)) if used else 0.0
+    a_tok = alloc_read_tokens(allocator, pyramid)
+    extra = s_tok + a_tok
+    text = used and reads_text(scorer)
+    declared = side_compute(allocator)
+    unbudgeted = bool(text or (not declared and not extra <= budget))     # NaN: undeclared
+    side = bool(not unbudgeted and (declared or extra > 0))
+    return MethodCost(float(s_tok), float(a_tok), float(budget + extra), bool(text), side,
+                      unbudgeted, str(cost_label(side, unbudgeted)))
 
 
 def side_compute(fn: Callable | str) -> bool:

@@ -45,7 +45,7 @@ from fovea_core.tokens import TokenSet
 
 __all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "ImageDecodeError",
            "NotAFileError", "DEFAULT_METHOD",
-           "LABELS", "foveate", "load_image", "method_names", "method_summary", "uses_question",
+           "foveate", "load_image", "method_names", "method_summary", "uses_question",
            "check_method", "check_options", "check_regular_file", "check_text",
            "unused_options", "plot_foveation"]
 
@@ -55,8 +55,6 @@ __all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "ImageDe
 #: readers; ``"cascade"`` (one fixation, no reading) keeps more on pages like the training
 #: pages and less on the photographs
 DEFAULT_METHOD = "cascade_glance"
-#: the cost labels of the book's evaluation protocol, from cheapest to dearest
-LABELS = ("budgeted", "side compute", "unbudgeted")
 #: cascade localisers that do not read the question (:mod:`fovea_core.cascade.localisers`)
 _QUESTION_BLIND_LOCALISERS = ("learned_prior", "uniform")
 #: the keywords every allocator accepts (so that one call fits all) but only some read:
@@ -601,33 +599,26 @@ def uses_question(method: str, **options: Any) -> bool:
 # ----------------------------------------------------------------------------- cost
 def _cost(method: str, scorer: str, pyramid, budget: int, side_ms: float,
           side_cost=None) -> Cost:
-    """The cost record, with the evaluator's rules: the scorer's reads count only for a
-    method that ranks the map (``uses_scores``); what is read outside N is side compute for
-    a method registered so (``side_compute``), else unbudgeted when it exceeds N. ``side``:
-    the cascade side channel's :class:`~fovea_core.cascade.side.SideCost` (its FLOPs and
-    milliseconds), if any."""
-    from fovea_core.cost import alloc_read_tokens, scorer_tokens, side_compute, uses_scores
-    from fovea_core.methods import allocator_reads
+    """The cost record, by the one rule the evaluator uses too
+    (:func:`~fovea_core.cost.method_cost`: tokens read outside N and the label), with what
+    was measured beside it: the pixels read outside N and their milliseconds (``side``:
+    the cascade side channel's :class:`~fovea_core.cascade.side.SideCost`, its FLOPs and
+    milliseconds, if any)."""
+    from fovea_core.cost import method_cost, uses_scores
     from fovea_core.importance import READS
+    from fovea_core.methods import allocator_reads
 
     h, w = pyramid.image_size
     used = uses_scores(method)
-    s_tok = scorer_tokens(scorer, (h, w)) if used else 0.0
-    a_tok = alloc_read_tokens(method, pyramid)
-    extra = s_tok + a_tok
+    c = method_cost(method, scorer, pyramid, budget)
     side_px = (int(READS[scorer](h, w)) if used else 0) + int(allocator_reads(method, pyramid))
-    reads_text = used and scorer in _query_scorers()
-    side = side_compute(method)
-    unbudgeted = (not side and (bool(extra > budget) if math.isfinite(extra) else True))
-    label = ("unbudgeted" if unbudgeted or reads_text else       # the evaluator's rule
-             "side compute" if extra > 0 else "budgeted")
-    return Cost(tokens=int(budget), scorer=scorer, scorer_tokens=float(s_tok),
-                alloc_read_tokens=float(a_tok), total_tokens=float(budget + extra),
+    return Cost(tokens=int(budget), scorer=scorer, scorer_tokens=c.scorer_tokens,
+                alloc_read_tokens=c.alloc_read_tokens, total_tokens=c.total_tokens,
                 side_pixels=side_px,
                 side_ms=float(side_cost.cpu_ms if side_cost is not None else
-                              side_ms if used and s_tok > 0 else 0.0),
+                              side_ms if used and c.scorer_tokens > 0 else 0.0),
                 side_flops=None if side_cost is None else float(side_cost.flops),
-                reads_text=bool(reads_text), label=label)
+                reads_text=c.reads_text, label=c.label)
 
 
 # ----------------------------------------------------------------------------- foveate

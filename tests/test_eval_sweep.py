@@ -193,11 +193,12 @@ def test_cost_columns_count_what_the_scorer_and_allocator_read(reader):
     assert a.total_tokens == 64 + want + 256
     f = t[t.allocator == "full"].iloc[0]
     assert f.total_tokens == 64 * 64 and not bool(f.unbudgeted)
-    # a budgeted method: saliency reads a 64 x 64 thumbnail (16 tokens) for 64 tokens
+    # side compute, not budgeted: saliency reads a 64 x 64 thumbnail (16 tokens) outside the
+    # 64 tokens; it says where, not what (the evaluation protocol, "Same currency")
     t2 = run_sweep(["topk"], [64], {"syn": docs}, reader=reader, progress=False,
                    cache_dir=None)
     r2 = t2[t2.allocator == "topk"].iloc[0]
-    assert r2.scorer_tokens == 16 and not bool(r2.unbudgeted)
+    assert r2.scorer_tokens == 16 and not bool(r2.unbudgeted) and bool(r2.side_compute)
 
 
 def test_cells_are_cached_and_shared_between_sweeps(reader, tmp_path):

@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 
 import fovea_core
-from fovea_core.foveation import (LABELS, OUTPUT_SUFFIXES, SHARED_OPTION_USERS, FoveateWarning,
+from fovea_core.cost import COST_LABELS
+from fovea_core.foveation import (OUTPUT_SUFFIXES, SHARED_OPTION_USERS, FoveateWarning,
                                   Foveation, ImageTooLargeError, foveate, load_image,
                                   method_names, method_summary, run_page, save_foveation,
                                   unused_options, uses_question)
@@ -267,7 +268,7 @@ def test_cost_uses_the_sweeps_token_rules(pages):
     a_tok = alloc_read_tokens("frequency", pyr)
     assert fr.alloc_read_tokens == a_tok and fr.total_tokens == 64 + t.scorer_tokens + a_tok
     assert fr.label == "unbudgeted" and a_tok > 64
-    assert {r.label, t.label, fr.label} == set(LABELS)
+    assert {r.label, t.label, fr.label} == set(COST_LABELS)
 
 
 def test_bad_inputs_of_foveate(pages):

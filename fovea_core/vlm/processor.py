@@ -951,7 +951,8 @@ def _forget_rope_deltas(model: Any) -> None:
 
 def _union_cost(c1, c2, n: int):
     """The cost record of both fixations' tokens: N tokens, what both allocators read."""
-    from fovea_core.foveation import LABELS, Cost
+    from fovea_core.cost import COST_LABELS
+    from fovea_core.foveation import Cost
 
     extra = c1.scorer_tokens + c1.alloc_read_tokens + c2.scorer_tokens + c2.alloc_read_tokens
     flops = (None if c1.side_flops is None and c2.side_flops is None
@@ -961,4 +962,4 @@ def _union_cost(c1, c2, n: int):
                 total_tokens=float(n + extra), side_pixels=c1.side_pixels + c2.side_pixels,
                 side_ms=c1.side_ms + c2.side_ms, side_flops=flops,
                 reads_text=c1.reads_text or c2.reads_text,
-                label=max(c1.label, c2.label, key=LABELS.index))
+                label=max(c1.label, c2.label, key=COST_LABELS.index))

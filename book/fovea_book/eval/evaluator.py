@@ -69,7 +69,6 @@ import base64
 import functools
 import hashlib
 import json
-import math
 import os
 import time
 import zlib
@@ -84,7 +83,7 @@ import torch
 
 from fovea_core.cache import SqliteCache
 from fovea_core.cost import (COST_LABELS, TOKEN_PIXELS, alloc_read_tokens, cost_label,
-                             scorer_tokens, side_compute, uses_scores)
+                             method_cost, scorer_tokens, side_compute, uses_scores)
 from fovea_book.eval.documents import Document, Question
 from fovea_book.eval.metrics import anls, exact_match, largest_empty_disc, strata_coverage
 from fovea_book.eval.reader import Reader, read_answer
@@ -621,10 +620,7 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
         if not 1 <= budget <= gh * gw:
             raise ValueError(f"budget must be in [1, {gh * gw}] for {doc.doc_id} "
                              f"({h}x{w}), got {budget}")
-        a_tok = alloc_read_tokens(m.allocator, pyr)
-        s_tok = scorer_tokens(m.scorer, (h, w)) if uses_scores(m.allocator) else 0.0
-        extra = s_tok + a_tok
-        side = side_compute(m.allocator)
+        cost = method_cost(m.allocator, m.scorer, pyr, budget)     # the one rule, as foveate
         groups = ([(q.question, [q]) for q in doc.questions] if m.query_aware
                   else [(None, list(doc.questions))])
         out = []
@@ -642,11 +638,11 @@ def evaluate_document(doc: Document, dataset: str, methods: Sequence[Method],
                            strata_cov=a["strata_cov"], empty_disc_px=a["empty_disc_px"],
                            answer_level=cols["answer_level"], alloc_ms=a["alloc_ms"],
                            render_ms=render_ms, peak_mem_mb=a["peak_mem_mb"],
-                           scorer_tokens=s_tok, alloc_read_tokens=a_tok,
-                           total_tokens=budget + extra,
-                           unbudgeted=(False if side else bool(extra > budget)
-                                       if math.isfinite(extra) else None),
-                           side_compute=side, scorer=m.scorer_name, query_aware=bool(m.query_aware))
+                           scorer_tokens=cost.scorer_tokens,
+                           alloc_read_tokens=cost.alloc_read_tokens,
+                           total_tokens=cost.total_tokens, unbudgeted=cost.unbudgeted,
+                           side_compute=cost.side_compute, scorer=m.scorer_name,
+                           query_aware=bool(m.query_aware))
                 row.update((k, v) for k, v in cols.items() if k != "answer_level")
                 out.append(row)
         return out

@@ -117,10 +117,11 @@ def variant_words(table: pd.DataFrame, fam: pd.DataFrame, *, seed: int = 0
 
 def cost_labels(table: pd.DataFrame) -> dict[str, str]:
     """``{method: label}`` of the evaluation protocol (``book/protocol.md``) from an evaluation ``table``'s rows, by
-    :func:`~fovea_book.eval.evaluator.cost_label` on each method's flags over its rows:
-    ``"side compute"`` (its reads outside N only say where: ``side_compute`` on a row),
-    ``"unbudgeted"`` (it read more than N's worth outside N on some page), else
-    ``"budgeted"``; ``full`` is left out (the ceiling). A missing flag column counts as
+    :func:`~fovea_book.eval.evaluator.cost_label` on each method's flags over its rows
+    (the dearest label any page gave it, :func:`fovea_core.cost.method_cost`):
+    ``"unbudgeted"`` (on some page it recognised text or read more than N's worth outside
+    N), ``"side compute"`` (its reads outside N only say where: ``side_compute`` on a row),
+    else ``"budgeted"``; ``full`` is left out (the ceiling). A missing flag column counts as
     False."""
     t = table[table.allocator != "full"]
     flags = pd.DataFrame({c: (t[c] if c in t else pd.Series(False, index=t.index))
@@ -137,8 +138,8 @@ def side_costs(table: pd.DataFrame, budget: int, *, seed: int = 0,
     each page counts once: ``side_ms`` (the rows' ``side_ms``, a method's own measurement of
     its side run; for a method without one, ``resize_nonblank``, its whole allocation time
     ``alloc_ms``, which is its blank test and a resample), ``side_flops`` (NaN where the
-    method does not count them) and ``side_tokens`` (the pixels it read outside N as
-    16 x 16 token equivalents, ``alloc_read_tokens``). Columns: ``dataset, method, n_docs,
+    method does not count them) and ``side_tokens`` (the pixels it and its scorer read
+    outside N as 16 x 16 token equivalents, ``alloc_read_tokens + scorer_tokens``). Columns: ``dataset, method, n_docs,
     ms, ms_lo, ms_hi`` (mean over pages, 95 % percentile bootstrap over pages), ``flops``,
     ``flops_share, share_lo, share_hi`` (of the prefill of a 2B-class VLM at ``budget``
     visual tokens, :func:`~fovea_book.eval.stats.prefill_flops`), ``tokens`` (median).
@@ -165,7 +166,9 @@ def side_costs(table: pd.DataFrame, budget: int, *, seed: int = 0,
             sh = slo = shi = float("nan")
         rows.append(dict(dataset=ds, method=m, n_docs=len(page), ms=m_ms, ms_lo=lo, ms_hi=hi,
                          flops=float(np.mean(fl)), flops_share=sh, share_lo=slo, share_hi=shi,
-                         tokens=float(page["alloc_read_tokens"].median())))
+                         tokens=float((page["alloc_read_tokens"] + (
+                             page["scorer_tokens"] if "scorer_tokens" in page else 0.0)
+                         ).median())))
     return pd.DataFrame(rows, columns=cols)
 
 

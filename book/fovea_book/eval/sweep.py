@@ -23,9 +23,11 @@ cache file.
 **Cost in tokens** (the evaluation protocol (``book/protocol.md``)): every row carries ``scorer_tokens`` (what the
 scorer read, :func:`fovea_core.importance.scorer_cost`), ``alloc_read_tokens`` (what a
 content allocator read, :func:`fovea_core.allocators.registry.allocator_reads`),
-``total_tokens = budget + scorer_tokens + alloc_read_tokens`` and ``unbudgeted``
-(what was read outside the budget exceeds the budget). A callable without a declared
-``reads`` gives NaN costs.
+``total_tokens = budget + scorer_tokens + alloc_read_tokens`` and the two flags of its
+label, ``side_compute`` and ``unbudgeted``, by the one rule
+(:func:`fovea_core.cost.method_cost`, which ``foveate`` uses too): a scorer's or
+allocator's look outside N is side compute, unbudgeted when it recognises text or exceeds
+the budget. A callable without a declared ``reads`` gives NaN costs (unbudgeted).
 
 :func:`run_sweep` returns one row per document x question x allocator x budget;
 :func:`summarize` averages questions within a document, then bootstraps over documents
@@ -250,8 +252,9 @@ def summarize(df: pd.DataFrame, by: Sequence[str] = ("dataset", "allocator", "bu
     of ceiling ANLS (fraction of the reader's full-resolution score kept) with ``_lo/_hi``
     (ratio bootstrapped with documents paired); ``ceiling_anls``; medians over documents of
     ``scorer_tokens``, ``alloc_read_tokens`` and ``total_tokens`` (the cost in tokens:
-    allocated + read outside the budget), ``unbudgeted`` (any document's reading exceeded
-    its budget), ``side_compute`` (what it read outside N is side compute); ``anls_per_100_tokens`` (ANLS per 100 of the *total* tokens); means of
+    allocated + read outside the budget), ``unbudgeted`` (any document's row was:
+    :func:`fovea_core.cost.method_cost`), ``side_compute`` (any document's row was);
+    ``anls_per_100_tokens`` (ANLS per 100 of the *total* tokens); means of
     ``strata_cov, empty_disc_frac``; median ``alloc_ms``. The ``full`` rows of a dataset are
     pooled into one group whose budget is the median token count of its pages (pages of
     different sizes have different full grids). ``docs`` restricts the documents (e.g. the
@@ -323,11 +326,12 @@ def ranked(summary: pd.DataFrame, budget: int, *, metric: str = "kept") -> pd.Da
     Per dataset: ``full`` then ``resize`` first (the ceiling and what a VLM would otherwise
     do), then the other methods by ``metric`` (descending), each with its total tokens and a
     ``label``: ``"baseline"`` for the two baselines, else the summary row's
-    :func:`~fovea_book.eval.evaluator.cost_label` (the one rule): ``"side compute"`` when
-    what it read outside N only said where text is (costed beside N; never ranked as if it
-    were budgeted: the ``rank`` column counts budgeted methods only), ``"unbudgeted"`` when
-    what its scorer/allocator read outside the budget exceeds the budget, and ``""`` for
-    budgeted. Columns: ``dataset,
+    :func:`~fovea_book.eval.evaluator.cost_label` of its flags (the one rule,
+    :func:`fovea_core.cost.method_cost`): ``"unbudgeted"`` when what its scorer/allocator
+    read outside N recognised text or exceeded the budget, else ``"side compute"`` when it
+    read anything outside N, which only said where text is (costed beside N; never ranked
+    as if it were budgeted: the ``rank`` column counts budgeted methods only), and ``""``
+    for budgeted. Columns: ``dataset,
     rank, allocator, label, total_tokens, metric, metric_lo, metric_hi, n_docs``.
     """
     at = summary[(summary.budget == budget) | (summary.allocator == "full")]
