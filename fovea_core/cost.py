@@ -28,7 +28,7 @@ from fovea_core.methods import INFO, allocator_reads
 from fovea_core.pyramid import Pyramid
 
 __all__ = ["COST_LABELS", "TOKEN_PIXELS", "MethodCost", "alloc_read_tokens", "cost_label",
-           "method_cost", "reads_text", "scorer_tokens", "side_compute", "uses_scores"]
+           "method_cost", "scorer_tokens", "side_compute", "uses_scores"]
 
 #: equivalent token side for costs (16 x 16 pixels), as in :mod:`fovea_core.importance`
 TOKEN_PIXELS = 256
@@ -84,36 +84,23 @@ class MethodCost(NamedTuple):
     label: str                  # cost_label(side_compute, unbudgeted)
 
 
-def reads_text(scorer: str | Callable) -> bool:
-    """Whether ``scorer`` recognises text on the page (the query-aware scorers, which read
-    it with an OCR: :data:`~fovea_core.importance.PAGE_PARTS`); a callable is assumed not
-    to (its reads, if declared, still count)."""
-    from fovea_core.importance import PAGE_PARTS
-
-    return isinstance(scorer, str) and scorer in PAGE_PARTS
-
-
 def method_cost(allocator: Callable | str, scorer: str | Callable, pyramid: Pyramid,
                 budget: int) -> MethodCost:
     """The one cost rule of the evaluation protocol ("Same currency") for ``allocator`` fed
-    ``scorer``'s map on ``pyramid``'s page at ``budget`` = N tokens.
+    ``scorer``'s map on ``pyramid``'s page at ``budget`` = N tokens. Read outside N: the
+    scorer's pixels if the allocator ranks the map (:func:`uses_scores`) plus the
+    allocator's own (:func:`alloc_read_tokens`). ``"unbudgeted"`` if the scorer recognises
+    text (an OCR: the query-aware scorers of :data:`~fovea_core.importance.PAGE_PARTS`), or
+    if a method not registered as side compute read more than N (or an undeclared amount);
+    else ``"side compute"`` if it is registered so (:func:`side_compute`) or read anything
+    outside N (a look that says where, not what: never budgeted); else ``"budgeted"``."""
+    from fovea_core.importance import PAGE_PARTS
 
-    What is read outside N: the scorer's pixels for an allocator that ranks the map
-    (:func:`uses_scores`; ``resize`` and the cascade are not charged for a scorer) plus the
-    allocator's own (:func:`alloc_read_tokens`), as 16 x 16-pixel tokens. The label:
-
-    * ``"unbudgeted"`` if the scorer recognises text (:func:`reads_text`), or if the method
-      is not registered as side compute and what it read outside N exceeds N (or is not
-      declared: NaN);
-    * else ``"side compute"`` if the method is registered so (:func:`side_compute`) or
-      read anything outside N (a scorer's look says where, not what: never budgeted);
-    * else ``"budgeted"``.
-    """
     used = uses_scores(allocator)
     s_tok = scorer_tokens(scorer, tuple(pyramid.image_size)) if used else 0.0
     a_tok = alloc_read_tokens(allocator, pyramid)
     extra = s_tok + a_tok
-    text = used and reads_text(scorer)
+    text = used and isinstance(scorer, str) and scorer in PAGE_PARTS
     declared = side_compute(allocator)
     unbudgeted = bool(text or (not declared and not extra <= budget))     # NaN: undeclared
     side = bool(not unbudgeted and (declared or extra > 0))

@@ -56,14 +56,9 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     default is documentation only (``INFO[name]["params"]``) and may be overridden.
 
     ``runner`` (a method with stages, the cascade's): ``runner(pyramid, budget, *, query,
-    patch, **options)`` returns every intermediate (a named tuple whose first field is
-    ``tokens``, e.g. :class:`~fovea_core.cascade.allocator.CascadeParts`), which
-    :func:`allocate_parts` returns; ``allocate`` returns its tokens. Its ``defaults`` are
-    the method's options (e.g. ``localiser="gist_query"``), which a call may override (the
-    second fixation replaces the localiser), so none is fixed. ``fn`` is then the function
-    that documents the method (its docstring is the method's help).
-
-    ``INFO[name]`` holds the metadata above and ``fn`` (the documented function),
+    patch, **options)`` returns every intermediate (``.tokens`` among them), which
+    :func:`allocate_parts` returns; ``defaults`` are then options a call may override (none
+    is fixed), and ``fn`` only documents the method. ``INFO[name]`` holds the metadata, ``fn``,
     ``runner``, ``params`` (every bound keyword) and ``fixed``.
     """
     if side_compute and reads is None:
@@ -137,18 +132,12 @@ def allocate(name: str, pyramid, scores, budget=None, **kwargs):
 
 def allocate_parts(name: str, pyramid, scores, budget=None, *, fixation=None,
                    query: str | None = None, seed: int = 0, patch: int = 16, **kwargs):
-    """Run the method with stages registered as ``name`` (``runner=``, e.g. ``"cascade_text"``)
-    as :func:`allocate` does and return every intermediate, its side cost included (e.g.
-    :attr:`~fovea_core.cascade.allocator.CascadeParts.side`), so that a caller that needs
-    the cost gets it from the run that made the tokens. The registered options
-    (``INFO[name]["params"]``) are the defaults of ``kwargs``. ``scores`` (``[B, Gh, Gw]``
-    or ``None``), ``fixation`` and ``seed`` are held to the shared rules and otherwise
-    ignored (the method looks at the page through its own tokens).
-
-    Raises:
-        ValueError: ``name`` is not registered with a runner (the message lists those that
-            are), or what the shared checks and the runner raise.
-    """
+    """:func:`allocate` for a method registered with a ``runner`` (e.g. ``"cascade_text"``),
+    returning every intermediate, its side cost included, from the run that made the tokens;
+    ``INFO[name]["params"]`` are the defaults of ``kwargs``. ``scores`` (``[B, Gh, Gw]`` or
+    ``None``), ``fixation`` and ``seed`` are held to the shared rules and otherwise ignored.
+    Raises ``ValueError`` for a ``name`` without a runner (listing those with one) and what
+    the shared checks and the runner raise."""
     info = _entry(name)
     if info["runner"] is None:
         staged = [n for n, i in INFO.items() if i["runner"] is not None]

@@ -14,7 +14,10 @@ Registered names (all take the keyword parameters of :func:`cascade`):
                           receipt on a table is localised as if it filled the frame)
 ========================  ===================================================================
 
-The allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
+Each is registered with ``runner=``:func:`cascade_parts` and its options (the localiser, ...)
+in its registry entry (``INFO[name]["params"]``, a call may override them);
+:func:`~fovea_core.allocators.registry.allocate_parts` returns every intermediate. The
+allocator ignores ``scores`` (run it with the zero scorer, ``"none"``, so that the sweep
 charges no scorer tokens) and reads the page only through the gist's tokens.
 """
 

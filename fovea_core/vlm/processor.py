@@ -585,13 +585,12 @@ class FoveatedProcessor:
         from fovea_core.cascade.allocator import budget_range, cascade_parts
         from fovea_core.cascade.core import STAGE_GIST
         from fovea_core.foveation import check_text
+        from fovea_core.methods import INFO
 
         _check_model(model, self.family)
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty str, got {question!r}")
         check_text(question, "question")
-        from fovea_core.methods import INFO
-
         one_look = [m for m, e in INFO.items() if e["runner"] is cascade_parts]
         if method not in one_look:
             why = (f"; {method!r} reads the page and looks again on its own, and its first "
