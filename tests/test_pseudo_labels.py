@@ -52,7 +52,15 @@ def test_the_total_is_the_amount_right_of_total_not_the_cash():
     total = _one(labels_from_read(RECEIPT, SIZE, families="total", keep=None), "total")
     assert total.question == "What is the total?"
     assert _inside(total.box, (240, 230, 280, 242))
-    assert "total key" in total.evidence
+    assert "total key" in total.evidence and "largest" in total.evidence
+
+
+def test_the_cash_just_below_the_total_is_not_the_total():
+    # a narrow receipt: the cash line lies where a form's value below its key would
+    narrow = _lines(("TOTAL", (10, 230, 60, 242)), ("80.90", (150, 230, 190, 242)),
+                    ("CASH", (10, 246, 50, 258)), ("100.00", (140, 246, 190, 258)))
+    total = _one(labels_from_read(narrow, SIZE, families="total", keep=None), "total")
+    assert _inside(total.box, (150, 230, 190, 242))
 
 
 def test_a_date_is_found_by_its_pattern_with_or_without_a_key():
@@ -150,3 +158,25 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="keep"):
         labels_from_read(RECEIPT, SIZE, families="total", keep={"total": 1.5})
     assert set(KEEP) == set(pl.FAMILIES)
+
+
+def test_the_measure_hit_rule_printings_and_threshold_choice():
+    import pandas as pd
+
+    from fovea_book.eval.pseudo_labels import choose_thresholds, hits, printed_values
+
+    truth = np.array([[10, 110, 230, 122], [0, 0, 5, 5]])
+    assert hits((100, 110, 140, 122), truth).tolist() == [True, False]  # centre in, IoU 0.18
+    assert not hits((240, 110, 300, 122), truth).any()
+    rows = [((10, 230, 60, 242), "TOTAL 80.90"), ((10, 260, 60, 272), "CASH 180.90"),
+            ((10, 290, 60, 302), "NETT TOTAL: RM80.90")]
+    assert printed_values(rows, "80.90", "total") == [(10, 230, 60, 242), (10, 290, 60, 302)]
+    assert printed_values(rows, "80.90", "company") == []
+    table = pd.DataFrame(dict(family=["total"] * 4 + ["total (own box)"] * 4,
+                              threshold=[0.0, 0.5, 0.8, 0.9] * 2, kept=[100, 80, 40, 10] * 2,
+                              precision=[0.8, 0.95, 0.85, 0.99, 0.99, 0.99, 0.99, 0.99]))
+    # 0.5 meets the target but 0.8 does not: the first threshold from which all do is none
+    # with 20 labels or more, below 0.9 (10 labels: too few to count)
+    assert choose_thresholds(table) == {"total": None}
+    table.loc[2, "precision"] = 0.91
+    assert choose_thresholds(table) == {"total": 0.5}
