@@ -15,10 +15,11 @@ asks, where the answer lies and how sure it is (:class:`PseudoLabel`):
   read-then-look cascade matches "What is the date?"
   (:func:`~fovea_core.cascade.reading.match_lines`: beside a "DATE" key it scores 1), and
   surer when every date on the page agrees;
-* ``"total"`` -- an amount (:data:`~fovea_core.cascade.reading.AMOUNT_RE`) beside a total key
-  ("TOTAL", and :data:`TOTAL_WORDS`: "SUMME", "JUMLAH", ...;
-  :func:`~fovea_core.cascade.reading.match_lines` again), surer when it is the largest amount
-  beside such a key (not the cash handed over) and printed more than once;
+* ``"total"`` -- an amount (:data:`~fovea_core.cascade.reading.AMOUNT_RE`) on the row of a
+  total key ("TOTAL", and :data:`TOTAL_WORDS`: "SUMME", "JUMLAH", ...;
+  :func:`~fovea_core.cascade.reading.match_lines` again), surer when it is the largest such
+  (not a tax or a subtotal; of two within :data:`ROUNDING`, the later) and printed more
+  than once; the cash handed over, on the line below, is on no total row;
 * ``"form"`` -- the value of a form's key (a short line part ending in ``":"``, "NAME:"):
   after the colon on the key's own line, else the line read where
   :data:`~fovea_core.cascade.reading.DEFAULT_GEOMETRY` (fitted on the training pages'
@@ -27,8 +28,11 @@ asks, where the answer lies and how sure it is (:class:`PseudoLabel`):
 The confidence is a score in ``[0, 1]`` that orders labels, not a probability; a label is
 kept when it reaches its family's threshold in :data:`KEEP`. The thresholds were chosen on
 the labelled *training* pages only (``sroie-train``, ``funsd-train``) by ``python -m
-fovea_book.eval.pseudo_labels`` (the lowest threshold whose labels hit a true answer box at
-least 90 % of the time there; record ``data/models/pseudo_labels.json``).
+fovea_book.eval.pseudo_labels --record`` (the lowest threshold from which the labels kept
+hit a true answer box at least 90 % of the time there; record
+``data/models/pseudo_labels.json``). A page that reads nothing a family needs gets no
+label of it (not an error); the families are read independently, at most one label per
+receipt family and one per form key.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from fovea_core.cascade.reading import (AMOUNT_RE, DATE_RE, DEFAULT_GEOMETRY, MA
                                         AnswerGeometry, Match, char_span, match_lines)
 from fovea_core.importance.text import TextRead
 
-__all__ = ["FAMILIES", "QUESTIONS", "FORM_QUESTION", "KEEP", "HEAD_LINES", "TOTAL_WORDS",
+__all__ = ["FAMILIES", "QUESTIONS", "FORM_QUESTION", "KEEP", "AFTER_COLON", "ROUNDING",
+           "HEAD_LINES", "TOTAL_WORDS",
            "COMPANY_RE", "NOT_COMPANY_RE", "PseudoLabel", "read_full_page", "labels_from_read",
            "page_labels"]
 
@@ -206,7 +211,8 @@ def _total(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[Pse
     # on a key's row: its vertical centre within half the key's height of the key's, and
     # right of the key's start (the geometry's rects also reach the lines below, where a
     # receipt prints the cash handed over)
-    cy, ky, kh = (amount[:, 1] + amount[:, 3]) / 2, (key[:, 1] + key[:, 3]) / 2, key[:, 3] - key[:, 1]
+    cy, ky = (amount[:, 1] + amount[:, 3]) / 2, (key[:, 1] + key[:, 3]) / 2
+    kh = key[:, 3] - key[:, 1]
     row = ((np.abs(cy[:, None] - ky[None]) <= 0.5 * kh[None])
            & (amount[:, None, 0] >= key[None, :, 0])).any(1)                         # [A]
     beside = np.array([m.score for m in found]) * row                   # [A] in {0} U [0.25, 1]
@@ -264,7 +270,8 @@ def _form(read: TextRead, boxes: np.ndarray, ok: np.ndarray,
             if sum(c.isalnum() for c in value) < 2:  # a stray mark, not a value
                 continue
             box = char_span(boxes[i], text, m.start(2), len(text.rstrip()))
-            out.append(PseudoLabel("form", q, box, AFTER_COLON * like, f"after '{key}:' on its line"))
+            out.append(PseudoLabel("form", q, box, AFTER_COLON * like,
+                                   f"after '{key}:' on its line"))
             continue
         span = np.array(char_span(boxes[i], text, m.start(1), m.end(1)))
         h = max(span[3] - span[1], 1.0)

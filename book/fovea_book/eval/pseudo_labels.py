@@ -19,7 +19,8 @@ families company, date and total; ``funsd-train``: the form family), never a dev
   a colon or table headers, which the labeller does not try);
 * the **threshold kept** per family is the lowest ``t`` of :data:`GRID` from which every
   threshold keeping at least :data:`MIN_KEPT` labels has precision at least
-  :data:`TARGET`; ``None`` when none gets there (printed as such). These become :data:`fovea_core.cascade.pseudo_labels.KEEP`.
+  :data:`TARGET`; ``None`` when none gets there (printed as such). These become
+  :data:`fovea_core.cascade.pseudo_labels.KEEP`.
 
 ``python -m fovea_book.eval.pseudo_labels`` prints the table; ``--record`` also writes
 ``data/models/pseudo_labels.json`` (thresholds, table, pages, OCR seconds, commit). Every
@@ -40,7 +41,8 @@ import pandas as pd
 
 from fovea_book.eval.document_types import Document
 
-__all__ = ["SETS", "MIN_IOU", "printed_values", "TARGET", "MIN_KEPT", "GRID", "hits", "same_key", "label_set",
+__all__ = ["SETS", "MIN_IOU", "TARGET", "MIN_KEPT", "GRID", "hits", "same_key",
+           "printed_values", "label_set",
            "quality_table", "choose_thresholds", "main"]
 
 #: the training sets measured and the families asked on each
