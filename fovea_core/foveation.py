@@ -963,7 +963,9 @@ def _decode_for(image: str | Path, tokens: TokenSet, num_levels: int) -> Pyramid
         with Image.open(image) as img:
             if img.format == "JPEG":
                 sw, sh = img.size                       # as stored (before EXIF turns it)
-                img.draft(None, (-(-sw // 2**k), -(-sh // 2**k)))
+                # Pillow scales by the largest power of two <= size // requested: ask for
+                # size // 2**k, which gives 2**k exactly and ceil(size / 2**k) pixels
+                img.draft(None, (max(1, sw // 2**k), max(1, sh // 2**k)))
                 img.load()
                 arr = _pil_to_array(img)
                 if arr.shape[:2] == (kh, kw):

@@ -119,6 +119,25 @@ def test_a_jpeg_is_decoded_once_at_the_scale_the_tokens_need(jpeg, method, monke
     assert float(d.mean()) < 0.01, float(d.mean())
 
 
+@pytest.mark.parametrize("size", [(1001, 739), (2913, 4120), (999, 1003)])
+def test_a_jpeg_of_any_size_decodes_at_the_reduced_scale_itself(tmp_path, size, monkeypatch):
+    """Sides that are no multiple of 2**k still decode reduced (libjpeg's ceil size), never
+    whole and averaged."""
+    import fovea_core.foveation as fov
+
+    h, w = size
+    path = tmp_path / "odd.jpg"
+    Image.fromarray(_page(h, w, seed=4)).save(path, quality=90)
+    full = foveate(load_image(path), budget=64, method="resize")
+
+    def whole(*a, **k):
+        raise AssertionError("the JPEG was decoded whole")
+    monkeypatch.setattr(fov, "load_image", whole)
+    f = foveate(path, budget=64, method="resize")
+    assert torch.equal(f.tokens.levels, full.tokens.levels)
+    assert float((f.patches - full.patches).abs().mean()) < 0.01
+
+
 def test_a_png_is_decoded_whole_and_averaged_to_the_scale(tmp_path):
     path = tmp_path / "page.png"
     Image.fromarray(_page(1000, 740, seed=3)).save(path)
