@@ -47,8 +47,8 @@ its own resolution.
 ``pyramid``, ``gist``, ``localiser``, ``side`` (cascade_text's text detector),
 ``fovea`` (the cascade's placement: what the cascade spends outside gist, localiser and
 side: level choice, core, surround, checks), ``allocate`` (resize: the grid), ``sample``
-(each token's pixels read from the pyramid), ``view`` (the reconstruction ``foveate``
-returns, which the model never reads), ``foveate_other`` (the rest of ``foveate``: checks,
+(each token's pixels read from the pyramid; the reconstruction ``foveate`` offers is made
+only when read, which the model never does), ``foveate_other`` (the rest of ``foveate``: checks,
 the scorer ``"none"``, the cost record), ``encode`` (the processor's prompt, M-RoPE ids and
 ``pixel_values``; for the grid tower also the grid layout, whose per-token copy the
 processor made first is a few ms of waste at most), ``vision`` (the tower,
@@ -147,7 +147,6 @@ STAGES = {
     "fovea": "the cascade's fovea placement (stage c) and its other work outside a, b, side",
     "allocate": "the resize allocator's grid",
     "sample": "each token's patch read from the pyramid (area resample)",
-    "view": "the reconstruction foveate returns (never read by the model)",
     "foveate_other": "the rest of foveate: checks, the 'none' scorer, the cost record",
     "encode": "FoveatedProcessor.encode: prompt ids, M-RoPE ids, pixel_values "
               "(+ the grid layout for the grid tower)",
@@ -157,7 +156,7 @@ STAGES = {
 }
 #: groups of stages for a breakdown: the front end (page to pixel_values), tower, prefill
 STAGE_GROUPS = {"front_end": ("page", "pyramid", "gist", "localiser", "side", "fovea",
-                              "allocate", "sample", "view", "foveate_other", "encode"),
+                              "allocate", "sample", "foveate_other", "encode"),
                 "vision": ("vision",), "prefill": ("prefill",)}
 #: (module, attribute, stage): the functions wrapped to time the stages inside ``foveate``.
 #: ``get_localiser`` is wrapped so that the localiser it returns is timed.
@@ -167,8 +166,7 @@ PROBES = (("fovea_core.foveation", "build_pyramid", "pyramid"),
           ("fovea_core.cascade.allocator", "gist", "gist"),
           ("fovea_core.cascade.allocator", "get_localiser", "localiser"),
           ("fovea_core.cascade.allocator", "detect_text", "side"),
-          ("fovea_core.sample", "sample", "sample"),
-          ("fovea_core.sample", "render", "view"))
+          ("fovea_core.sample", "sample", "sample"))
 #: what the record's timings cover (besides :data:`~fovea_book.bench.common.COMMON_SOURCES`)
 SOURCES = ("book/fovea_book/bench/ttft.py", "book/fovea_book/qwen_models.py", "fovea_core/vlm",
            "fovea_core/cascade", "fovea_core/foveation.py", "fovea_core/sample.py",
@@ -514,8 +512,7 @@ def _stage_name(path: TimedPath, probe: str) -> str:
 
 def expected_stages(path: TimedPath) -> tuple[str, ...]:
     """The stages a path must show (a probe that saw no call means the code it wraps moved)."""
-    common = ("page", "pyramid", "sample", "view", "foveate_other", "encode", "vision",
-              "prefill")
+    common = ("page", "pyramid", "sample", "foveate_other", "encode", "vision", "prefill")
     if path.kind == "resize":
         return common + ("allocate",)
     side = ("side",) if path.method == "cascade_text" else ()
