@@ -1081,10 +1081,6 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
         pyr = _decode_for(image, tokens, pyr.num_levels)
     patches = sample(pyr, tokens)
     cost = _cost(method, scorer, pyr, budget, side_ms, side)
-    if float(tokens.levels.max()) > pyr.num_levels - 1:
-        raise ValueError(f"method {method!r} placed a token at level "
-                         f"{float(tokens.levels.max()):g}, beyond the pyramid's "
-                         f"{pyr.num_levels - 1}")
     return Foveation(tokens=tokens, patches=patches, cost=cost, method=method,
                      background=pyr.levels[-1].clone(),
                      options=dict(opts, patch=patch, **({"scorer": scorer}
