@@ -20,7 +20,7 @@ nothing of ``fovea_core`` above :mod:`fovea_core.tokens` and :mod:`fovea_core.py
 
 * :mod:`~fovea_core.kernels.build`: the compiler driver (g++ / nvcc, cached builds);
 * :mod:`~fovea_core.kernels.pyramids`: host pyramids laid out for the kernels
-  (:class:`PackedPyramid`, :func:`build_pyramid_cv2`, :func:`levels_needed`);
+  (:func:`build_pyramid_cv2`, :func:`levels_needed`);
 * :mod:`~fovea_core.kernels.layout`: the ``LevelTable`` a pyramid reaches a kernel as;
 * :mod:`~fovea_core.kernels.cpu`: the ``ctypes`` binding of the g++ library;
 * :mod:`~fovea_core.kernels.cuda`: the CUDA driver API / pycuda launcher;
@@ -47,12 +47,11 @@ from fovea_core.kernels.ops import (available_backends, backend_status, device_p
                                     nhwc4_pyramid, pyr_down_into, remap,
                                     render_into, sample_image, select_candidates_kernel,
                                     v1_candidates_kernel, v1_layout)
-from fovea_core.kernels.pyramids import (PackedPyramid, build_packed_pyramid, build_pyramid_cv2,
-                                         levels_needed, pack_pyramid)
+from fovea_core.kernels.pyramids import build_pyramid_cv2, levels_needed
 
-__all__ = ["PackedPyramid", "available_backends", "backend_status", "build_cpu_library",
-           "build_packed_pyramid", "build_pyramid_cv2", "device_pyramid", "levels_needed",
-           "pyr_down_into", "pack_pyramid", "gather_patches", "gather_tokens", "nhwc4_pyramid",
+__all__ = ["available_backends", "backend_status", "build_cpu_library",
+           "build_pyramid_cv2", "device_pyramid", "levels_needed",
+           "pyr_down_into", "gather_patches", "gather_tokens", "nhwc4_pyramid",
            "sample_image", "remap",
            "v1_layout", "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
            "render_into", "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS",

@@ -1,8 +1,8 @@
 """How a pyramid reaches the kernels: the ``LevelTable`` (``cuda/fovea_kernels.cuh``).
 
 A pointer and element strides per level, passed by value: any
-:class:`~fovea_core.pyramid.Pyramid` (packed NCHW atlas, channels-last views, a
-:class:`~fovea_core.kernels.pyramids.PackedPyramid`) is read in place, without repacking.
+:class:`~fovea_core.pyramid.Pyramid` (packed NCHW atlas, channels-last views) is read in
+place, without repacking.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import torch
 
-from fovea_core.kernels.pyramids import PackedPyramid
 from fovea_core.pyramid import Pyramid
 
 __all__ = ["MAX_LEVELS", "LevelTable", "level_table"]
@@ -31,7 +30,7 @@ class LevelTable(ctypes.Structure):
                 ("channels", ctypes.c_int)]
 
 
-def _table_of(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]"
+def _table_of(pyramid: "Pyramid | Sequence[torch.Tensor]"
               ) -> tuple[list[torch.Tensor], LevelTable]:
     """The levels and their :class:`LevelTable`, cached on a :class:`Pyramid` (immutable)."""
     if isinstance(pyramid, Pyramid):
@@ -45,10 +44,8 @@ def _table_of(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]"
     return levels, level_table(levels)
 
 
-def _levels_of(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]") -> list[torch.Tensor]:
+def _levels_of(pyramid: "Pyramid | Sequence[torch.Tensor]") -> list[torch.Tensor]:
     """The levels ``[B, C, H_m, W_m]`` of any pyramid form (views, no copy)."""
-    if isinstance(pyramid, PackedPyramid):
-        return [pyramid.level(m) for m in range(pyramid.num_levels)]
     if isinstance(pyramid, Pyramid):
         return list(pyramid.levels)
     return list(pyramid)

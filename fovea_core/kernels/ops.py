@@ -24,9 +24,8 @@ from fovea_core.kernels.build import _compiler
 from fovea_core.kernels.cpu import CPU_PARALLEL_TOKENS, _cpu_lib, _ptr
 from fovea_core.kernels.cuda import _cuda_missing, _grid, _launch_cuda, _pycuda_missing, _u64
 from fovea_core.kernels.layout import MAX_LEVELS, _levels_of, _table_of, level_table
-from fovea_core.kernels.pyramids import (PackedPyramid, _hwc_float_batch, _layout,
-                                         _layout_lists, _workspace, build_pyramid_cv2,
-                                         levels_needed)
+from fovea_core.kernels.pyramids import (_hwc_float_batch, _layout, _layout_lists, _workspace,
+                                         build_pyramid_cv2, levels_needed)
 from fovea_core.pyramid import Pyramid, default_num_levels, register_pyr_down
 from fovea_core.tokens import TokenSet
 
@@ -80,7 +79,7 @@ def _choose(backend: str | None, on_cuda: bool) -> str:
     return backend
 
 
-def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", tokens: TokenSet,
+def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                    patch: int | None = None, backend: str | None = None, *,
                    binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Kernel version of :func:`fovea_core.sample.sample`: ``[B, N, C, p, p]`` float32.
@@ -93,7 +92,7 @@ def gather_patches(pyramid: "Pyramid | PackedPyramid | Sequence[torch.Tensor]", 
     the pyramid is read at its top level instead of raising, which would need one).
 
     Args:
-        pyramid: a :class:`Pyramid`, :class:`PackedPyramid` or a sequence of levels.
+        pyramid: a :class:`Pyramid` or a sequence of levels.
         tokens: ``[B, N]`` tokens of the same ``image_size``.
         out: optional ``[B, N, C, p, p]`` float32 result buffer on the right device.
     """

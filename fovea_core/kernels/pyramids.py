@@ -1,8 +1,5 @@
 """Pyramids laid out for the kernels, built on the host (CPU).
 
-* :class:`PackedPyramid`: every level in one flat channels-last float32 buffer
-  (:func:`pack_pyramid` packs any :class:`~fovea_core.pyramid.Pyramid`;
-  :func:`build_packed_pyramid` builds one with ``cv2.pyrDown``).
 * :func:`build_pyramid_cv2`: the CPU fast path, level 0 **is** the caller's image and levels
   ``1..`` are written by ``cv2.pyrDown`` straight into one buffer (a thread-local workspace
   when the pyramid does not escape the call, :func:`_workspace`).
@@ -13,7 +10,6 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,56 +17,7 @@ import torch
 from fovea_core.pyramid import Pyramid, as_image_batch, default_num_levels
 from fovea_core.tokens import TokenSet
 
-__all__ = ["PackedPyramid", "pack_pyramid", "build_packed_pyramid", "build_pyramid_cv2",
-           "levels_needed"]
-
-
-@dataclass(frozen=True, eq=False)
-class PackedPyramid:
-    """All pyramid levels in one flat float32 buffer, channels last.
-
-    Attributes:
-        data: 1-D float32 tensor; level ``m`` is ``[B, H_m, W_m, C]`` at ``offsets[m]``.
-        offsets: ``[L]`` int64 element offsets.  sizes: ``[L, 2]`` int32 ``(H_m, W_m)``.
-        batch, channels: ``B`` and ``C``.
-    """
-
-    data: torch.Tensor
-    offsets: torch.Tensor
-    sizes: torch.Tensor
-    batch: int
-    channels: int
-
-    @property
-    def num_levels(self) -> int:
-        return int(self.offsets.numel())
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return int(self.sizes[0, 0]), int(self.sizes[0, 1])
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    def level(self, m: int) -> torch.Tensor:
-        """Level ``m`` as a ``[B, C, H_m, W_m]`` view (channels-last strides)."""
-        h, w = int(self.sizes[m, 0]), int(self.sizes[m, 1])
-        off = int(self.offsets[m])
-        blk = self.data[off:off + self.batch * h * w * self.channels]
-        return blk.view(self.batch, h, w, self.channels).permute(0, 3, 1, 2)
-
-    def as_pyramid(self) -> Pyramid:
-        """The same levels as a :class:`Pyramid` of views (no copy)."""
-        return Pyramid(tuple(self.level(m) for m in range(self.num_levels)))
-
-    def unpack(self) -> Pyramid:
-        """The equivalent :class:`Pyramid` (contiguous NCHW copies)."""
-        return Pyramid(tuple(self.level(m).contiguous() for m in range(self.num_levels)))
-
-    def to(self, device: str | torch.device) -> "PackedPyramid":
-        return PackedPyramid(self.data.to(device), self.offsets, self.sizes, self.batch,
-                             self.channels)
+__all__ = ["build_pyramid_cv2", "levels_needed"]
 
 
 def _layout_lists(batch: int, channels: int, h: int, w: int, num_levels: int, first: int = 0
@@ -95,19 +42,6 @@ def _layout(batch: int, channels: int, h: int, w: int, num_levels: int, first: i
             off)
 
 
-def pack_pyramid(pyramid: Pyramid | PackedPyramid) -> PackedPyramid:
-    """Pack a :class:`Pyramid` (levels ``[B, C, H_m, W_m]``) into one channels-last buffer.
-
-    A copy of every level; the kernels do not need it (they read any Pyramid in place)."""
-    if isinstance(pyramid, PackedPyramid):
-        return pyramid
-    b, c = pyramid.batch_size, pyramid.channels
-    parts = [lvl.float().permute(0, 2, 3, 1).reshape(-1) for lvl in pyramid.levels]
-    offsets = torch.tensor([0] + [p.numel() for p in parts[:-1]], dtype=torch.int64).cumsum(0)
-    sizes = torch.tensor([tuple(lvl.shape[-2:]) for lvl in pyramid.levels], dtype=torch.int32)
-    return PackedPyramid(torch.cat(parts), offsets, sizes, b, c)
-
-
 def _hwc_float_batch(image: np.ndarray | torch.Tensor) -> np.ndarray:
     """``[B, H, W, C]`` float32 numpy in [0, 1]: a float32 HWC numpy input is used as it is."""
     if isinstance(image, np.ndarray) and image.dtype == np.float32 and image.ndim in (3, 4):
@@ -121,40 +55,6 @@ def _pyr_down_into(prev: np.ndarray, view: np.ndarray) -> None:
     out = cv2.pyrDown(prev, dst=view)
     if out is not view and not np.shares_memory(out, view):
         view[...] = out
-
-
-def build_packed_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = None, *,
-                         patch: int = 16) -> PackedPyramid:
-    """All levels (level 0 copied) in one channels-last buffer, levels 1.. by ``cv2.pyrDown``.
-
-    Args:
-        image: float32 numpy ``[H, W, C]`` / ``[B, H, W, C]`` in [0, 1], or anything
-            :func:`~fovea_core.pyramid.as_image_batch` accepts (converted).
-        num_levels: default :func:`~fovea_core.pyramid.default_num_levels`.
-
-    Equal to ``pack_pyramid(build_pyramid(image))`` up to float rounding. The fast path,
-    :func:`build_pyramid_cv2`, skips the copy of level 0.
-    """
-    arr = _hwc_float_batch(image)
-    b, h, w, c = arr.shape
-    if c > 4:
-        raise ValueError(f"build_packed_pyramid supports 1-4 channels (cv2), got {c}; "
-                         "use pack_pyramid(build_pyramid(image))")
-    num_levels = default_num_levels(h, w, patch) if num_levels is None else num_levels
-    offsets, sizes, total = _layout(b, c, h, w, num_levels)
-    buf = np.empty(total, dtype=np.float32)
-    for i in range(b):                                    # loop over images and levels only
-        prev = None
-        for m in range(num_levels):
-            hm, wm = int(sizes[m, 0]), int(sizes[m, 1])
-            off = int(offsets[m]) + i * hm * wm * c
-            view = buf[off:off + hm * wm * c].reshape((hm, wm, c) if c > 1 else (hm, wm))
-            if m == 0:
-                view[...] = arr[i] if c > 1 else arr[i, ..., 0]
-            else:
-                _pyr_down_into(prev, view)
-            prev = view
-    return PackedPyramid(torch.from_numpy(buf), offsets, sizes, b, c)
 
 
 _WORKSPACE = threading.local()
