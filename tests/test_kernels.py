@@ -19,7 +19,8 @@ from fovea_core import kernels as K
 from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical, v1_layout
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid
-from fovea_core.sample import remap, remap_reference, sample, sample_reference
+from fovea_book.reference_samplers import remap, remap_reference, sample_reference
+from fovea_core.sample import sample
 from fovea_core.tokens import TokenSet
 
 HAS_NVCC = shutil.which("nvcc") is not None

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fovea_book.kernel_source import kernel_resources
 from fovea_core import kernels as K
 from fovea_core.pyramid import Pyramid
-from fovea_core.sample import sample_reference
+from fovea_book.reference_samplers import sample_reference
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.qwen import PIXEL_NORM, QWEN_MERGE, QWEN_PATCH, pixel_values
 

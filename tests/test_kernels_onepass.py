@@ -15,7 +15,7 @@ import torch
 
 from fovea_core import kernels as K
 from fovea_core.kernels.cpu import _cpu_lib
-from fovea_core.sample import sample_reference
+from fovea_book.reference_samplers import sample_reference
 from fovea_core.tokens import TokenSet
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from fovea_book.logpolar import (from_logpolar, inverse_logpolar_lut, logpolar_lut, to_logpolar,
                                  wrap_angle)
-from fovea_core.sample import remap
+from fovea_book.reference_samplers import remap
 
 FLAGS = cv2.WARP_POLAR_LOG | cv2.INTER_LINEAR | cv2.WARP_FILL_OUTLIERS
 CART_TO_POLAR_ERR = 2e-4   # rad: bound on cv2.cartToPolar's angle error (checked below)

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_core.pyramid import Pyramid, build_pyramid
-from fovea_core.sample import (PAINTERS, remap, remap_reference, render, sample, sample_positions,
-                               sample_reference)
+from fovea_book.reference_samplers import remap, remap_fast, remap_reference, sample_reference
+from fovea_core.sample import PAINTERS, render, sample, sample_positions
 from fovea_core.tokens import TokenSet
 
 
@@ -411,7 +411,6 @@ def test_fast_sample_equals_the_reference(seed, h, w, frac, atlas):
 
 
 def test_fast_remap_equals_the_reference():
-    from fovea_core.sample import remap_fast
 
     g = torch.Generator().manual_seed(0)
     img = torch.rand(2, 3, 31, 47, generator=g)

@@ -3,7 +3,7 @@
 Chapter 03's transform, for the book: the method does not resample images to log-polar
 (the v6 allocators of :mod:`fovea_core.allocators.logpolar` place tokens in log-polar bins
 of the page and sample them like every other token), so this lives in the book's package
-and builds on :func:`fovea_core.sample.remap`.
+and builds on :func:`fovea_book.reference_samplers.remap`.
 
 The complex-logarithm model of the retino-cortical map [Schwartz 1977, 1980] sends a
 retinal position ``z = r e^{i theta}`` (relative to the fixation) to ``w = log(z) =
@@ -52,7 +52,7 @@ padding above and below, as OpenCV does), so that angles between the last row an
 interpolate with the first row instead of with zeros.
 
 Backends. :func:`to_logpolar` / :func:`from_logpolar` sample either with
-``fovea_core.sample.remap`` (torch, exact bilinear weights, differentiable, batched, any
+``fovea_book.reference_samplers.remap`` (torch, exact bilinear weights, differentiable, batched, any
 device) or with ``cv2.remap`` (CPU only; OpenCV 5 samples float32 images with exact float
 bilinear weights, so both backends agree to float32 rounding; for uint8 images OpenCV uses
 fixed-point weights, which is why the library works on float images).
@@ -247,7 +247,7 @@ def _sample(image: torch.Tensor, lut: torch.Tensor, backend: str) -> torch.Tenso
     """``[B or 1, C, H, W]`` sampled by ``[B or 1, Ho, Wo, 2]`` -> ``[B, C, Ho, Wo]``."""
     if _choose_backend(backend, image) == "opencv":
         return _remap_opencv(image, lut.cpu())
-    from fovea_core.sample import remap  # the shared torch sampler (cv2.remap semantics)
+    from fovea_book.reference_samplers import remap  # torch, cv2.remap semantics
     if lut.shape[0] > image.shape[0]:
         image = image.expand(lut.shape[0], -1, -1, -1)
     return remap(image, lut.to(image.device))

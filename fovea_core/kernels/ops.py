@@ -82,11 +82,13 @@ def _choose(backend: str | None, on_cuda: bool) -> str:
 def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                    patch: int | None = None, backend: str | None = None, *,
                    binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Kernel version of :func:`fovea_core.sample.sample`: ``[B, N, C, p, p]`` float32.
+    """Kernel version of :func:`fovea_core.sample.sample`'s ``"mip"`` read: ``[B, N, C, p, p]``
+    float32.
 
     Same convention (bilinear, clamp-to-edge, spacing one level-``l`` pixel; fractional
     ``tokens.levels`` trilinear) and, with the sample spacing ``2**level`` taken from
-    ``torch.exp2`` as the reference does, the same bits. The pyramid is read in place (any
+    ``torch.exp2``, the same bits as the torch reference
+    (``fovea_book.reference_samplers.sample_reference``). The pyramid is read in place (any
     strides; see :func:`level_table`). On ``"cuda"`` everything stays on the device and the
     kernel is queued on the current torch stream: no host round trip (a token level beyond
     the pyramid is read at its top level instead of raising, which would need one).
@@ -449,8 +451,9 @@ def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) ->
 
 def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
           binding: str | None = None) -> torch.Tensor:
-    """Kernel version of :func:`fovea_core.sample.remap` (``cv2.remap``, zero border; the
-    operations of :func:`fovea_core.sample.remap_reference` in its order, so its bits). The
+    """Bilinear look-up-table sampling, ``cv2.remap`` with a zero border (the operations of
+    the torch reference ``fovea_book.reference_samplers.remap_reference`` in its order, so
+    its bits). The
     image is read in place (any strides, e.g. channels last).
 
     ``image [B, C, H, W]``, ``lut [B or 1, Ho, Wo, 2]`` (x, y OpenCV pixel coordinates)

@@ -9,7 +9,7 @@ sizes: 256 x 256 (angles x log-radius bins; 65,536 samples = 256 tokens of 16 x 
 208 x 336 (69,888 samples = exactly N = 273 tokens of 16 x 16 pixels). Paths timed:
 
 * ``lut``: building the forward LUT (``fovea_book.logpolar.logpolar_lut``);
-* ``torch_remap``: ``fovea_core.sample.remap`` with the precomputed LUT ([1, 3, H, W]);
+* ``torch_remap``: ``fovea_book.reference_samplers.remap`` with the precomputed LUT ([1, 3, H, W]);
 * ``torch_grid_sample``: ``F.grid_sample(align_corners=True)`` with the same LUT rescaled to
   [-1, 1] (a reference for the torch sampler);
 * ``opencv_remap``: ``cv2.remap`` with precomputed float maps on the [H, W, 3] image;
@@ -52,7 +52,7 @@ def _paths(image: torch.Tensor, out_size: tuple[int, int]) -> dict:
     mx, my = lut[0, ..., 0].numpy(), lut[0, ..., 1].numpy()
     h, w = image.shape[-2:]
     grid = torch.stack([lut[..., 0] * 2 / (w - 1) - 1, lut[..., 1] * 2 / (h - 1) - 1], -1)
-    from fovea_core.sample import remap
+    from fovea_book.reference_samplers import remap
 
     paths = {
         "lut": lambda: logpolar_lut(CENTER, out_size, RADIUS),
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {"image": [1, 3, SIZE, SIZE], "dtype": "float32", "center": CENTER,
                      "max_radius": RADIUS, "out_sizes_hw": sizes},
         "default_backend": "opencv for one float32 CPU image (cv2.remap on planes), "
-                           "torch (fovea_core.sample.remap) for batches / other devices",
+                           "torch (fovea_book.reference_samplers.remap) for batches / other devices",
         "timing": "interleaved rounds per output size; ratios: minimum and median of "
                   "per-round ratios (bootstrap 95% CI of the median) and ratio of medians",
         "results": results})

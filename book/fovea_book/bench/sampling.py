@@ -20,7 +20,7 @@ all paths interleaved round by round, :func:`~fovea_book.bench.common.time_round
   base image, the book's reading of every token); ``sample_reference``
   (the exact arithmetic) and ``loop`` (one ``grid_sample`` per token, the seeds' sampler);
 * log-polar LUT remap (256 x 256 from the whole image): ``cv2.remap`` on the HWC image,
-  :func:`fovea_core.sample.remap` (exact float weights) and ``remap_fast`` (one
+  :func:`fovea_book.reference_samplers.remap` (exact float weights) and ``remap_fast`` (one
   ``grid_sample`` call) on the same memory, the g++ kernel.
 
 **GPU** (when the CUDA backend is available), batch 1 and 64: the gather kernel (driver
@@ -57,7 +57,8 @@ from fovea_core.allocators.cortical import v1_cortical, v1_layout
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
-from fovea_core.sample import remap, remap_fast, remap_reference, sample, sample_reference
+from fovea_book.reference_samplers import remap, remap_fast, remap_reference, sample_reference
+from fovea_core.sample import sample
 from fovea_core.tokens import TokenSet
 
 SIZE = 1024
