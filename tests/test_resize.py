@@ -16,7 +16,8 @@ from fovea_core.methods import allocate
 from fovea_core.allocators.grid import resize_grid
 from fovea_book.eval.density import token_density
 from fovea_core.sample import render, sample
-from fovea_core.vlm.positions import footprint_weights, mrope_positions, token_scale
+from fovea_book.qwen_pooled import footprint_weights
+from fovea_core.vlm.positions import mrope_positions, token_scale
 
 
 # ----------------------------------------------------------------------------- the rule

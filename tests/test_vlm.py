@@ -16,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_core.tokens import TokenSet
-from fovea_core.vlm.positions import (footprint_weights, full_grid_tokens, merged_cell_px,
-                                      merged_cells, merged_grid_shape, mrope_positions,
-                                      rope2d_angles, token_scale)
+from fovea_core.vlm.positions import (merged_cell_px, merged_cells, merged_grid_shape,
+                                      mrope_positions, rope2d_angles, token_scale)
 from fovea_book.qwen_models import (build_qwen, has_family, lm_parameter_count, lm_prefill_flops,
                                      qwen_config, reference_forward)
-from fovea_core.vlm.qwen import (PIXEL_NORM, encode_images, family_of, foveated_inputs, lm_logits,
-                                 pixel_values)
+from fovea_book.qwen_pooled import (encode_images, footprint_weights, foveated_inputs,
+                                    full_grid_tokens, lm_logits)
+from fovea_core.vlm.qwen import PIXEL_NORM, family_of, pixel_values
 
 FAMILIES = [f for f in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl") if has_family(f)]
 TEXT_BEFORE = torch.tensor([5, 6, 7])

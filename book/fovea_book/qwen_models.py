@@ -6,7 +6,7 @@ and latency; meaningless for accuracy. :data:`MODEL_NAMES` lists the configs (ti
 tests, a CPU benchmark size, and three published sizes typed in from their checkpoints'
 ``config.json``); :func:`build_qwen` builds one. :func:`reference_forward` is the
 unmodified model call on the full image, the reference the foveated bridge
-(:mod:`fovea_core.vlm.qwen`) is checked against; :func:`lm_prefill_flops` and
+(:mod:`fovea_book.qwen_pooled`) is checked against; :func:`lm_prefill_flops` and
 :func:`lm_parameter_count` count a language model's prefill FLOPs and parameters from its
 config, for the chapters' compute axis.
 """
@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from fovea_core.vlm.positions import QWEN_MERGE, QWEN_PATCH
-from fovea_core.vlm.qwen import _ids, family_of, pixel_values
+from fovea_book.qwen_pooled import _ids
+from fovea_core.vlm.qwen import family_of, pixel_values
 
 __all__ = ["MODEL_NAMES", "build_qwen", "has_family", "lm_parameter_count", "lm_prefill_flops",
            "qwen_config", "reference_forward", "reference_input_ids"]

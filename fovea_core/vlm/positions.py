@@ -113,29 +113,6 @@ def token_scale(tokens: TokenSet, grid_hw: tuple[int, int]) -> torch.Tensor:
     return torch.log2(tokens.footprint() / cell)
 
 
-def footprint_weights(tokens: TokenSet, grid_hw: tuple[int, int]) -> torch.Tensor:
-    """Averaging weights from merged cells to tokens, ``[B, N, Hm * Wm]`` float32 (rows sum to 1).
-
-    Token ``n`` averages the merged cells whose centres lie strictly inside its footprint
-    (a ``footprint x footprint`` base-pixel square around its centre, see
-    ``TokenSet.boxes``) together with the cell under its centre (so a token smaller than a
-    merged cell still sees that cell). A token that is exactly one merged cell, centred on
-    it, gets a one-hot row: pooling is then *selection*, bit for bit. This is what a coarse
-    token "sees": the mean of the merged embeddings under its footprint.
-    """
-    hm, wm = _check_grid(grid_hw)
-    h, w = tokens.image_size
-    cy = (torch.arange(hm, dtype=torch.float32, device=tokens.device) + 0.5) / hm
-    cx = (torch.arange(wm, dtype=torch.float32, device=tokens.device) + 0.5) / wm
-    half = tokens.footprint()[..., None] / 2                                 # [B,N,1] px
-    inside_y = ((cy * h - tokens.centers_px()[..., 1:2]).abs() < half)      # [B,N,Hm]
-    inside_x = ((cx * w - tokens.centers_px()[..., 0:1]).abs() < half)      # [B,N,Wm]
-    wgt = (inside_y[..., :, None] & inside_x[..., None, :]).flatten(2).float()
-    rc = merged_cells(tokens, grid_hw)
-    wgt.scatter_(2, (rc[..., 0] * wm + rc[..., 1])[..., None], 1.0)
-    return wgt / wgt.sum(-1, keepdim=True)
-
-
 @dataclass(frozen=True)
 class MRopePositions:
     """M-RoPE ids of a ``[text_before | N visual tokens | text_after]`` sequence.
@@ -196,22 +173,6 @@ def mrope_positions(tokens: TokenSet, grid_hw: tuple[int, int], *, text_before: 
     scale = torch.zeros(b, s + n + text_after, device=dev)
     scale[:, s:s + n] = torch.gather(token_scale(tokens, grid_hw), 1, perm)
     return MRopePositions(pos, mask, scale, perm, rc, (hm, wm))
-
-
-def full_grid_tokens(grid_hw: tuple[int, int], batch: int = 1, family: str = "qwen2-vl") -> TokenSet:
-    """All ``Hm * Wm`` merged cells in raster order as a TokenSet (footprint = one merged cell).
-
-    The image size is ``(Hm * f, Wm * f)`` with ``f = merged_cell_px(family)``; useful as the
-    "select everything" reference.
-    """
-    hm, wm = _check_grid(grid_hw)
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    f = merged_cell_px(family)
-    rows, cols = torch.meshgrid(torch.arange(hm), torch.arange(wm), indexing="ij")
-    return TokenSet.from_grid(rows.reshape(1, -1).expand(batch, -1),
-                              cols.reshape(1, -1).expand(batch, -1), 0,
-                              image_size=(hm * f, wm * f), patch=f)
 
 
 def rope2d_angles(tokens: TokenSet, dim: int, *, theta: float = 100.0) -> torch.Tensor:

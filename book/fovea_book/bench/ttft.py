@@ -24,7 +24,7 @@ the drop-in processor::
 **The vision tower sees only the N tokens**: the processor hands every token to it as a
 one-token image (a 2 x 2 block of 14-px patches), so it runs on ``4N`` patches with its
 attention inside each token, not on the page's full grid. (Chapter 15's other path,
-:func:`fovea_core.vlm.qwen.foveated_inputs`, runs the tower on the page's full grid and pools
+:func:`fovea_book.qwen_pooled.foveated_inputs`, runs the tower on the page's full grid and pools
 each token's footprint; :mod:`fovea_book.bench.vlm_latency` leaves the tower out for that
 reason. It is not timed here: its tower costs what the full page costs.)
 
@@ -400,9 +400,9 @@ def first_token_logits(model, input_ids: torch.Tensor, position_ids: torch.Tenso
 
     The prompt's ``input_ids [1, S]`` are embedded, the image placeholders replaced by
     ``image_rows [N, D]`` in order, and the language model run with ``position_ids [3, 1, S]``
-    and a KV cache (:func:`fovea_core.vlm.qwen.lm_logits`, LM head on one position).
+    and a KV cache (:func:`fovea_book.qwen_pooled.lm_logits`, LM head on one position).
     """
-    from fovea_core.vlm.qwen import LMInputs, lm_logits
+    from fovea_book.qwen_pooled import LMInputs, lm_logits
 
     mask = input_ids == model.config.image_token_id
     if int(mask.sum()) != image_rows.shape[0]:

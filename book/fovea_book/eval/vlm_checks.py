@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from fovea_core.tokens import TokenSet
-from fovea_core.vlm.positions import full_grid_tokens, merged_cell_px
+from fovea_core.vlm.positions import merged_cell_px
 from fovea_book.qwen_models import build_qwen, reference_forward
-from fovea_core.vlm.qwen import encode_images, foveated_inputs, lm_logits
+from fovea_book.qwen_pooled import encode_images, foveated_inputs, full_grid_tokens, lm_logits
 
 #: the text around the image in the check: 3 tokens before, 4 after
 TEXT_BEFORE, TEXT_AFTER = torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10, 11])
