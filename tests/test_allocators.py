@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from fovea_core.methods import ALLOCATORS, INFO, allocate
 from fovea_core.allocators.base import (_order_sorts, group_rank, largest_remainder, lex_key,
                                         order, pool_scores, stratum_ids)
-from fovea_core.allocators.logpolar import logpolar_bins, train_pseudo_logpolar
+from fovea_book.logpolar_training import train_pseudo_logpolar
+from fovea_core.allocators.logpolar import logpolar_bins
 from fovea_core.allocators.wrappers import BucketResult, fixations_with_ior
 from fovea_book.bench.allocators import (logpolar_reference, selected_cells,
                                          stratified_reference)

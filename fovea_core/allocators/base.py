@@ -53,8 +53,7 @@ __all__ = ["Candidates", "check_budget", "check_seed", "check_inputs", "resolve_
            "select", "lex_key", "group_best", "group_rank", "largest_remainder",
            "cells_to_tokens", "candidate_grid", "image_rand", "rank_grid", "rank_weights",
            "RANK_BITS", "pixel_grid", "PIXEL_BITS", "nonneg", "cell_centers",
-           "device_values", "stratum_ids", "top_per_stratum", "box3_mean",
-           "footprint_cover", "importance_captured"]
+           "device_values", "stratum_ids", "top_per_stratum", "box3_mean"]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -750,33 +749,3 @@ def cells_to_tokens(cand: Candidates, idx: torch.Tensor, priority: torch.Tensor,
     fix = fixation if fixation.ndim == 3 else fixation[:, None, :]
     return TokenSet.from_grid(cand.rows[idx], cand.cols[idx], cand.levels[idx],
                               image_size=image_size, patch=patch, scores=sc, fixations=fix)
-
-
-def footprint_cover(tokens: TokenSet, grid_shape: tuple[int, int]) -> torch.Tensor:
-    """How many token footprints cover each level-0 patch cell: ``[B, Gh, Gw]`` long.
-
-    Footprints (``patch * 2**level`` squares, :meth:`TokenSet.boxes`) are rounded to whole
-    cells and clipped to the grid, then rasterised with a 2-D difference array (four
-    scatter-adds and two cumulative sums; no loop over tokens).
-    """
-    gh, gw = grid_shape
-    b = tokens.batch_size
-    box = torch.round(tokens.boxes() / tokens.patch).long()                   # [B, N, 4]
-    x0, y0 = box[..., 0].clamp(0, gw), box[..., 1].clamp(0, gh)
-    x1, y1 = box[..., 2].clamp(0, gw), box[..., 3].clamp(0, gh)
-    diff = torch.zeros(b, (gh + 1) * (gw + 1), dtype=torch.long, device=box.device)
-    one = torch.ones_like(x0)
-    for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):  # 4 corners
-        diff.scatter_add_(1, ys * (gw + 1) + xs, sign * one)
-    cover = diff.view(b, gh + 1, gw + 1).cumsum(1).cumsum(2)
-    return cover[:, :gh, :gw]
-
-
-def importance_captured(tokens: TokenSet, scores: torch.Tensor) -> torch.Tensor:
-    """``[B]``: share of the (min-shifted) importance mass whose cells some footprint covers."""
-    s = torch.as_tensor(scores, dtype=torch.float32)
-    w = s - s.flatten(1).amin(1).view(-1, *([1] * (s.ndim - 1)))   # a measure: no grid
-    cov = footprint_cover(tokens, tuple(w.shape[1:])) > 0
-    tot = w.flatten(1).sum(1)
-    return torch.where(tot > 0, (w * cov).flatten(1).sum(1) / tot.clamp(min=1e-30),
-                       cov.flatten(1).float().mean(1))

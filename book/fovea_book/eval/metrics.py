@@ -116,6 +116,36 @@ def largest_empty_disc(tokens: TokenSet, resolution: int = 64) -> torch.Tensor:
     return d.min(-1).values.max(-1).values
 
 
+def footprint_cover(tokens: TokenSet, grid_shape: tuple[int, int]) -> torch.Tensor:
+    """How many token footprints cover each level-0 patch cell: ``[B, Gh, Gw]`` long.
+
+    Footprints (``patch * 2**level`` squares, :meth:`TokenSet.boxes`) are rounded to whole
+    cells and clipped to the grid, then rasterised with a 2-D difference array (four
+    scatter-adds and two cumulative sums; no loop over tokens).
+    """
+    gh, gw = grid_shape
+    b = tokens.batch_size
+    box = torch.round(tokens.boxes() / tokens.patch).long()                   # [B, N, 4]
+    x0, y0 = box[..., 0].clamp(0, gw), box[..., 1].clamp(0, gh)
+    x1, y1 = box[..., 2].clamp(0, gw), box[..., 3].clamp(0, gh)
+    diff = torch.zeros(b, (gh + 1) * (gw + 1), dtype=torch.long, device=box.device)
+    one = torch.ones_like(x0)
+    for ys, xs, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):  # 4 corners
+        diff.scatter_add_(1, ys * (gw + 1) + xs, sign * one)
+    cover = diff.view(b, gh + 1, gw + 1).cumsum(1).cumsum(2)
+    return cover[:, :gh, :gw]
+
+
+def importance_captured(tokens: TokenSet, scores: torch.Tensor) -> torch.Tensor:
+    """``[B]``: share of the (min-shifted) importance mass whose cells some footprint covers."""
+    s = torch.as_tensor(scores, dtype=torch.float32)
+    w = s - s.flatten(1).amin(1).view(-1, *([1] * (s.ndim - 1)))   # a measure: no grid
+    cov = footprint_cover(tokens, tuple(w.shape[1:])) > 0
+    tot = w.flatten(1).sum(1)
+    return torch.where(tot > 0, (w * cov).flatten(1).sum(1) / tot.clamp(min=1e-30),
+                       cov.flatten(1).float().mean(1))
+
+
 # ---------------------------------------------------------------- statistics
 def bootstrap_ci(values: np.ndarray | Sequence[float], *, n_boot: int = 2000,
                  ci: float = 0.95, seed: int = 0,
