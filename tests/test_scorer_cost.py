@@ -73,7 +73,7 @@ def test_query_scorer_reads_the_half_resolution_page(size, monkeypatch):
     monkeypatch.setattr(Q, "read_text", fake_read)
     monkeypatch.setattr(Q, "_READ_CACHE", type(Q._READ_CACHE)())
     monkeypatch.setattr(Q, "_disk_cache", lambda: None)
-    Q.read_coarse(torch.rand(1, 3, *size))
+    Q.read_page(torch.rand(1, 3, *size))
     assert seen == [READS["query"](*size)]
 
 

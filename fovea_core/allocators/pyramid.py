@@ -75,32 +75,25 @@ register("pyramid_global", family="pyramid", version="v2", coverage=None,
          mode="global")(pyramid_alloc)
 
 
-def preferred_level(ecc_cells: torch.Tensor, e0: torch.Tensor, max_level: int) -> torch.Tensor:
-    """Level chosen by eccentricity: ``clamp(floor(log2(1 + e / e0)), 0, max_level)``.
-
-    ``e`` in base patches from the fixation; ``e0`` (``[B, 1]``) sets the foveal radius:
-    level 0 inside ``e < e0``, level ``l`` in the annulus ``e0 (2^l - 1) <= e < e0 (2^(l+1) - 1)``
-    -- token size grows linearly with eccentricity, the cortical-magnification rule
-    ``M^-1 ~ (e + e2)`` [Daniel & Whitteridge 1961; Horton & Hoyt 1991].
-    """
-    return torch.floor(torch.log2(1 + ecc_cells / e0)).clamp(0, max_level).long()
-
-
 @register("foveated_pyramid", family="pyramid", version="v2.5", coverage=None)
 def foveated_pyramid(pyramid: Pyramid, scores, budget: int, *, max_level: int = 4,
                      iters: int = 40, fixation=None, query=None, seed: int = 0,
                      patch: int = 16) -> TokenSet:
     """v2.5: fine tokens near the fixation, coarse in the periphery.
 
-    A level-``l`` cell is *in the tiling* when the :func:`preferred_level` at its centre is
-    ``l``. The foveal scale ``e0`` is found per image by bisection on ``log e0`` (``iters``
+    A level-``l`` cell is *in the tiling* when the level its eccentricity asks for is ``l``:
+    ``clamp(floor(log2(1 + e / e0)), 0, max_level)`` with ``e`` in base patches from the
+    fixation, i.e. level 0 inside ``e < e0`` and level ``l`` in the annulus
+    ``e0 (2^l - 1) <= e < e0 (2^(l+1) - 1)``: token size grows linearly with eccentricity, the
+    cortical-magnification rule ``M^-1 ~ (e + e2)`` [Daniel & Whitteridge 1961; Horton & Hoyt
+    1991]. The foveal scale ``e0`` is found per image by bisection on ``log e0`` (``iters``
     steps, vectorised over the batch) as the smallest value whose tiling has at least
-    ``budget`` cells; the tiling's ``budget`` best cells by max-pooled score are kept (so a
-    few low-score cells of the tiling may be dropped). The rule is a *near*-tiling, not a
+    ``budget`` cells; the tiling's ``budget`` best cells by max-pooled score are kept (so a few
+    low-score cells of the tiling may be dropped). The rule is a *near*-tiling, not a
     guarantee: where the level changes, a coarse cell whose centre lies in its annulus can
     overlap a finer neighbour or leave a sliver uncovered (a few percent of the cells;
-    ``lod_dag`` is the method that guarantees no overlaps). If the tiling has fewer cells
-    than ``budget`` (impossible for ``budget <= Gh*Gw``), it is filled by score.
+    ``lod_dag`` is the method that guarantees no overlaps). If the tiling has fewer cells than
+    ``budget`` (impossible for ``budget <= Gh*Gw``), it is filled by score.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="foveated_pyramid")
     fix = resolve_fixation(fixation, s)
@@ -113,7 +106,7 @@ def foveated_pyramid(pyramid: Pyramid, scores, budget: int, *, max_level: int = 
     d = ((centers.double()[None] - fix.double()[:, None])
          * device_values([w, h], dtype=torch.float64, device=dev) / patch)
     ecc = d.norm(dim=-1)                                              # [B, M] in base patches
-    # preferred_level(e, e0) == l  <=>  e / (2^(l+1) - 1) < e0 <= e / (2^l - 1)  (open ends
+    # the level asked for is l  <=>  e / (2^(l+1) - 1) < e0 <= e / (2^l - 1)  (open ends
     # at the finest and coarsest level): an interval of e0 per cell, so each bisection step
     # is two comparisons instead of a log2
     lv = cand.levels.double()[None]

@@ -349,12 +349,6 @@ def read_page(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5)
     return PageText(tuple(reads), (int(h), int(w)))
 
 
-def read_coarse(image: ImageLike, *, coarse_level: int = 1, min_conf: float = 0.5) -> list:
-    """OCR of the peripheral view of every image: list of :class:`TextRead` in BASE pixels
-    (:func:`read_page`'s reads)."""
-    return list(read_page(image, coarse_level=coarse_level, min_conf=min_conf).reads)
-
-
 def query_map(page: PageText, query: str, *, patch: int = 16, rows: bool = True,
               prior: bool = True, return_reads: bool = False):
     """The per-question half of :func:`query_scores`: the map ``[B, Gh, Gw]`` of ``query``

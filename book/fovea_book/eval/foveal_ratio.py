@@ -34,11 +34,10 @@ def foveal_ratio_pyramid(pyramid: Pyramid, scores, budget: int, *, ratio: float 
        centre lies outside the fovea (``e > e_f``) and whose level equals
        ``clamp(1 + floor(log2(1 + (e - e_f) / e1)), 1, L)`` -- token size grows linearly
        with eccentricity beyond the fovea, the cortical-magnification rule
-       ``M^-1 ~ (e + e2)`` [Horton & Hoyt 1991] used by
-       :func:`~fovea_core.allocators.pyramid.preferred_level`. ``e1`` is found by bisection
-       on ``log e1`` (``iters`` steps, vectorised over the batch) as the smallest value
-       whose periphery has at least ``budget - n0`` cells; its best cells by max-pooled
-       score are kept.
+       ``M^-1 ~ (e + e2)`` [Horton & Hoyt 1991] of ``foveated_pyramid``. ``e1`` is found
+       by bisection on ``log e1`` (``iters`` steps, vectorised over the batch) as the
+       smallest value whose periphery has at least ``budget - n0`` cells; its best cells
+       by max-pooled score are kept.
     3. Any shortfall (a periphery too small) is filled by the best remaining cells.
 
     ``ratio`` in ``[0, 1]``; ``ratio = 1`` is a pure fovea of level-0 cells. Unlike
