@@ -1,13 +1,6 @@
-"""The public kernels: backend choice and the operations (gather, pyramid, remap, painter,
-DivPrune, V1 candidates and selection).
-
-Every function takes a ``backend`` in ``{"cuda", "cpu"}``; ``None`` picks ``"cuda"`` when
-the data already lives on a CUDA device and the backend is available, else ``"cpu"``. An
-unavailable backend raises ``RuntimeError`` naming what is missing. On ``"cuda"`` the
-kernels are queued on the current torch stream (:mod:`fovea_core.kernels.cuda`); on
-``"cpu"`` they run in the g++ build (:mod:`fovea_core.kernels.cpu`).
-
-This layer decides nothing: what to sample comes in as a :class:`~fovea_core.tokens.TokenSet`,
+"""The public kernels: backend choice (:mod:`fovea_core.kernels`) and the operations
+(gather, pyramid, remap, painter, DivPrune, V1 candidates and selection). This layer
+decides nothing: what to sample comes in as a :class:`~fovea_core.tokens.TokenSet`,
 what the V1 allocator plans comes in as its plan (:func:`v1_layout`).
 """
 
