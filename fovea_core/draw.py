@@ -42,11 +42,6 @@ def _show_image(ax: Axes, img: np.ndarray) -> None:
     ax.set_yticks([])
 
 
-def level_colors(num_levels: int, cmap: str = LEVEL_CMAP) -> np.ndarray:
-    """``[num_levels, 4]`` RGBA colours, one per mip level (level 0 first)."""
-    return mpl.colormaps[cmap](np.linspace(0.0, 0.9, max(num_levels, 1)))
-
-
 def box_vertices(boxes: np.ndarray) -> np.ndarray:
     """Corners ``[N, 4, 2]`` of boxes ``[N, 4]`` = (x0, y0, x1, y1), counter-clockwise."""
     x0, y0, x1, y1 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]

@@ -6,6 +6,7 @@ never call ``plt.show``; they work with any backend, including Agg.
 
 from __future__ import annotations
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -14,9 +15,14 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from fovea_core.pyramid import Pyramid
-from fovea_core.draw import (LEVEL_CMAP, _pick, _show_image, box_vertices, level_colors,  # noqa: F401
+from fovea_core.draw import (LEVEL_CMAP, _pick, _show_image, box_vertices,  # noqa: F401
                              overlay_tokens, to_display)
 from fovea_core.tokens import TokenSet
+
+
+def level_colors(num_levels: int, cmap: str = LEVEL_CMAP) -> np.ndarray:
+    """``[num_levels, 4]`` RGBA colours, one per mip level (level 0 first)."""
+    return mpl.colormaps[cmap](np.linspace(0.0, 0.9, max(num_levels, 1)))
 
 
 def show_reconstruction(ax: Axes, recon: torch.Tensor | np.ndarray, index: int = 0,
