@@ -24,14 +24,12 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from fovea_core.importance.registry import TOKEN_PIXELS
 from fovea_core.methods import INFO, allocator_reads
 from fovea_core.pyramid import Pyramid
 
 __all__ = ["COST_LABELS", "TOKEN_PIXELS", "MethodCost", "alloc_read_tokens", "cost_label",
            "method_cost", "scorer_tokens", "side_compute", "uses_scores"]
-
-#: equivalent token side for costs (16 x 16 pixels), as in :mod:`fovea_core.importance`
-TOKEN_PIXELS = 256
 
 
 # ----------------------------------------------------------------------------- costs

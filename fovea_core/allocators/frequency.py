@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_inputs,
-                                        group_rank, largest_remainder, nonneg, pool_scores,
-                                        rank_weights, resolve_fixation, select)
+                                        device_values, group_rank, largest_remainder, nonneg,
+                                        pool_scores, rank_weights, resolve_fixation, select)
 from fovea_core.allocators import content_cache
 from fovea_core.allocators.registry import register
+from fovea_core.importance.base import LUMA
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 HORIZONTAL_BAND = 2  # pyrtools order=3: band 2 responds to horizontal stripes (text lines)
-_GRAY = torch.tensor([0.299, 0.587, 0.114])
 
 
 def band_level(pyramid: Pyramid, max_side: int = 512) -> int:
@@ -57,8 +57,8 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
     """
     a = band_level(pyramid, max_side)
     img = pyramid.levels[a]
-    gray = img.mean(1) if img.shape[1] != 3 else torch.einsum("bchw,c->bhw", img,
-                                                              _GRAY.to(img.device))
+    gray = img.mean(1) if img.shape[1] != 3 else torch.einsum(
+        "bchw,c->bhw", img, device_values(LUMA, dtype=torch.float32, device=img.device))
     h0, w0 = pyramid.image_size
     height = max(1, min(height, pyramid.num_levels - a, int(np.log2(min(gray.shape[-2:]))) - 2))
     wts = np.ones(4)

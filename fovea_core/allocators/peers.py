@@ -21,14 +21,14 @@ from fovea_core.allocators.base import (candidate_grid, cells_to_tokens, check_i
                                         device_values, order, pixel_grid, rank_grid,
                                         rank_of, resolve_fixation)
 from fovea_core.allocators.registry import register
+from fovea_core.importance.base import LUMA
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-_GRAY = (0.299, 0.587, 0.114)                 # luma weights (made on the image's device)
-
 
 def _gray(device: torch.device) -> torch.Tensor:
-    return device_values(_GRAY, dtype=torch.float32, device=device)
+    """The luma weights ``[3]`` on ``device`` (made there)."""
+    return device_values(LUMA, dtype=torch.float32, device=device)
 
 
 def patch_gradients(pyramid: Pyramid, patch: int = 16) -> tuple[torch.Tensor, int]:

@@ -21,7 +21,7 @@ from fovea_core.tokens import require
 ImageLike = np.ndarray | torch.Tensor | Pyramid
 
 # ITU-R BT.601 luma weights (the ones cv2.cvtColor(..., COLOR_RGB2GRAY) uses).
-_LUMA = (0.299, 0.587, 0.114)
+LUMA = (0.299, 0.587, 0.114)
 
 
 def check_patch(patch: int) -> int:
@@ -57,7 +57,7 @@ def to_gray(x: torch.Tensor) -> torch.Tensor:
     """Luma ``[B, 1, H, W]`` of an RGB or grey batch ``[B, C, H, W]`` (BT.601 weights)."""
     if x.shape[1] == 1:
         return x
-    return (x * x.new_tensor(_LUMA).view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
+    return (x * x.new_tensor(LUMA).view(1, 3, 1, 1)).sum(dim=1, keepdim=True)
 
 
 def pool_to_grid(m: torch.Tensor, patch: int) -> torch.Tensor:
