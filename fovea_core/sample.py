@@ -18,28 +18,18 @@ Coordinate conventions (shared with :mod:`fovea_core.tokens` and ``cuda/fovea_ke
   A fractional ``lod`` (trilinear mode) samples the same base positions in levels
   ``floor(lod)`` and ``floor(lod) + 1`` and blends them linearly (OpenGL-style mip mapping).
 
-Two filters read a token (``sample(..., filter=...)``):
+Two filters read a token (``sample(..., filter=...)``): ``"area"`` (the default,
+:func:`sample_area`): sample ``k`` is the mean of the base image over the square of side
+``2**lod`` centred on ``X_k``, the page resampled at scale ``2**-lod`` the way a VLM
+processor resamples it, at any fractional level; ``"mip"``: the Gaussian-pyramid read
+above, blurrier than an area resample at the same scale (a fractional level blends two
+low-passed levels, so coarse tokens read less than a processor's resize would give them),
+kept because it is what the CUDA/g++ kernels compute.
 
-* ``"area"`` (the default): sample ``k`` is the **mean of the base image over the square of
-  side** ``2**lod`` centred on ``X_k``, i.e. the page resampled at scale ``2**-lod`` the way a
-  VLM processor resamples it (``cv2.INTER_AREA``, a box filter with exact fractional pixel
-  coverage), at any fractional level. Computed from a summed-area table [Crow 1984] of the
-  replicate-padded base image, interpolated bilinearly (which is exact for a box filter of a
-  piecewise-constant image), so a sample costs four table reads whatever its level.
-* ``"mip"``: the Gaussian-pyramid read above (bilinear at integer levels, trilinear between
-  them). Blurrier than an area resample at the same scale (a fractional level blends two
-  low-passed levels), so coarse tokens (``resize``, every periphery) read less than a
-  processor's resize would give them; kept because it is what the CUDA/g++ kernels compute.
-
-Two painters reconstruct a page from tokens (``render(..., painter=...)``):
-
-* ``"smooth"`` (the default; what readers and the OCR see): the tokens of one level are
-  samples of a grid at that level's pixel pitch; each level's grid is reconstructed with
-  bicubic interpolation across patch edges (no seams), and levels are composited coarse to
-  fine with soft (bilinear) edges. ``resize``'s tokens reconstruct to an area-down,
-  bicubic-up resize of the page (``tests/test_sample.py`` holds it to that).
-* ``"blocks"``: every sample painted as a ``2**l`` square (nearest neighbour), the finest
-  token on top: shows the token structure, for figures only.
+Two painters reconstruct a page from tokens (:func:`render`): ``"smooth"`` (the default;
+what readers and the OCR see: bicubic across patch edges, no seams; ``resize``'s tokens
+reconstruct to an area-down, bicubic-up resize of the page) and ``"blocks"`` (the token
+structure, for figures only).
 """
 
 from __future__ import annotations
