@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     run.write({
         "workload": {"image": [1, 3, SIZE, SIZE], "dtype": "float32", "center": CENTER,
                      "max_radius": RADIUS, "out_sizes_hw": sizes},
-        "default_backend": "opencv for one float32 CPU image (cv2.remap on planes), "
-                           "torch (fovea_book.reference_samplers.remap) for batches / other devices",
+        "default_backend": "opencv for one float32 CPU image (cv2.remap on planes), torch "
+                           "(fovea_book.reference_samplers.remap) for batches / other devices",
         "timing": "interleaved rounds per output size; ratios: minimum and median of "
                   "per-round ratios (bootstrap 95% CI of the median) and ratio of medians",
         "results": results})

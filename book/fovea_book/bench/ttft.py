@@ -168,7 +168,8 @@ PROBES = (("fovea_core.foveation", "build_pyramid", "pyramid"),
           ("fovea_core.cascade.allocator", "detect_text", "side"),
           ("fovea_core.sample", "sample", "sample"))
 #: what the record's timings cover (besides :data:`~fovea_book.bench.common.COMMON_SOURCES`)
-SOURCES = ("book/fovea_book/bench/ttft.py", "book/fovea_book/qwen_models.py", "fovea_core/vlm",
+SOURCES = ("book/fovea_book/bench/ttft.py", "book/fovea_book/qwen_models.py",
+           "book/fovea_book/qwen_pooled.py", "fovea_core/vlm",
            "fovea_core/cascade", "fovea_core/foveation.py", "fovea_core/sample.py",
            "fovea_core/allocators", "fovea_core/methods.py", "fovea_core/importance/fixation.py",
            "fovea_core/weights/gist_localiser.pt")
