@@ -37,13 +37,14 @@ def segment_regions(pyramid: Pyramid, n_segments: int = 24, patch: int = 16,
                     max_side: int = 256) -> torch.Tensor:
     """Region label of every level-0 patch ``[B, Gh, Gw]`` (labels ``0..R-1`` per image).
 
-    SLIC-zero (adaptive compactness) on the coarsest pyramid level whose longer side is
-    still >= ``max_side`` pixels (level 0 when the image is smaller), read at each patch's
-    centre. The pixels are first rounded to the content grid
-    (:func:`~fovea_core.allocators.base.pixel_grid`), so pixels that differ only in float
-    noise (another CPU's rounding of the pyramid's means) segment alike. A loop over images (the segmenter is a library call per image);
-    each page's labels are cached (:mod:`~fovea_core.allocators.content_cache`), so a budget sweep over
-    the same pages segments them once.
+    SLIC-zero (adaptive compactness) on the coarsest pyramid level whose longer side is still
+    >= ``max_side`` pixels (level 0 when the image is smaller), read at each patch's centre.
+    The pixels are first rounded to the content grid
+    (:func:`~fovea_core.allocators.base.pixel_grid`), so pixels that differ only in float noise
+    (another CPU's rounding of the pyramid's means) segment alike. A loop over images (the
+    segmenter is a library call per image); each page's labels are cached
+    (:mod:`~fovea_core.allocators.content_cache`), so a budget sweep over the same pages
+    segments them once.
     """
     img = pyramid.levels[segment_level(pyramid, max_side)]
     gh, gw = pyramid.grid_shape(patch, 0)

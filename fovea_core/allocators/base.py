@@ -27,11 +27,11 @@ masks, ``unique``, ``bincount`` or ``.item()``), and value checks go through
 :func:`fovea_core.tokens.require` (exact ``ValueError`` on the CPU, ``torch._assert_async``
 on a device). Where the host reads tensors for free (:func:`fovea_core.tokens.on_host`, the
 CPU) two rules keep a cheaper data-sized shortcut with the same result
-(:func:`top_per_stratum`, ``adaptive_stratified``). Two rules keep a data-dependent fallback for inputs beyond their static
-bounds, documented where they are: :func:`lex_key` without ``tier_max`` (or with a tier
-that may not fit in the key) and :func:`image_rand` (seeded by a CRC32 of the scores' bytes,
-read on the host). ``tests/test_allocators_device.py`` runs every allocator that reads no
-pixels under a guard that fails on any host sync.
+(:func:`top_per_stratum`, ``adaptive_stratified``). Two rules keep a data-dependent fallback
+for inputs beyond their static bounds, documented where they are: :func:`lex_key` without
+``tier_max`` (or with a tier that may not fit in the key) and :func:`image_rand` (seeded by a
+CRC32 of the scores' bytes, read on the host). ``tests/test_allocators_device.py`` runs every
+allocator that reads no pixels under a guard that fails on any host sync.
 """
 
 from __future__ import annotations
@@ -377,14 +377,14 @@ def rank_grid(x: torch.Tensor, dim: int = -1, *, bits: int = RANK_BITS) -> torch
     about ``scale * 2**-(bits + 1)`` equal (``bits = 16``: a step of 128 to 256 float32
     ulps of the largest value, well above the noise of a few rounded sums), and equal
     values are ranked by the callers' stable tie-break, the lower candidate index first
-    (:func:`lex_key`). Exact ties
-    (flat regions, integer maps, blank page areas) therefore stay ties on every machine.
+    (:func:`lex_key`). Exact ties (flat regions, integer maps, blank page areas) therefore
+    stay ties on every machine.
     A value can still move to the next grid index when it lies within float noise of a
     half-step boundary (probability about noise / step); simple ratios to the scale
     (``k / m`` with small ``m``) are never on a boundary, since the grid is a power of two.
 
-    ``+inf`` ranks above every finite value and ``NaN`` above ``+inf`` (the order of IEEE
-    bits the ranking used before), ``-inf`` below every finite value.
+    ``+inf`` ranks above every finite value and ``NaN`` above ``+inf`` (the order of their
+    IEEE bits), ``-inf`` below every finite value.
 
     Args:
         x: real tensor ``[..., M, ...]`` (any float dtype; integers are used as floats).
@@ -468,13 +468,13 @@ def lex_key(priority: torch.Tensor, tier: torch.Tensor | None = None,
     the candidates: values within the grid step tie and go to the lower index); ``secondary``
     (optional) is quantised to ``SECONDARY_BITS`` bits over its per-image range (integers
     are used as they are); ``tier`` is a small non-negative int. Returns ``None`` when the
-    bits do not fit in 63 (then callers use the multi-sort path).
+    bits do not fit in 63 (then callers use the multi-sort path, :func:`order_lex`).
 
-    ``tier_max``: the caller's static bound ``0 <= tier <= tier_max``. When it fits the
-    key's tier bits the decision is made from shapes alone (no host sync); without it, or
-    when it does not fit (grids of more than ~2**15 cells with a secondary key), the
-    actual ``tier.min()`` / ``tier.max()`` decide, as they always did (a host sync on a
-    device). Both give the same key whenever the tiers fit.
+    ``tier_max``: the caller's static bound ``0 <= tier <= tier_max``. When it fits the key's
+    tier bits the decision is made from shapes alone (no host sync); without it, or when it
+    does not fit (grids of more than ~2**15 cells with a secondary key), the actual
+    ``tier.min()`` / ``tier.max()`` decide (a host sync on a device). Both give the same key
+    whenever the tiers fit.
     """
     b, m = priority.shape[0], priority.shape[-1]
     ib = max(1, int(m - 1).bit_length())

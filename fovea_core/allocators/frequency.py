@@ -102,15 +102,15 @@ def band_energy(pyramid: Pyramid, *, patch: int = 16, max_side: int = 512, heigh
 def frequency(pyramid: Pyramid, scores, budget: int, *, aniso: float = 2.0, height: int = 4,
               max_side: int = 512, fixation=None, query=None, seed: int = 0, patch: int = 16
               ) -> TokenSet:
-    """v5: band ``s`` gets ``q_s`` tokens proportional to its total (weighted) energy
-    (largest remainder, clipped to the level's cell count); within the band, cells of level
-    ``t_s`` are ranked by ``energy x (1 + s/max s)`` (energy, boosted by importance
-    ``s`` max-pooled to the cell); shortfalls are filled by the same priority across bands.
-    The energies are float sums whose last bits depend on the CPU (FFT, BLAS, SIMD width):
-    band weights and priorities are compared on the ranking grid
-    (:func:`~fovea_core.allocators.base.rank_weights`, :func:`~fovea_core.allocators.base.rank_grid`),
-    so near-equal energies (a blank page's noise-level bands) tie and go to the lower index.
-    See :func:`band_energy` for the bands and the anisotropic weight ``aniso`` (>= 0).
+    """v5: band ``s`` gets ``q_s`` tokens proportional to its total (weighted) energy (largest
+    remainder, clipped to the level's cell count); within the band, cells of level ``t_s`` are
+    ranked by ``energy x (1 + s/max s)`` (energy, boosted by importance ``s`` max-pooled to the
+    cell); shortfalls are filled by the same priority across bands. The energies are float sums
+    whose last bits depend on the CPU (FFT, BLAS, SIMD width): band weights and priorities are
+    compared on the ranking grid (:func:`~fovea_core.allocators.base.rank_weights`,
+    :func:`~fovea_core.allocators.base.rank_grid`), so near-equal energies (a blank page's
+    noise-level bands) tie and go to the lower index. See :func:`band_energy` for the bands and
+    the anisotropic weight ``aniso`` (>= 0).
     """
     if not aniso >= 0:
         raise ValueError(f"frequency: aniso must be >= 0, got {aniso!r}")

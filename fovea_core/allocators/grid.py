@@ -118,15 +118,16 @@ def uniform(pyramid: Pyramid, scores, budget: int, *, fixation=None, query=None,
 
     Kept as a labelled variant, not as the baseline: it rounds the scale *up* to the next
     pyramid level, so at N = 273 a 1024 px page is read at 256 px (level 2) where ``resize``
-    reads it at ~272 px, and on tall receipts the gap is larger. Grid ``r x c`` with ``r = floor(sqrt(N H / W))`` and ``c = floor(N / r)``, so ``r*c <= N``
-    and the grid tiles the whole image. Each grid token is centred on its cell and read at
-    mip level ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the
-    cell; clipped to the pyramid), i.e. the image seen at about ``sqrt(N) * patch`` pixels
-    per side. A plain VLM would stop there; to keep exactly N tokens the ``N - r*c < r``
-    leftovers (1 at N = 273 on a square page, 0 at 64/100/144/400) re-read the cells nearest
-    the image centre one level finer (one level coarser when the grid is already at level
-    0). Scores: the level-0 score under each centre. Content and ``fixation`` are ignored
-    (the fixation recorded is the resolved one).
+    reads it at ~272 px, and on tall receipts the gap is larger. Grid ``r x c`` with
+    ``r = floor(sqrt(N H / W))`` and ``c = floor(N / r)``, so ``r*c <= N`` and the grid tiles
+    the whole image. Each grid token is centred on its cell and read at mip level
+    ``ceil(log2(cell side / patch))`` (the finest level whose footprint covers the cell;
+    clipped to the pyramid), i.e. the image seen at about ``sqrt(N) * patch`` pixels per side.
+    A plain VLM would stop there; to keep exactly N tokens the ``N - r*c < r`` leftovers (1 at
+    N = 273 on a square page, 0 at 64/100/144/400) re-read the cells nearest the image centre
+    one level finer (one level coarser when the grid is already at level 0). Scores: the
+    level-0 score under each centre. Content and ``fixation`` are ignored (the fixation
+    recorded is the resolved one).
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="uniform")
     fix = resolve_fixation(fixation, s)
@@ -243,8 +244,9 @@ def stratified_quotas(scores: torch.Tensor, budget: int, strata: int | tuple[int
     """Importance-proportional quotas per stratum with >= 1 each.
 
     Weight of stratum ``g``: ``w_g = sum_{i in g} (s_i - min s)`` (per image); quota
-    ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`, on the
-    weights' ranking grid, :func:`rank_weights`), clipped to the stratum's cell count. Returns ``(group ids [M], quotas [B, G], counts [G])``.
+    ``q_g = 1 + LR_g(N - G, w)`` (largest remainder, :func:`largest_remainder`, on the weights'
+    ranking grid, :func:`rank_weights`), clipped to the stratum's cell count. Returns
+    ``(group ids [M], quotas [B, G], counts [G])``.
     """
     b, dev = scores.shape[0], scores.device
     gid, ng = stratum_ids(tuple(scores.shape[1:]), strata, dev)
@@ -488,21 +490,20 @@ def resize_nonblank(pyramid: Pyramid, scores, budget: int, *,
     """Document peer: the finest resize whose non-blank, non-duplicate cells fit ``budget``.
 
     PixelPrune [arXiv:2604.00886] observes that only a fraction of a document's patches are
-    pixel-unique and drops blank and repeated patches before the encoder. Here that rule
-    picks the scale: among the scales at which the ``resize`` grid changes
-    (:func:`resize_scales`, every ``s <= 1`` that matters, from ``resize``'s own scale up to
-    the full page), take the largest ``s`` whose grid has at most ``budget`` *kept* cells
-    (:func:`nonblank_cells`: neither blank, ``max - min <= threshold``, nor a duplicate of
-    an earlier kept cell), and return those cells at level ``log2(1 / s)``. The kept count
-    is treated as non-decreasing in ``s`` (finer grids hold more cells; a blank region
-    stays blank) and found by a search over the sorted candidates that starts at
-    ``resize``'s scale, extrapolates the kept fraction until a probe overflows, then
-    alternates regula falsi (kept interpolated linearly in the cell count) and bisection
-    inside the bracket (``O(log M)`` reads at worst, ``M = Gh Gw``; the finest scale
-    is read only when the search gets there): the result satisfies ``kept(s) <= budget < kept(next finer candidate)``, or
-    ``s = 1``. ``resize``'s own scale
-    always fits (kept <= cells <= budget), so the result is never coarser than ``resize``;
-    on a page with no blank or repeated cell it is ``resize``'s grid exactly.
+    pixel-unique and drops blank and repeated patches before the encoder. Here that rule picks
+    the scale: among the scales at which the ``resize`` grid changes (:func:`resize_scales`,
+    every ``s <= 1`` that matters, from ``resize``'s own scale up to the full page), take the
+    largest ``s`` whose grid has at most ``budget`` *kept* cells (:func:`nonblank_cells`:
+    neither blank, ``max - min <= threshold``, nor a duplicate of an earlier kept cell), and
+    return those cells at level ``log2(1 / s)``. The kept count is treated as non-decreasing in
+    ``s`` (finer grids hold more cells; a blank region stays blank) and found by a search over
+    the sorted candidates that starts at ``resize``'s scale, extrapolates the kept fraction
+    until a probe overflows, then alternates regula falsi (kept interpolated linearly in the
+    cell count) and bisection inside the bracket (``O(log M)`` reads at worst, ``M = Gh Gw``;
+    the finest scale is read only when the search gets there): the result satisfies
+    ``kept(s) <= budget < kept(next finer candidate)``, or ``s = 1``. ``resize``'s own scale
+    always fits (kept <= cells <= budget), so the result is never coarser than ``resize``; on a
+    page with no blank or repeated cell it is ``resize``'s grid exactly.
 
     Leftovers, ``budget - kept``, are spent as ``resize`` spends its own: pass ``k`` re-reads
     the kept cells nearest the page centre at level ``max(level - 1 - k, 0)`` (while those

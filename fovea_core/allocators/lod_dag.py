@@ -39,8 +39,9 @@ def lod_dag(pyramid: Pyramid, scores, budget: int, *, alpha: float = 1.0,
     """v4: refine the quadtree node with the largest error until ``budget`` tokens are used.
 
     Roots are the cells of level ``L = max_level`` (default: the coarsest pyramid level);
-    ``budget`` must be at least the number of roots (else ``ValueError``). See the module docstring for
-    the error metric and the exact-budget rule. Token scores are the node's mean score.
+    ``budget`` must be at least the number of roots (else ``ValueError``). See the module
+    docstring for the error metric and the exact-budget rule. Token scores are the node's mean
+    score.
     """
     s, n = check_inputs(pyramid, scores, budget, patch=patch, name="lod_dag")
     fix = resolve_fixation(fixation, s)

@@ -6,10 +6,11 @@ Every registered allocator has the signature::
     fn(pyramid, scores, budget, *, fixation=None, query=None, seed=0, patch=16, **params)
         -> TokenSet            # exactly ``budget`` distinct tokens per image
 
-(a method with stages, registered with ``runner=``, also returns every intermediate
-through :func:`allocate_parts`), except the two wrappers whose output shape differs
-(``INFO[name]["kind"]``): ``"multi"`` (``multi_fixation`` with ``mode="per_fixation"`` returns ``k * budget`` tokens)
-and ``"buckets"`` (``adaptive_budget`` returns a list of per-bucket results).
+(a method with stages, registered with ``runner=``, also returns every intermediate through
+:func:`allocate_parts`), except the two wrappers whose output shape differs
+(``INFO[name]["kind"]``): ``"multi"`` (``multi_fixation`` with ``mode="per_fixation"`` returns
+``k * budget`` tokens) and ``"buckets"`` (``adaptive_budget`` returns a list of per-bucket
+results).
 """
 
 from __future__ import annotations
@@ -36,17 +37,17 @@ def register(name: str, *, family: str, version: str = "", kind: str = "fixed",
     """Decorator adding ``fn`` (optionally with keyword ``defaults``) as ``name``: the one
     place a method enters :data:`ALLOCATORS` and :data:`INFO`.
 
-    Metadata: ``family`` (module), ``version`` (Homunculus variant, e.g. ``"v1"``),
-    ``kind`` (``"fixed"`` = exactly ``budget`` tokens), ``coverage`` (the guarantee the
-    method promises, e.g. ``"stratum"``, ``"logpolar_bin"``; ``None`` = none), ``content``
-    (reads image pixels from the pyramid), ``learned`` (has trained parameters),
-    ``reads`` (for a ``content`` method: ``reads(pyramid) -> pixels`` it looks at, its cost
-    outside the token budget; see :func:`allocator_reads`), ``uses_scores`` (``False``: the
-    tokens' centres and levels do not depend on the score map, so a sweep does not charge
-    the scorer's reads to this method; ``tests/test_allocators.py`` holds it to that),
-    ``side_compute`` (what ``reads`` declares is *side compute* in the evaluation protocol's (``book/protocol.md``)
-    labels: a look outside N that says where text or ink is and never what it says, costed
-    in FLOPs, milliseconds and pixels beside N, not as unbudgeted reading).
+    Metadata: ``family`` (module), ``version`` (Homunculus variant, e.g. ``"v1"``), ``kind``
+    (``"fixed"`` = exactly ``budget`` tokens), ``coverage`` (the guarantee the method promises,
+    e.g. ``"stratum"``, ``"logpolar_bin"``; ``None`` = none), ``content`` (reads image pixels
+    from the pyramid), ``learned`` (has trained parameters), ``reads`` (for a ``content``
+    method: ``reads(pyramid) -> pixels`` it looks at, its cost outside the token budget; see
+    :func:`allocator_reads`), ``uses_scores`` (``False``: the tokens' centres and levels do not
+    depend on the score map, so a sweep does not charge the scorer's reads to this method;
+    ``tests/test_allocators.py`` holds it to that), ``side_compute`` (what ``reads`` declares
+    is *side compute* in the evaluation protocol's (``book/protocol.md``) labels: a look
+    outside N that says where text or ink is and never what it says, costed in FLOPs,
+    milliseconds and pixels beside N, not as unbudgeted reading).
 
     A keyword bound here with a value that differs from ``fn``'s own default makes ``name``
     a *variant* (e.g. ``"stratified_8x8"`` = ``stratified`` with ``strata=8``): that value

@@ -153,12 +153,12 @@ def adaptive_budget(pyramid: Pyramid, scores, budget: int = 273, *,
                     query=None, seed: int = 0, patch: int = 16, **base_kw) -> list[BucketResult]:
     """Per-image budget from image complexity, in discrete buckets.
 
-    ``budget=None`` means the nominal 273. Bucket ``i`` is chosen where ``complexity`` (default :func:`image_complexity`) passes
-    ``thresholds[i-1]``; the buckets (default 180/273/365/456, the seeds' values for a
-    nominal 273) are scaled by ``budget / 273`` and clipped to ``[1, Gh*Gw]``. Because a
-    TokenSet has one N for the whole batch, the result is a list of
-    :class:`BucketResult`, one per non-empty bucket (ascending budget): images are grouped
-    by bucket and each group is allocated by ``ALLOCATORS[base]`` with that budget.
+    ``budget=None`` means the nominal 273. Bucket ``i`` is chosen where ``complexity`` (default
+    :func:`image_complexity`) passes ``thresholds[i-1]``; the buckets (default 180/273/365/456,
+    the seeds' values for a nominal 273) are scaled by ``budget / 273`` and clipped to
+    ``[1, Gh*Gw]``. Because a TokenSet has one N for the whole batch, the result is a list of
+    :class:`BucketResult`, one per non-empty bucket (ascending budget): images are grouped by
+    bucket and each group is allocated by ``ALLOCATORS[base]`` with that budget.
     """
     if base not in ALLOCATORS or base in ("adaptive_budget", "full"):
         raise ValueError(f"adaptive_budget: base must be a fixed-budget allocator name, got {base!r}")

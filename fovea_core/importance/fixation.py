@@ -38,10 +38,10 @@ learns the spatial scale, and enters both as is and square-rooted. The readout (
 
 with ``u = (x - W/2) / (W/2)``, ``v = (y - H/2) / (W/2)`` at the cell centres (the
 coordinates of Clarke & Tatler 2014's centre bias, whose log is quadratic in them, so the
-fitted centre term is an anisotropic Gaussian) and ``G_post`` a final Gaussian blur.
-The coefficients are fitted on ``osie-train`` only and committed in
-``fovea_core/weights/fixation_readout.json`` (package data) with a record of how (data, image ids, seed,
-versions, training diagnostics). Nothing is downloaded at run time.
+fitted centre term is an anisotropic Gaussian) and ``G_post`` a final Gaussian blur. The
+coefficients are fitted on ``osie-train`` only and committed in
+``fovea_core/weights/fixation_readout.json`` (package data) with a record of how (data, image
+ids, seed, versions, training diagnostics). Nothing is downloaded at run time.
 """
 
 from __future__ import annotations

@@ -89,9 +89,9 @@ def to_uint8_bgr(x: torch.Tensor) -> np.ndarray:
 def text_probability(image: ImageLike) -> torch.Tensor:
     """Per-pixel text probability of the DB detector, ``[B, H, W]`` float32 in ``[0, 1]``.
 
-    Each image is resized to a multiple of 32 per side (longer side capped at
-    ``DET_MAX_SIDE`` = 2048), run through the detection network, and its probability map resized back to ``H x W``
-    (bilinear). Images are processed one at a time (the ONNX graph takes one image).
+    Each image is resized to a multiple of 32 per side (longer side capped at ``DET_MAX_SIDE``
+    = 2048), run through the detection network, and its probability map resized back to
+    ``H x W`` (bilinear). Images are processed one at a time (the ONNX graph takes one image).
     """
     x, _ = prepare(image, 1)
     session, pre = _det_parts()

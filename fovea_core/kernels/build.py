@@ -1,8 +1,8 @@
 """The compiler driver: build ``cuda/fovea_kernels.cu`` with g++ (CPU shared library) or nvcc
-(the cubin the CUDA backend launches), cached in the user cache folder (:func:`fovea_core.paths.cache_dir`,
-``kernels/``) by a hash of
-the sources, flags, compiler and CPU model, written to a temporary name and renamed
-atomically (concurrent first uses are safe). No torch, no ctypes: only files and processes.
+(the cubin the CUDA backend launches), cached in the user cache folder
+(:func:`fovea_core.paths.cache_dir`, ``kernels/``) by a hash of the sources, flags, compiler
+and CPU model, written to a temporary name and renamed atomically (concurrent first uses are
+safe). No torch, no ctypes: only files and processes.
 """
 
 from __future__ import annotations

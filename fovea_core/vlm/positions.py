@@ -136,7 +136,8 @@ class MRopePositions:
 
 def mrope_positions(tokens: TokenSet, grid_hw: tuple[int, int], *, text_before: int = 0,
                     text_after: int = 0, order: str = "raster") -> MRopePositions:
-    """M-RoPE ``(t, h, w)`` ids for ``text_before`` text tokens, the N visual tokens, ``text_after`` text tokens.
+    """M-RoPE ``(t, h, w)`` ids for ``text_before`` text tokens, the N visual tokens and
+    ``text_after`` text tokens.
 
     Rule (module docstring; Wang et al. 2024 sec. 2.1): with ``s = text_before``, text
     before the image has ids ``0 .. s-1`` on all three axes; visual token on merged cell
