@@ -34,26 +34,22 @@ import torch
 from fovea_core.allocators.base import DEFAULT_BUDGET, check_budget
 from fovea_core.allocators.grid import resize, resize_grid, resize_scales
 from fovea_core.allocators.registry import check_fixation, register
-from fovea_core.cascade.core import (INK_MIN, LEVEL_TOLERANCE, STAGE_FOVEA, Gist, combine,
-                                     covered_share, foveate_regions, gist, gist_to_grid,
-                                     look_ink, one_image, page_key, place_fovea)
+from fovea_core.cascade.core import (INK_MIN, LEGIBLE_PX, LEVEL_TOLERANCE, STAGE_FOVEA, Gist,
+                                     _is_int, combine, covered_share, fitting_level,
+                                     foveate_regions, gist, gist_to_grid, is_number, look_ink,
+                                     one_image, page_key, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
-           "SURROUND", "cascade", "text_size_map", "text_heights",
-           "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
+__all__ = ["DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
+           "SURROUND", "cascade", "text_size_map", "text_heights", "choose_level",
+           "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
            "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
-           "SAFE_RESIZE_LEGIBLE", "fitting_level", "is_number", "check_fixation", "PageBudget",
+           "SAFE_RESIZE_LEGIBLE", "check_fixation", "PageBudget",
            "check_cascade_options", "check_gist", "run_cascade"]
 
-#: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
-#: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
-#: 11 px: the reader still reads ~5-6 px text, but the size estimate errs by ~0.3 octave and
-#: a finer core loses little when the localiser is sure (see the training record)
-LEGIBLE_PX = 11.0
 #: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
 DEFAULT_GIST = 64
 
@@ -215,36 +211,6 @@ def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
     return (log_px - math.log2(legible_px)).clamp(min_level, top)
 
 
-def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
-    """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
-    (a small page read coarsely has fewer cells than the fovea has tokens)."""
-    def cells(lv: float) -> int:
-        side = patch * 2.0 ** lv
-        return math.ceil(image_size[0] / side - 1e-9) * math.ceil(image_size[1] / side - 1e-9)
-
-    if cells(0.0) < tokens:
-        raise ValueError(f"cascade: a {image_size[0]}x{image_size[1]} page has only {cells(0.0)} "
-                         f"level-0 cells for {tokens} fovea tokens; use a smaller budget")
-    if cells(level) >= tokens:
-        return level
-    lo, hi = 0.0, level                                     # cells(lo) >= tokens > cells(hi)
-    for _ in range(30):                                     # bisection on the level
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
-    return lo
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def is_number(x) -> bool:
-    """``x`` is a real number (Python or numpy, int or float) and not a bool: the check the
-    cascades' argument validation shares."""
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
-        x, (bool, np.bool_))
-
-
 def check_cascade_options(*, query, gist_budget, budget: int, level, legible_px, surround,
                           context, context_weight, name: str = "cascade") -> int | None:
     """Validate the cascade's keyword arguments for a ``budget`` already checked
@@ -325,9 +291,10 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
     parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level; an image
     ``resize_below`` or ``resize_legible`` sends to ``resize`` keeps its localiser's map
-    (the one it was judged by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
-    text heights (base pixels) per level-0 cell to read the level from instead of the
-    gist's estimate (NaN cells keep it), e.g. the oracle's
+    (the one it was judged by) beside ``resize``'s tokens and level.
+    ``size(gist, query) -> [B, Gh, Gw]``: log2 text heights (base pixels) per level-0 cell
+    to read the level from instead of the gist's estimate (NaN cells keep it), e.g. the
+    oracle's
     (:meth:`~fovea_book.eval.localisation.OracleLocaliser.text_size`) to measure what the
     estimate costs; it overrides a side channel's measurement where both are given."""
     below = 0.0 if resize_below is None else _check_below(resize_below)
@@ -577,10 +544,11 @@ def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
 
 
 def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
-            query: str | None = None, gist_budget: int | None = None, localiser: str | Callable = "learned",
-            level: float | str = "auto", legible_px: float = LEGIBLE_PX,
-            surround: float = SURROUND, context: tuple[int, int] = (1, 2),
-            context_weight: float = 0.5, fixation=None, seed: int = 0,
+            query: str | None = None, gist_budget: int | None = None,
+            localiser: str | Callable = "learned", level: float | str = "auto",
+            legible_px: float = LEGIBLE_PX, surround: float = SURROUND,
+            context: tuple[int, int] = (1, 2), context_weight: float = 0.5, fixation=None,
+            seed: int = 0,
             patch: int = 16, side: str | None = None, fovea: str = "core",
             resize_within: float | None = None, resize_below: float | None = None,
             resize_legible: float | None = None) -> TokenSet:

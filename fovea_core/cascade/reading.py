@@ -7,32 +7,35 @@ where the answer probably is, reads what it sees there ("TOTAL", a date, the ite
 question names) and looks again where the answer lies *relative to* what it read. This
 module spends the N tokens that way, registered as the allocator ``"cascade_read"``:
 
-1. **fixation 1** -- the gist and a first fovea from the localiser (the learned one by
-   default), exactly the one-fixation cascade
-   (:func:`~fovea_core.cascade.allocator.cascade_parts`) at about ``first_share * N``
+1. **fixation 1** (:func:`first_fixation`) -- the gist and a first fovea from the localiser
+   (the learned one by default), exactly the one-fixation cascade's stages
+   (:func:`~fovea_core.cascade.allocator.run_cascade`) at about ``first_share * N``
    tokens (:data:`FIRST_SHARE`, :func:`split_budget`), the gist being that of the whole
-   N (:func:`~fovea_core.cascade.allocator.gist_budget_for`);
-2. **reading** -- the view those tokens make (:func:`first_view`:
+   N (:func:`~fovea_core.cascade.allocator.gist_budget_for`); under the glance rule
+   (:func:`glance_images`) a glance, the whole page at most of N, instead;
+2. **reading** (:func:`read_fixation`) -- the view those tokens make (:func:`first_view`:
    :func:`~fovea_core.sample.render` of their patches over their mean colour, so no pixel
-   outside them) is read by
-   the OCR the core already has (RapidOCR detection + recognition,
-   :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, which caches each
-   read by a SHA-1 of the view's bytes in memory and on disk), and the question is matched
-   to the lines read (:func:`match_lines`: a key of the question such as "DATE" or "TOTAL",
-   a pattern the question implies such as a date or an amount, or another word of the
-   question); the best matches become a map on the level-0 patch grid (:func:`read_map`),
-   with the mass where the answer lies relative to each match (:class:`AnswerGeometry`:
-   for a key, to its right along its row and on the line just below);
-3. **fixation 2** -- the rest of N on that map with the cascade's own placement
-   (:func:`~fovea_core.cascade.core.place_fovea`, at the level
+   outside them) is read by the OCR the core already has (RapidOCR detection +
+   recognition, :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, which
+   caches each read by a SHA-1 of the view's bytes in memory and on disk), and the question
+   is matched to the lines read (:func:`match_lines`: a key of the question such as "DATE"
+   or "TOTAL", a pattern the question implies such as a date or an amount, or another word
+   of the question); the best matches become a map on the level-0 patch grid
+   (:func:`read_map`), with the mass where the answer lies relative to each match
+   (:class:`AnswerGeometry`: for a key, to its right along its row and on the line just
+   below);
+3. **the second map** (:func:`second_map`) -- that map, or the localiser's when nothing
+   matched (no question, nothing to look for in it, nothing read, no line matches; the
+   parts say so: :attr:`Reading.path`, :attr:`Reading.reason`);
+4. **fixation 2** (:func:`second_fixation`) -- the rest of N on that map with the cascade's
+   own placement (:func:`~fovea_core.cascade.core.place_fovea`, at the level
    :func:`~fovea_core.cascade.allocator.choose_level` gives it), less what fixation 1
-   already read at that scale; when nothing matched (no question, nothing to look for in
-   it, nothing read, no line matches) it follows the localiser's map instead, and the
-   parts say so (:attr:`Reading.path`, :attr:`Reading.reason`).
+   already read at that scale (:func:`~fovea_core.cascade.core.discount_seen`, the one rule
+   the processor's two fixations follow too).
 
 ``TokenSet.stage`` is 0 for the gist, 1 for the first fovea (its core and surround) and
-:data:`STAGE_SECOND` = 2 for the second fixation; the token counts add up to exactly N and
-no two tokens share level and centre.
+:data:`~fovea_core.cascade.core.STAGE_SECOND` = 2 for the second fixation; the token counts
+add up to exactly N and no two tokens share level and centre.
 
 **Cost.** Every pixel the method looks at is carried by its own tokens: the reading reads
 fixation 1's view, made of N-budget tokens only, and the localiser reads the gist. It is
@@ -78,13 +81,13 @@ import torch
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.allocators.registry import allocate_parts, check_fixation, register
-from fovea_core.cascade.allocator import (LEGIBLE_PX, SURROUND, CascadeParts,
-                                          check_cascade_budget, check_cascade_options,
-                                          check_gist, choose_level, fitting_level,
-                                          gist_budget_for, is_number, map_confidence,
-                                          reads_nothing_else, run_cascade, text_size_map)
-from fovea_core.cascade.core import (STAGE_SECOND, Gist, combine, discount_seen, fovea_grid,
-                                     gist, held_cells, one_image, place_fovea)
+from fovea_core.cascade.allocator import (SURROUND, CascadeParts, check_cascade_budget,
+                                          check_cascade_options, check_gist, choose_level,
+                                          gist_budget_for, map_confidence, reads_nothing_else,
+                                          run_cascade, text_size_map)
+from fovea_core.cascade.core import (LEGIBLE_PX, STAGE_SECOND, Gist, combine, discount_seen,
+                                     fitting_level, fovea_grid, gist, held_cells, is_number,
+                                     one_image, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
@@ -92,7 +95,8 @@ from fovea_core.tokens import TokenSet
 
 __all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance",
            "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
-           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_to_dict", "geometry_from_dict", "fitted_path", "load_fitted", "FITTED",
+           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_to_dict", "geometry_from_dict",
+           "fitted_path", "load_fitted", "FITTED",
            "KEY_WORDS", "STOP_WORDS", "DATE_CUES", "AMOUNT_CUES", "DATE_RE", "AMOUNT_RE",
            "Cues", "question_cues", "Match", "char_span", "match_lines", "read_map",
            "first_view",
@@ -233,6 +237,10 @@ def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
     return geometry_from_dict(record.get("geometry") or {}), float(share)
 
 
+# DEFAULT_GEOMETRY: where an answer lies relative to a key that was read; FIRST_SHARE: the
+# share of N this cascade's fixation 1 spends (gist + first fovea). Both fitted on training
+# pages by ``python -m fovea_book.eval.reading_fit`` and loaded from its record; FIRST_SHARE
+# is not the processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
 try:
     DEFAULT_GEOMETRY, FIRST_SHARE = load_fitted()
     FITTED = True
@@ -580,10 +588,11 @@ def _same_tokens(a: TokenSet, b: TokenSet) -> bool:
 
 def read_view(view: torch.Tensor) -> TextRead:
     """OCR of one rendered view ``[1, C, h, w]``: every line detected and recognised, boxes
-    in the view's pixels (:func:`reading_parts` scales them to the page's), of any confidence (:data:`MATCH_MIN_CONF` applies when
-    matching). Through :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``,
-    whose caches (memory and disk, :func:`fovea_core.paths.cache_dir`) key the read by a SHA-1
-    of the view's bytes. Tests replace this function to read what they choose."""
+    in the view's pixels (:func:`read_fixation` scales them to the page's), of any confidence
+    (:data:`MATCH_MIN_CONF` applies when matching). Through
+    :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, whose caches
+    (memory and disk, :func:`fovea_core.paths.cache_dir`) key the read by a SHA-1 of the
+    view's bytes. Tests replace this function to read what they choose."""
     from fovea_core.importance.query import read_page
 
     return read_page(view, coarse_level=0, min_conf=0.0).reads[0]
@@ -614,8 +623,9 @@ class Reading:
             when the view was not read).
         matches: the kept :class:`Match` es, best first.
         ocr_ms: wall milliseconds of the OCR of the view (near 0 on a cache hit; 0 when
-            not read; the render of the view is not counted). In the real-model design this is the model's prefill and
-            decode of fixation 1's tokens, which the book costs separately.
+            not read; the render of the view is not counted). In the real-model design this
+            is the model's prefill and decode of fixation 1's tokens, which the book costs
+            separately.
         view_pixels: pixels of the view read (its ``h * w``, at the scale of fixation 1's
             finest token, :func:`view_scale`; 0 when not read).
         first_tokens: tokens of fixation 1 (gist + first fovea).
