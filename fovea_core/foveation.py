@@ -738,12 +738,7 @@ def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
                                                               "fovea")))
         below, share = o.get("glance_below"), o.get("glance_share")
         if below is not None or share is not None:
-            if not A.is_number(below) or not 0.0 <= float(below) <= 1.0:
-                raise ValueError(f"glance_below must be a number in [0, 1] (a map confidence, "
-                                 f"map_confidence; 0: never glance), got {below!r}")
-            if not A.is_number(share) or not 0.0 < float(share) < 1.0:
-                raise ValueError(f"glance_share must be a number in (0, 1) (the glance's "
-                                 f"share of N), got {share!r}")
+            R._check_glance(below, share)
 
 
 @dataclass(frozen=True)

@@ -640,10 +640,11 @@ class FoveatedProcessor:
                              f"fixation 1's cascade needs {low} to {high} tokens and "
                              f"fixation 2 at least one); use a larger page")
         if n > cells or n < n_min:
+            n1_is = f"round({GROUNDING_FIRST_SHARE:g} N)" if first_budget is None else n1
             raise ValueError(f"budget must be in [{n_min}, {cells}] on this page ({grid}; "
-                             f"fixation 1, N1 = {'round(0.5 N)' if first_budget is None else n1}"
-                             f" tokens, is a cascade, which needs {low} to {high}, its gist "
-                             f"plus at least one fovea token; fixation 2 at least one), got {n}")
+                             f"fixation 1, N1 = {n1_is} tokens, is a cascade, which needs {low} "
+                             f"to {high}, its gist plus at least one fovea token; fixation 2 at "
+                             f"least one), got {n}")
         if not low <= n1 <= high:
             raise ValueError(f"first_budget must be in [{low}, {min(high, n - 1)}] on this page "
                              f"({grid}; the cascade needs its gist plus at least one fovea "
