@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.pyramid import Pyramid, as_image_batch, build_pyramid
 from fovea_core.tokens import TokenSet
 
@@ -719,7 +720,7 @@ def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
     sig = inspect.signature(A.cascade).parameters
     d = {k: o.get(k, sig[k].default) for k in ("level", "legible_px", "surround", "context",
                                                "context_weight")}
-    A._check_args(1 << 20, query=None, gist_budget=None, **d)
+    A.check_cascade_options(query=None, gist_budget=None, budget=1 << 20, **d)
     loc = o.get("localiser")
     if loc is not None:
         get_localiser(loc)
@@ -737,12 +738,7 @@ def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
                                                               "fovea")))
         below, share = o.get("glance_below"), o.get("glance_share")
         if below is not None or share is not None:
-            if not A.is_number(below) or not 0.0 <= float(below) <= 1.0:
-                raise ValueError(f"glance_below must be a number in [0, 1] (a map confidence, "
-                                 f"map_confidence; 0: never glance), got {below!r}")
-            if not A.is_number(share) or not 0.0 < float(share) < 1.0:
-                raise ValueError(f"glance_share must be a number in (0, 1) (the glance's "
-                                 f"share of N), got {share!r}")
+            R._check_glance(below, share)
 
 
 @dataclass(frozen=True)
@@ -980,7 +976,7 @@ def _decode_for(image: str | Path, tokens: TokenSet, num_levels: int) -> Pyramid
     return ReducedPyramid(stored.levels, k, (h, w))
 
 
-def foveate(image: Any, question: str | None = None, *, budget: int | None = 273,
+def foveate(image: Any, question: str | None = None, *, budget: int | None = DEFAULT_BUDGET,
             method: str = DEFAULT_METHOD, **method_options: Any) -> Foveation:
     """Foveate one page: exactly ``budget`` tokens, their patches, the view and the cost.
 
@@ -1059,7 +1055,9 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
     side = None                         # a cascade's side cost, from the run that allocated
     try:
         if INFO[method]["runner"] is not None:        # a method with stages: its parts
-            parts = allocate_parts(method, pyr, scores, budget, **call)
+            # a method that reads no map gets none (the budget is not checked again with it)
+            parts = allocate_parts(method, pyr, scores if INFO[method]["uses_scores"] else None,
+                                   budget, **call)
             tokens, side = parts.tokens, parts.side
         else:
             tokens = allocate(method, pyr, scores, budget, **call)
@@ -1072,6 +1070,7 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = 273
     except ValueError as err:
         msg = str(err)
         raise ValueError(msg if msg.startswith(method) else f"{method}: {msg}") from None
+    budget = int(budget)                # a cascade's PageBudget, checked once, as a plain int
     if not isinstance(tokens, TokenSet) or tokens.budget != budget:
         got = tokens.budget if isinstance(tokens, TokenSet) else type(tokens).__name__
         raise ValueError(f"method {method!r} with options {opts} returned {got} tokens, not "

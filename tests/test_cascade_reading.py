@@ -18,7 +18,8 @@ import torch
 
 from fovea_core import build_pyramid
 from fovea_core.cascade import reading
-from fovea_core.cascade.allocator import cascade_parts, covered_share
+from fovea_core.cascade.allocator import cascade_parts
+from fovea_core.cascade.core import covered_share
 from fovea_core.cascade.localisers import answer_mass
 from fovea_core.cascade.reading import (DEFAULT_GEOMETRY, NAME, PRIOR_FIRST_SHARE,
                                         PRIOR_GEOMETRY, STAGE_SECOND, AnswerGeometry, Rect,
@@ -522,3 +523,75 @@ def test_the_glance_rule_runs_at_every_budget_of_the_cascades_range(small, budge
         assert gist_n <= gist_budget_for(budget)
     else:                                                  # a glance of at most N - 2
         assert gist_budget_for(budget) < gist_n <= budget - 2
+
+
+# ----------------------------------------------------------------------------- one rule, one check
+def test_a_default_foveate_call_checks_its_budget_once(monkeypatch):
+    """``check_budget`` (the one budget check) runs once in a default ``foveate`` call, a
+    question included: ``foveate`` checks the budget for the page, and the cascade it runs
+    (``cascade_glance``: the glance rule, fixation 1's cascade, the read and the second
+    look) takes it as checked."""
+    import sys
+
+    from fovea_core.allocators import base
+    from fovea_core.foveation import foveate
+
+    calls = []
+    real = base.check_budget
+
+    def counted(*a, **k):
+        calls.append(a[0] if a else k.get("budget"))
+        return real(*a, **k)
+
+    for mod in list(sys.modules.values()):        # every module that holds the name
+        if getattr(mod, "__name__", "").startswith("fovea_core") and \
+                getattr(mod, "check_budget", None) is real:
+            monkeypatch.setattr(mod, "check_budget", counted)
+    monkeypatch.setattr(reading, "read_view", lambda view: _lines(
+        ("TOTAL", (20, 40, 50, 50)), ("9.90", (120, 40, 140, 50))))
+    img = torch.rand(1, 3, 256, 320, generator=torch.Generator().manual_seed(3)) * 0.2 + 0.8
+    img[:, :, 40:50, 20:140] = 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = foveate(img, "What is the total?", budget=200)
+    assert f.method == "cascade_glance" and f.tokens.budget == 200
+    assert calls == [200]
+    calls.clear()                                  # and once in a direct call of the cascade
+    reading_parts(build_pyramid(img), 200, query="What is the total?", localiser="uniform",
+                  glance_below=0.5, glance_share=0.9)
+    assert calls == [200]
+
+
+def test_one_rule_discounts_what_fixation_one_read():
+    """``discount_seen``: the cells under earlier tokens at most ``LEVEL_TOLERANCE`` coarser
+    than the later level keep ``weight`` of their mass (default ``SEEN_WEIGHT``, none); the
+    processor's second-fixation map applies the same rule, to the same cells."""
+    from fovea_core.cascade.core import (LEVEL_TOLERANCE, SEEN_WEIGHT, discount_seen,
+                                         place_fovea)
+    from fovea_core.vlm.processor import SecondFixationMap
+
+    size = (128, 128)
+    fine = place_fovea(torch.ones(1, 8, 8), 4, image_size=size, level=1.0)      # 4 cells
+    coarse = TokenSet(torch.tensor([[[0.9, 0.9]]]), torch.tensor([[2.0]]), torch.ones(1, 1),
+                      fine.fixations, size, 16, torch.ones(1, 1, dtype=torch.long))
+    seen = TokenSet(torch.cat([fine.centers, coarse.centers], 1),
+                    torch.cat([fine.levels, coarse.levels], 1),
+                    torch.cat([fine.scores, coarse.scores], 1), fine.fixations, size, 16,
+                    torch.cat([fine.stage, coarse.stage], 1))
+    m = torch.ones(1, 8, 8)
+    cov_fine = covered_share(fine, (8, 8))
+    out = discount_seen(m, seen, 1.0)                      # the coarse token is not "read"
+    assert SEEN_WEIGHT == 0.0 and torch.equal(out, m * (1 - cov_fine))
+    assert float(out.sum()) == 64 - 16
+    out2 = discount_seen(m, seen, 2.0 - LEVEL_TOLERANCE)   # now it counts as read too
+    assert float(out2.sum()) < float(out.sum())
+    half = discount_seen(m, seen, 1.0, weight=0.5)
+    assert torch.allclose(half, m * (1 - 0.5 * cov_fine))
+    assert discount_seen(m, seen, 1.0, weight=1.0) is m
+
+    class G:                                               # what SecondFixationMap reads of a gist
+        image_size, patch = size, 16
+        tokens = fine
+
+    loc = SecondFixationMap(None, lambda g, q: torch.ones(1, 8, 8), seen=seen)
+    assert torch.equal(loc(G(), None), out)                # its level: the seen tokens' finest

@@ -1,5 +1,5 @@
 """The read-then-look cascade's fitted defaults: the answer geometry from key-answer pairs
-(:func:`fovea_core.cascade.reading.fit_geometry`), the pairs read off training pages
+(:func:`fovea_book.eval.reading_fit.fit_geometry`), the pairs read off training pages
 (:mod:`fovea_book.eval.reading_fit`), the share's choice, and the shipped record."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fovea_book.eval import reading_fit
 from fovea_book.eval.document_types import Document, Question
-from fovea_book.eval.reading_fit import (SHARES, choose_share, form_pairs, receipt_pairs,
-                                         share_curve)
+from fovea_book.eval.reading_fit import (SHARES, choose_share, fit_geometry, form_pairs,
+                                         pair_offsets, receipt_pairs, share_curve)
 from fovea_core.cascade import reading
-from fovea_core.cascade.reading import (PRIOR_GEOMETRY, fit_geometry,
-                                        geometry_from_dict, geometry_to_dict, load_fitted,
-                                        match_lines, pair_offsets, read_map)
+from fovea_core.cascade.reading import (PRIOR_GEOMETRY, geometry_from_dict, geometry_to_dict,
+                                        load_fitted, match_lines, read_map)
 from fovea_core.importance.text import TextRead
 
 KEY = (100.0, 50.0, 140.0, 60.0)                    # a key 40 px wide on a 10 px line
@@ -178,4 +178,4 @@ def test_the_fitted_geometry_looks_right_of_the_key_first():
     assert record["geometry_summary"]["classes"]["row"]["share"] > 0.5
     top = max(g.rects, key=lambda r: r.weight)
     assert top.anchor == "right" and top.x0 >= 0 and 0 <= top.y0 < top.y1 <= 1
-    assert all(r.x0 >= reading.X_EDGES[0] and r.x1 <= reading.X_EDGES[-1] for r in g.rects)
+    assert all(r.x0 >= reading_fit.X_EDGES[0] and r.x1 <= reading_fit.X_EDGES[-1] for r in g.rects)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fovea_core.foveation import FoveateWarning
+from fovea_core.foveation import DEFAULT_METHOD, FoveateWarning
 from fovea_core.vlm.positions import merged_cell_px
 from fovea_core.vlm.processor import (SUPPORTED_PROCESSORS, FoveatedProcessor, processor_family,
                                       stock_processor)
@@ -105,7 +105,8 @@ def test_another_image_processor_resizes_with_pil_to_the_same_grid(family_setup)
 def test_budget_273_holds_273_visual_tokens_at_their_cells_and_generates(family_setup):
     family, model, fp = family_setup
     f = merged_cell_px(family)
-    inputs = fp(_page(18, 18, f, seed=1), QUESTION)          # default: the cascade, N = 273
+    inputs = fp(_page(18, 18, f, seed=1), QUESTION)          # defaults: foveate's, N = 273
+    assert inputs.foveation.method == DEFAULT_METHOD          # the method foveate runs
     ids, pos = inputs["input_ids"], inputs["position_ids"]
     is_img = ids[0] == fp.image_token_id
     assert int(is_img.sum()) == 273 == inputs.foveation.budget

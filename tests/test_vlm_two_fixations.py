@@ -307,7 +307,8 @@ def test_prompts_and_the_chat_template(setup, garbage, monkeypatch):
     (dict(first_budget=0), "first_budget"),
     (dict(first_budget=N), "first_budget"),
     (dict(method="resize"), "registered cascade"),
-    (dict(seen_weight=0.0), "seen_weight"),
+    (dict(seen_weight=-0.1), "seen_weight"),
+    (dict(seen_weight=1.5), "seen_weight"),
     (dict(patch=16), "patch is fixed"),
     (dict(question=""), "question"),
 ])

@@ -48,12 +48,17 @@ from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet, on_host, require
 from fovea_core.importance.base import fixation_from_scores  # the one default-fixation rule
 
-__all__ = ["Candidates", "check_budget", "check_seed", "check_inputs", "resolve_fixation",
+__all__ = ["DEFAULT_BUDGET", "Candidates", "check_budget", "check_seed", "check_inputs", "resolve_fixation",
            "fixation_from_scores", "pool_scores", "order", "order_lex", "rank_of",
            "select", "lex_key", "group_best", "group_rank", "largest_remainder",
            "cells_to_tokens", "candidate_grid", "image_rand", "rank_grid", "rank_weights",
            "RANK_BITS", "pixel_grid", "PIXEL_BITS", "nonneg", "cell_centers",
            "device_values", "stratum_ids", "top_per_stratum", "box3_mean"]
+
+
+#: N, the tokens per page when a caller gives none: the seed documents' budget (their split
+#: over pyramid levels, 64 + 128 + 64 + 17, is :data:`~fovea_core.allocators.pyramid.SEED_LEVEL_BUDGET`)
+DEFAULT_BUDGET = 273
 
 
 # ----------------------------------------------------------------------------- inputs

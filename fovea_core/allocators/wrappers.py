@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.allocators.base import (box3_mean, candidate_grid, cell_centers, cells_to_tokens,
                                         check_inputs, device_values, fixation_from_scores,
                                         group_best, group_rank, largest_remainder, order,
@@ -147,7 +148,7 @@ class BucketResult:
 
 
 @register("adaptive_budget", family="wrappers", version="wrapper", kind="buckets")
-def adaptive_budget(pyramid: Pyramid, scores, budget: int = 273, *,
+def adaptive_budget(pyramid: Pyramid, scores, budget: int = DEFAULT_BUDGET, *,
                     buckets=BUCKETS, thresholds=THRESHOLDS,
                     base: str = "topk", complexity: torch.Tensor | None = None, fixation=None,
                     query=None, seed: int = 0, patch: int = 16, **base_kw) -> list[BucketResult]:

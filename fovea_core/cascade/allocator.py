@@ -31,37 +31,34 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fovea_core.allocators.base import check_budget
+from fovea_core.allocators.base import DEFAULT_BUDGET, check_budget
 from fovea_core.allocators.grid import resize, resize_grid, resize_scales
 from fovea_core.allocators.registry import check_fixation, register
-from fovea_core.cascade.core import (INK_MIN, STAGE_FOVEA, Gist, combine, place_fovea,
-                                     foveate_regions, gist, gist_to_grid, look_ink,
-                                     page_key)
+from fovea_core.cascade.core import (INK_MIN, LEGIBLE_PX, LEVEL_TOLERANCE, STAGE_FOVEA, Gist,
+                                     _is_int, combine, covered_share, fitting_level,
+                                     foveate_regions, gist, gist_to_grid, is_number, look_ink,
+                                     one_image, page_key, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
-from fovea_core.cascade.raster import coverage_raster
 from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
-__all__ = ["LEGIBLE_PX", "DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
-           "SURROUND", "covered_share", "cascade", "text_size_map", "text_heights",
-           "choose_level", "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
+__all__ = ["DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_budget",
+           "SURROUND", "cascade", "text_size_map", "text_heights", "choose_level",
+           "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
            "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
-           "SAFE_RESIZE_LEGIBLE", "fitting_level", "is_number", "check_fixation"]
+           "SAFE_RESIZE_LEGIBLE", "check_fixation", "PageBudget",
+           "check_cascade_options", "check_gist", "run_cascade"]
 
-#: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
-#: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
-#: 11 px: the reader still reads ~5-6 px text, but the size estimate errs by ~0.3 octave and
-#: a finer core loses little when the localiser is sure (see the training record)
-LEGIBLE_PX = 11.0
 #: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
 DEFAULT_GIST = 64
 
 
 def gist_budget_for(budget: int) -> int:
-    """The default gist budget for a total of ``budget`` tokens: ``DEFAULT_GIST`` at N = 273,
-    the same share (about 23 %) of any other N, at least 4 and leaving at least 1 token."""
-    return max(4, min(int(round(budget * DEFAULT_GIST / 273)), budget - 1))
+    """The default gist budget for a total of ``budget`` tokens: ``DEFAULT_GIST`` at N =
+    :data:`~fovea_core.allocators.base.DEFAULT_BUDGET` (273), the same share (about 23 %) of
+    any other N, at least 4 and leaving at least 1 token."""
+    return max(4, min(int(round(budget * DEFAULT_GIST / DEFAULT_BUDGET)), budget - 1))
 
 
 def budget_range(image_size: tuple[int, int], *, patch: int = 16, num_levels: int | None = None,
@@ -85,8 +82,8 @@ def budget_range(image_size: tuple[int, int], *, patch: int = 16, num_levels: in
     levels = default_num_levels(h, w, patch) if num_levels is None else int(num_levels)
     n = torch.arange(1, cells + 1, dtype=torch.int64)                    # candidate budgets
     if gist_budget is None:                                              # gist_budget_for(n)
-        g = torch.clamp(torch.minimum(torch.round(n.double() * DEFAULT_GIST / 273).long(),
-                                      n - 1), min=4)
+        g = torch.round(n.double() * DEFAULT_GIST / DEFAULT_BUDGET).long()
+        g = torch.clamp(torch.minimum(g, n - 1), min=4)
     else:
         g = torch.full_like(n, int(gist_budget))
     s, rows, cols = resize_scales((h, w), patch)          # rows * cols non-decreasing in s
@@ -99,27 +96,48 @@ def budget_range(image_size: tuple[int, int], *, patch: int = 16, num_levels: in
     return low, cells
 
 
+class PageBudget(int):
+    """A budget :func:`check_cascade_budget` has held to one page's range: an ``int`` whose
+    ``key`` (page size, patch, pyramid levels, gist budget) says for which. Checked again
+    for the same page it is returned as it is, so that one call checks its budget once
+    however many functions pass it on (:func:`fovea_core.foveate` checks it, the cascade it
+    runs does not again)."""
+
+    key: tuple
+
+
 def check_cascade_budget(budget: object, image_size: tuple[int, int], *, patch: int = 16,
                          num_levels: int | None = None, gist_budget: object = None,
-                         name: str = "cascade") -> int:
+                         name: str = "cascade") -> PageBudget:
     """The cascade's budget through the one budget check
     (:func:`~fovea_core.allocators.base.check_budget`) with its true range
-    (:func:`budget_range`); returns it as an int. A ``gist_budget`` that is not an int
-    >= 1 is left to :func:`cascade`'s own check (the range is then the default gist's).
+    (:func:`budget_range`); returns it as a :class:`PageBudget` (an int), which this check
+    passes as it is for the same page. A ``gist_budget`` that is not an int >= 1 is left to
+    :func:`cascade`'s own check (the range is then the default gist's).
 
     Raises:
         ValueError: ``"<name>: budget must be in [low, high] for a HxW page (...)"``,
             or ``"<name>: no budget fits ..."`` when the page cannot hold a gist and a fovea.
     """
+    from fovea_core.pyramid import default_num_levels
+
     h, w = (int(v) for v in image_size)
-    given = gist_budget if _is_int(gist_budget) and int(gist_budget) >= 1 else None
-    low, high = budget_range((h, w), patch=patch, num_levels=num_levels, gist_budget=given)
-    gist_of = "its gist" if given is None else f"its gist of gist_budget={int(given)}"
+    given = int(gist_budget) if _is_int(gist_budget) and int(gist_budget) >= 1 else None
+    levels = default_num_levels(h, w, patch) if num_levels is None else int(num_levels)
+    key = (h, w, int(patch), levels, given)
+    if isinstance(budget, PageBudget) and budget.key == key:
+        return budget
+    low, high = budget_range((h, w), patch=patch, num_levels=levels, gist_budget=given)
+    gist_of = "its gist" if given is None else f"its gist of gist_budget={given}"
     where = (f" for a {h}x{w} page ({math.ceil(h / patch)}x{math.ceil(w / patch)} patches of "
              f"{patch} px; the cascade needs {gist_of} plus at least one fovea token)")
-    return check_budget(budget, high, low=low, name=name, where=where,
-                        empty="the page cannot hold them; use a larger page or a smaller patch"
-                              + ("" if given is None else ", or a smaller gist_budget"))
+    out = PageBudget(check_budget(
+        budget, high, low=low, name=name, where=where,
+        empty="the page cannot hold them; use a larger page or a smaller patch"
+              + ("" if given is None else ", or a smaller gist_budget")))
+    out.key = key
+    return out
+
 #: share of the fovea's tokens read one octave coarser around the core (the "surround"); on
 #: the synthetic validation pages 0 and 0.5 tie (0.990 vs 0.988 kept, 32 pages), where the
 #: localiser is nearly always right; 0.5 hedges a localiser that is less sure (real pages)
@@ -193,80 +211,49 @@ def choose_level(g: Gist, loc: torch.Tensor, *, legible_px: float = LEGIBLE_PX,
     return (log_px - math.log2(legible_px)).clamp(min_level, top)
 
 
-def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step: int = 4
-                  ) -> torch.Tensor:
-    """``[B, Gh, Gw]``: share of each level-0 cell under some token footprint (a ``step``-px
-    raster, :func:`~fovea_core.cascade.raster.coverage_raster`, averaged per cell)."""
-    cov = coverage_raster(tokens, stages=None, step=step).float()          # [B, rh, rw]
-    k = patch // step
-    gh, gw = grid
-    cov = torch.nn.functional.pad(cov, (0, gw * k - cov.shape[-1], 0, gh * k - cov.shape[-2]))
-    return cov.view(cov.shape[0], gh, k, gw, k).mean((2, 4))
-
-
-def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
-    """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
-    (a small page read coarsely has fewer cells than the fovea has tokens)."""
-    def cells(lv: float) -> int:
-        side = patch * 2.0 ** lv
-        return math.ceil(image_size[0] / side - 1e-9) * math.ceil(image_size[1] / side - 1e-9)
-
-    if cells(0.0) < tokens:
-        raise ValueError(f"cascade: a {image_size[0]}x{image_size[1]} page has only {cells(0.0)} "
-                         f"level-0 cells for {tokens} fovea tokens; use a smaller budget")
-    if cells(level) >= tokens:
-        return level
-    lo, hi = 0.0, level                                     # cells(lo) >= tokens > cells(hi)
-    for _ in range(30):                                     # bisection on the level
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
-    return lo
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def is_number(x) -> bool:
-    """``x`` is a real number (Python or numpy, int or float) and not a bool: the check the
-    cascades' argument validation shares."""
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
-        x, (bool, np.bool_))
-
-
-def _check_args(budget, *, query, gist_budget, level, legible_px, surround, context,
-                context_weight) -> tuple[int, int | None]:
-    """Validate the cascade's keyword arguments; return ``(budget, gist_budget)`` as Python
-    ints (numpy integers accepted). Raises ``ValueError`` naming the argument and its range
-    (``TypeError`` for a ``query`` that is not a string). The budget's range is checked
-    before (:func:`check_cascade_budget`); here only that it is an int."""
-    budget = check_budget(budget, None, name="cascade")
+def check_cascade_options(*, query, gist_budget, budget: int, level, legible_px, surround,
+                          context, context_weight, name: str = "cascade") -> int | None:
+    """Validate the cascade's keyword arguments for a ``budget`` already checked
+    (:func:`check_cascade_budget`); return ``gist_budget`` as a Python int (numpy integers
+    accepted) or ``None``. Raises ``ValueError`` naming the argument and its range
+    (``TypeError`` for a ``query`` that is not a string), after ``name:``."""
     if gist_budget is not None:
         if not _is_int(gist_budget) or not 1 <= int(gist_budget) < budget:
-            raise ValueError(f"cascade: gist_budget must be None or an int in [1, {budget - 1}] "
+            raise ValueError(f"{name}: gist_budget must be None or an int in [1, {budget - 1}] "
                              f"(leaving the fovea at least one of budget = {budget}), got "
                              f"{gist_budget!r}")
         gist_budget = int(gist_budget)
     if query is not None and not isinstance(query, str):
-        raise TypeError(f"cascade: query must be a str or None, got {type(query).__name__}")
+        raise TypeError(f"{name}: query must be a str or None, got {type(query).__name__}")
     if not (isinstance(level, str) and level == "auto") and not (
             is_number(level) and math.isfinite(float(level))):
-        raise ValueError(f"cascade: level must be 'auto' or a finite number (a pyramid level), "
+        raise ValueError(f"{name}: level must be 'auto' or a finite number (a pyramid level), "
                          f"got {level!r}")
     if not is_number(legible_px) or not (math.isfinite(float(legible_px))
                                           and float(legible_px) > 0):
-        raise ValueError(f"cascade: legible_px must be a finite number > 0 (text height in "
+        raise ValueError(f"{name}: legible_px must be a finite number > 0 (text height in "
                          f"pixels), got {legible_px!r}")
     if not is_number(surround) or not 0.0 <= float(surround) < 1.0:
-        raise ValueError(f"cascade: surround must be in [0, 1), got {surround!r}")
+        raise ValueError(f"{name}: surround must be in [0, 1), got {surround!r}")
     if (not isinstance(context, (tuple, list)) or len(context) != 2
             or not all(_is_int(c) and c >= 0 for c in context)):
-        raise ValueError(f"cascade: context must be (rows, cols), two ints >= 0 (a half-window "
+        raise ValueError(f"{name}: context must be (rows, cols), two ints >= 0 (a half-window "
                          f"of neighbours), got {context!r}")
     if not is_number(context_weight) or not 0.0 <= float(context_weight) <= 1.0:
-        raise ValueError(f"cascade: context_weight must be a number in [0, 1] (the share of a "
+        raise ValueError(f"{name}: context_weight must be a number in [0, 1] (the share of a "
                          f"neighbour's mass a cell may borrow), got {context_weight!r}")
-    return budget, gist_budget
+    return gist_budget
+
+
+def check_gist(pyramid: Pyramid, g: Gist, gist_budget: int, patch: int) -> None:
+    """``ValueError`` unless ``g`` (a caller's ``gist_obj``) is this page's gist at
+    ``gist_budget``: its size and grid, and its page key where it has one."""
+    if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
+            resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
+        raise ValueError("cascade: gist_obj is not this page's gist at gist_budget")
+    if g.key and tuple(g.key) != tuple(page_key(pyramid)):
+        raise ValueError("cascade: gist_obj is the gist of another page (its page key differs "
+                         "from this pyramid's)")
 
 
 class CascadeParts(NamedTuple):
@@ -304,22 +291,15 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     page share it). On a page where ``resize_within`` sends the budget to ``resize``, the
     parts are the gist, ``resize``'s tokens, a flat map and ``resize``'s level; an image
     ``resize_below`` or ``resize_legible`` sends to ``resize`` keeps its localiser's map
-    (the one it was judged by) beside ``resize``'s tokens and level. ``size(gist, query) -> [B, Gh, Gw]``: log2
-    text heights (base pixels) per level-0 cell to read the level from instead of the
-    gist's estimate (NaN cells keep it), e.g. the oracle's
+    (the one it was judged by) beside ``resize``'s tokens and level.
+    ``size(gist, query) -> [B, Gh, Gw]``: log2 text heights (base pixels) per level-0 cell
+    to read the level from instead of the gist's estimate (NaN cells keep it), e.g. the
+    oracle's
     (:meth:`~fovea_book.eval.localisation.OracleLocaliser.text_size`) to measure what the
     estimate costs; it overrides a side channel's measurement where both are given."""
-    if resize_below is not None or resize_legible is not None:
-        below = 0.0 if resize_below is None else _check_below(resize_below)
-        legible = None if resize_legible is None else _check_legible(resize_legible)
-        parts = cascade_parts(pyramid, budget, query=query, gist_budget=gist_budget,
-                              localiser=localiser, level=level, legible_px=legible_px,
-                              surround=surround, context=context,
-                              context_weight=context_weight, patch=patch, gist_obj=gist_obj,
-                              side=side, fovea=fovea, resize_within=resize_within,
-                              size=size)
-        return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below,
-                              legible=legible, legible_px=legible_px)
+    below = 0.0 if resize_below is None else _check_below(resize_below)
+    legible = None if resize_legible is None else _check_legible(resize_legible)
+    within = None if resize_within is None else _check_within(resize_within)
     if side is not None and side not in SIDES:
         raise ValueError(f"cascade: side must be None or one of {SIDES}, got {side!r}")
     if fovea not in FOVEAE:
@@ -329,23 +309,41 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                          f"level='auto', got level={level!r}")
     budget = check_cascade_budget(budget, pyramid.image_size, patch=patch,
                                   num_levels=pyramid.num_levels, gist_budget=gist_budget)
-    budget, gist_budget = _check_args(budget, query=query, gist_budget=gist_budget,
-                                      level=level, legible_px=legible_px, surround=surround,
-                                      context=context, context_weight=context_weight)
+    gist_budget = check_cascade_options(query=query, gist_budget=gist_budget, budget=budget,
+                                        level=level, legible_px=legible_px, surround=surround,
+                                        context=context, context_weight=context_weight)
     gist_budget = gist_budget_for(budget) if gist_budget is None else gist_budget
+    if gist_obj is not None:
+        check_gist(pyramid, gist_obj, gist_budget, patch)
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
-    if g.image_size != tuple(pyramid.image_size) or g.budget != int(np.prod(
-            resize_grid(pyramid.image_size, gist_budget, patch)[:2])):
-        raise ValueError("cascade: gist_obj is not this page's gist at gist_budget")
-    if gist_obj is not None and gist_obj.key and tuple(gist_obj.key) != tuple(page_key(pyramid)):
-        raise ValueError("cascade: gist_obj is the gist of another page (its page key differs "
-                         "from this pyramid's)")
-    rest = budget - g.budget
-    if rest < 1:
+    if budget - g.budget < 1:
         raise ValueError(f"cascade: the gist uses {g.budget} of {budget} tokens and leaves "
                          "none for the fovea; use a smaller gist_budget")
+    parts = run_cascade(pyramid, g, int(budget), query=query, localiser=localiser, level=level,
+                        legible_px=legible_px, surround=surround, context=context,
+                        context_weight=context_weight, patch=patch, side=side, fovea=fovea,
+                        resize_within=within, size=size)
+    if resize_below is None and resize_legible is None:
+        return parts
+    return _resize_unsure(parts, pyramid, parts.tokens.budget, patch, below,
+                          legible=legible, legible_px=legible_px)
+
+
+def run_cascade(pyramid: Pyramid, g: Gist, budget: int, *, query: str | None,
+                localiser: str | Callable, level: float | str = "auto",
+                legible_px: float = LEGIBLE_PX, surround: float = SURROUND,
+                context: tuple[int, int] = (1, 2), context_weight: float = 0.5,
+                patch: int = 16, side: str | None = None, fovea: str = "core",
+                resize_within: float | None = None,
+                size: Callable[[Gist, "str | None"], torch.Tensor] | None = None
+                ) -> CascadeParts:
+    """The cascade's stages after its gist ``g``, on arguments :func:`cascade_parts` (or
+    a caller that ran its checks, such as the read-then-look cascade's first fixation)
+    already checked: localise, choose the level, place the fovea; ``budget - g.budget >=
+    1`` tokens for the fovea. Returns :class:`CascadeParts`."""
+    rest = budget - g.budget
     gh, gw = pyramid.grid_shape(patch, 0)
-    if resize_within is not None and gh * gw <= _check_within(resize_within) * budget:
+    if resize_within is not None and gh * gw <= resize_within * budget:
         return _as_resize(pyramid, g, budget, patch)
     loc = get_localiser(localiser)(g, query).float()
     if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
@@ -389,11 +387,11 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
     for b in range(pyramid.batch_size):                     # images may read different levels
         lv = float(levels[b])
         lv2 = min(lv + 1.0, g.level - 0.5)                  # the surround's level
-        n_sur = int(round(surround * rest)) if lv2 >= lv + 0.25 else 0
+        n_sur = int(round(surround * rest)) if lv2 >= lv + LEVEL_TOLERANCE else 0
         lv_core = fitting_level(lv, pyramid.image_size, rest - n_sur, patch)
         if n_sur:
             lv2 = fitting_level(lv2, pyramid.image_size, n_sur, patch)
-            if lv2 < lv_core + 0.25:    # a small page pushed both onto one grid: one stage
+            if lv2 < lv_core + LEVEL_TOLERANCE:    # a small page pushed both onto one grid
                 n_sur, lv_core = 0, fitting_level(lv, pyramid.image_size, rest, patch)
         n_core = rest - n_sur
         lv = levels[b] = lv_core
@@ -403,7 +401,7 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
             # the coarse look first, where the map points; the core then reads finely only
             # the cells it showed ink in, and those it did not show
             first = place_fovea(loc[b:b + 1], n_sur, level=lv2, **kw)
-            ink, seen = look_ink(_image(pyramid, b), first, patch=patch)
+            ink, seen = look_ink(one_image(pyramid, b), first, patch=patch)
             blank = seen & (ink < INK_MIN)
             core = place_fovea(torch.where(blank, BLANK_FLOOR, 1.0) * loc[b:b + 1], n_core,
                            level=lv, **kw)
@@ -514,14 +512,6 @@ def _as_resize(pyramid: Pyramid, g: Gist, budget: int, patch: int) -> CascadePar
     return CascadeParts(tokens, g, flat, torch.full((pyramid.batch_size,), float(level)))
 
 
-def _image(pyramid: Pyramid, b: int) -> Pyramid:
-    """Image ``b`` of ``pyramid`` as a pyramid of one (the pyramid itself when it holds one,
-    so that what is cached on it, such as the area sampler's table, is reused)."""
-    if pyramid.batch_size == 1:
-        return pyramid
-    return Pyramid(tuple(lv[b:b + 1] for lv in pyramid.levels))
-
-
 def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
              size_map: torch.Tensor | None, cost: SideCost | None, *, legible_px: float,
              context: tuple[int, int], context_weight: float, patch: int) -> CascadeParts:
@@ -553,11 +543,12 @@ def _regions(pyramid: Pyramid, g: Gist, loc: torch.Tensor, rest: int,
     return CascadeParts(tokens, g, loc, torch.stack(firsts), cost)
 
 
-def cascade(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
-            gist_budget: int | None = None, localiser: str | Callable = "learned",
-            level: float | str = "auto", legible_px: float = LEGIBLE_PX,
-            surround: float = SURROUND, context: tuple[int, int] = (1, 2),
-            context_weight: float = 0.5, fixation=None, seed: int = 0,
+def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
+            query: str | None = None, gist_budget: int | None = None,
+            localiser: str | Callable = "learned", level: float | str = "auto",
+            legible_px: float = LEGIBLE_PX, surround: float = SURROUND,
+            context: tuple[int, int] = (1, 2), context_weight: float = 0.5, fixation=None,
+            seed: int = 0,
             patch: int = 16, side: str | None = None, fovea: str = "core",
             resize_within: float | None = None, resize_below: float | None = None,
             resize_legible: float | None = None) -> TokenSet:

@@ -26,7 +26,8 @@ alone:
 
 :func:`~fovea_core.cascade.allocator.cascade` chains them; the token counts add up to
 exactly ``N`` and ``TokenSet.stage`` says where every token came from
-(:data:`STAGE_GIST` = 0, :data:`STAGE_FOVEA` = 1). It is registered as the allocator
+(:data:`STAGE_GIST` = 0, :data:`STAGE_FOVEA` = 1; a second fixation's tokens
+:data:`STAGE_SECOND` = 2). It is registered as the allocator
 ``"cascade"`` (:mod:`fovea_core.cascade.allocator`). The second look decides *where* to read
 finely from what the first look showed (ink or blank paper), never from what the text says:
 the cascade does not read, so it cannot tell which of the lines it found answers the
@@ -46,21 +47,44 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fovea_core.allocators.base import resolve_fixation, select
 from fovea_core.allocators.grid import resize_grid
+from fovea_core.cascade.raster import coverage_raster
 from fovea_core.pyramid import Pyramid
 from fovea_core.sample import sample, sample_positions
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "page_key", "overlap_matrix",
-           "gist_to_grid", "grid_mass", "fovea_grid", "place_fovea", "region_levels",
-           "foveate_regions", "look_ink", "INK_MIN", "combine", "Localiser"]
+__all__ = ["STAGE_GIST", "STAGE_FOVEA", "STAGE_SECOND", "Gist", "gist", "page_key",
+           "one_image", "overlap_matrix", "gist_to_grid", "grid_mass", "fovea_grid",
+           "place_fovea", "region_levels", "foveate_regions", "look_ink", "INK_MIN", "combine",
+           "select_tokens", "Localiser", "LEVEL_TOLERANCE", "SEEN_WEIGHT", "covered_share",
+           "discount_seen", "held_cells", "LEGIBLE_PX", "fitting_level", "is_number"]
 
-#: ``TokenSet.stage`` labels: the gist's tokens, the fovea's (core and surround)
-STAGE_GIST, STAGE_FOVEA = 0, 1
+#: ``TokenSet.stage`` labels: the gist's tokens, the fovea's (core and surround), and a
+#: second fixation's (the read-then-look cascade's, the processor's two fixations)
+STAGE_GIST, STAGE_FOVEA, STAGE_SECOND = 0, 1, 2
+#: two levels less than this many octaves apart read the same detail: a surround needs to be
+#: at least this much coarser than its core to be a stage of its own, and an earlier token
+#: at most this much coarser than a later fixation's level counts as having read its cells
+#: (:func:`discount_seen`); a quarter octave, a prior, not fitted
+LEVEL_TOLERANCE = 0.25
+#: the share of its mass a cell keeps in a later fixation's map when an earlier fixation
+#: already read it at least as finely (:func:`discount_seen`): none, what was read is not read
+#: again (cells with no mass left are ranked by the caller's own rule, e.g. the read-then-look
+#: cascade's nearness to the mass); a prior, not fitted
+SEEN_WEIGHT = 0.0
+
+
+def one_image(pyramid: Pyramid, b: int) -> Pyramid:
+    """Image ``b`` of ``pyramid`` as a pyramid of one (the pyramid itself when it holds one,
+    so that what is cached on it, such as the area sampler's table, is reused)."""
+    if pyramid.batch_size == 1:
+        return pyramid
+    return Pyramid(tuple(lv[b:b + 1] for lv in pyramid.levels))
 
 
 def page_key(pyramid: Pyramid) -> list[str]:
@@ -245,6 +269,43 @@ def fovea_grid(image_size: tuple[int, int], level: float, patch: int = 16
     h, w = image_size
     side = patch * 2.0 ** level
     return math.ceil(h / side - 1e-9), math.ceil(w / side - 1e-9), side
+
+
+# ----------------------------------------------------------------------------- the level
+#: text height (base pixels at the level read) the fovea's core aims for. Chosen on held-out
+#: synthetic validation pages (papers and receipts, never an evaluated page) among 6, 8 and
+#: 11 px: the reader still reads ~5-6 px text, but the size estimate errs by ~0.3 octave and
+#: a finer core loses little when the localiser is sure (see the training record)
+LEGIBLE_PX = 11.0
+
+def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch: int) -> float:
+    """``level``, or the coarsest level below it whose grid has at least ``tokens`` cells
+    (a small page read coarsely has fewer cells than the fovea has tokens)."""
+    def cells(lv: float) -> int:
+        side = patch * 2.0 ** lv
+        return math.ceil(image_size[0] / side - 1e-9) * math.ceil(image_size[1] / side - 1e-9)
+
+    if cells(0.0) < tokens:
+        raise ValueError(f"cascade: a {image_size[0]}x{image_size[1]} page has only {cells(0.0)} "
+                         f"level-0 cells for {tokens} fovea tokens; use a smaller budget")
+    if cells(level) >= tokens:
+        return level
+    lo, hi = 0.0, level                                     # cells(lo) >= tokens > cells(hi)
+    for _ in range(30):                                     # bisection on the level
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
+    return lo
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def is_number(x) -> bool:
+    """``x`` is a real number (Python or numpy, int or float) and not a bool: the check the
+    cascades' argument validation shares."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(
+        x, (bool, np.bool_))
 
 
 def _context(mass: torch.Tensor, context: tuple[int, int], weight: float) -> torch.Tensor:
@@ -436,6 +497,62 @@ def combine(parts: list[TokenSet], fixation: torch.Tensor | None = None) -> Toke
                     torch.cat([p.levels for p in parts], 1),
                     torch.cat([p.scores for p in parts], 1), fix, first.image_size,
                     first.patch, torch.cat([p.stage for p in parts], 1))
+
+
+def select_tokens(tokens: TokenSet, keep: torch.Tensor) -> TokenSet:
+    """The tokens of a one-image ``tokens`` ``[1, N]`` where ``keep`` ``[N]`` (bool) is
+    True, stages kept ``[1, K]``."""
+    return TokenSet(tokens.centers[:, keep], tokens.levels[:, keep], tokens.scores[:, keep],
+                    tokens.fixations, tokens.image_size, tokens.patch,
+                    None if tokens.stage is None else tokens.stage[:, keep])
+
+
+# ----------------------------------------------------------------------------- what was read
+def covered_share(tokens: TokenSet, grid: tuple[int, int], patch: int = 16, step: int = 4
+                  ) -> torch.Tensor:
+    """``[B, Gh, Gw]``: share of each level-0 cell under some token footprint (a ``step``-px
+    raster, :func:`~fovea_core.cascade.raster.coverage_raster`, averaged per cell)."""
+    cov = coverage_raster(tokens, stages=None, step=step).float()          # [B, rh, rw]
+    k = patch // step
+    gh, gw = grid
+    cov = torch.nn.functional.pad(cov, (0, gw * k - cov.shape[-1], 0, gh * k - cov.shape[-2]))
+    return cov.view(cov.shape[0], gh, k, gw, k).mean((2, 4))
+
+
+def discount_seen(scores: torch.Tensor, seen: TokenSet, level: float, *, patch: int = 16,
+                  weight: float = SEEN_WEIGHT) -> torch.Tensor:
+    """The one rule for what an earlier fixation read: ``scores`` ``[1, Gh, Gw]`` (a later
+    fixation's map, on the level-0 grid) times ``1 - (1 - weight) * covered``, ``covered``
+    the share of each cell under the ``seen`` tokens (one image, ``[1, K]``) whose level is
+    at most ``level + LEVEL_TOLERANCE`` (:data:`LEVEL_TOLERANCE`): the cells an earlier
+    fixation read at least as finely as the later one reads at ``level`` keep ``weight`` of
+    their mass (default :data:`SEEN_WEIGHT`, none; 1: the map as it is). Used by the
+    read-then-look cascade (:mod:`fovea_core.cascade.reading`) and the processor's two
+    fixations (:class:`~fovea_core.vlm.processor.SecondFixationMap`). Returns a new map of
+    ``scores``' dtype; ``scores`` itself when nothing is discounted."""
+    fine = seen.levels[0] <= level + LEVEL_TOLERANCE
+    if float(weight) >= 1.0 or not bool(fine.any()):
+        return scores
+    cov = covered_share(select_tokens(seen, fine), tuple(scores.shape[-2:]), patch).to(scores)
+    return scores * (1.0 - cov if float(weight) == 0.0 else 1.0 - (1.0 - float(weight)) * cov)
+
+
+def held_cells(first: TokenSet, level: float, image_size: tuple[int, int], patch: int = 16
+               ) -> torch.Tensor:
+    """``[nr, nc]`` bool on the level-``level`` grid (:func:`fovea_grid`): the cells where a
+    token of ``first`` (one image) already sits at that level, i.e. the same token
+    (:func:`~fovea_core.tokens.token_keys`); a later fixation placed with
+    ``exclude=`` these (:func:`place_fovea`) never repeats one."""
+    nr, nc, side = fovea_grid(image_size, level, patch)
+    out = torch.zeros(nr, nc, dtype=torch.bool)
+    same = (torch.round(first.levels[0].double() * LEVEL_QUANTUM)
+            == round(level * LEVEL_QUANTUM))
+    if bool(same.any()):
+        xy = first.centers_px()[0][same].double()
+        col = (xy[:, 0] / side).floor().long().clamp(0, nc - 1)
+        row = (xy[:, 1] / side).floor().long().clamp(0, nr - 1)
+        out[row, col] = True
+    return out
 
 
 #: a localiser maps the gist (and the question, or ``None``) to a non-negative score map on

@@ -7,32 +7,35 @@ where the answer probably is, reads what it sees there ("TOTAL", a date, the ite
 question names) and looks again where the answer lies *relative to* what it read. This
 module spends the N tokens that way, registered as the allocator ``"cascade_read"``:
 
-1. **fixation 1** -- the gist and a first fovea from the localiser (the learned one by
-   default), exactly the one-fixation cascade
-   (:func:`~fovea_core.cascade.allocator.cascade_parts`) at about ``first_share * N``
+1. **fixation 1** (:func:`first_fixation`) -- the gist and a first fovea from the localiser
+   (the learned one by default), exactly the one-fixation cascade's stages
+   (:func:`~fovea_core.cascade.allocator.run_cascade`) at about ``first_share * N``
    tokens (:data:`FIRST_SHARE`, :func:`split_budget`), the gist being that of the whole
-   N (:func:`~fovea_core.cascade.allocator.gist_budget_for`);
-2. **reading** -- the view those tokens make (:func:`first_view`:
+   N (:func:`~fovea_core.cascade.allocator.gist_budget_for`); under the glance rule
+   (:func:`glance_images`) a glance, the whole page at most of N, instead;
+2. **reading** (:func:`read_fixation`) -- the view those tokens make (:func:`first_view`:
    :func:`~fovea_core.sample.render` of their patches over their mean colour, so no pixel
-   outside them) is read by
-   the OCR the core already has (RapidOCR detection + recognition,
-   :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, which caches each
-   read by a SHA-1 of the view's bytes in memory and on disk), and the question is matched
-   to the lines read (:func:`match_lines`: a key of the question such as "DATE" or "TOTAL",
-   a pattern the question implies such as a date or an amount, or another word of the
-   question); the best matches become a map on the level-0 patch grid (:func:`read_map`),
-   with the mass where the answer lies relative to each match (:class:`AnswerGeometry`:
-   for a key, to its right along its row and on the line just below);
-3. **fixation 2** -- the rest of N on that map with the cascade's own placement
-   (:func:`~fovea_core.cascade.core.place_fovea`, at the level
+   outside them) is read by the OCR the core already has (RapidOCR detection +
+   recognition, :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, which
+   caches each read by a SHA-1 of the view's bytes in memory and on disk), and the question
+   is matched to the lines read (:func:`match_lines`: a key of the question such as "DATE"
+   or "TOTAL", a pattern the question implies such as a date or an amount, or another word
+   of the question); the best matches become a map on the level-0 patch grid
+   (:func:`read_map`), with the mass where the answer lies relative to each match
+   (:class:`AnswerGeometry`: for a key, to its right along its row and on the line just
+   below);
+3. **the second map** (:func:`second_map`) -- that map, or the localiser's when nothing
+   matched (no question, nothing to look for in it, nothing read, no line matches; the
+   parts say so: :attr:`Reading.path`, :attr:`Reading.reason`);
+4. **fixation 2** (:func:`second_fixation`) -- the rest of N on that map with the cascade's
+   own placement (:func:`~fovea_core.cascade.core.place_fovea`, at the level
    :func:`~fovea_core.cascade.allocator.choose_level` gives it), less what fixation 1
-   already read at that scale; when nothing matched (no question, nothing to look for in
-   it, nothing read, no line matches) it follows the localiser's map instead, and the
-   parts say so (:attr:`Reading.path`, :attr:`Reading.reason`).
+   already read at that scale (:func:`~fovea_core.cascade.core.discount_seen`, the one rule
+   the processor's two fixations follow too).
 
 ``TokenSet.stage`` is 0 for the gist, 1 for the first fovea (its core and surround) and
-:data:`STAGE_SECOND` = 2 for the second fixation; the token counts add up to exactly N and
-no two tokens share level and centre.
+:data:`~fovea_core.cascade.core.STAGE_SECOND` = 2 for the second fixation; the token counts
+add up to exactly N and no two tokens share level and centre.
 
 **Cost.** Every pixel the method looks at is carried by its own tokens: the reading reads
 fixation 1's view, made of N-budget tokens only, and the localiser reads the gist. It is
@@ -47,7 +50,8 @@ a key that was read) and :data:`FIRST_SHARE` (fixation 1's share of N) are read 
 ``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which
 ``python -m fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of
 the training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
-question names nearest to the field's printed value), summarised by :func:`fit_geometry`;
+question names nearest to the field's printed value), summarised by that module's
+``fit_geometry``;
 the share by the reading score of the training pages the localiser never saw. Nothing was
 fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and :data:`PRIOR_FIRST_SHARE` are the
 hand-set values they replace (the fit's baseline). The match weights,
@@ -75,33 +79,33 @@ import numpy as np
 import torch
 
 from fovea_core.allocators.grid import resize_grid
+from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.allocators.registry import allocate_parts, check_fixation, register
-from fovea_core.cascade.allocator import (LEGIBLE_PX, SURROUND, CascadeParts,
-                                          cascade_parts, check_cascade_budget, choose_level,
-                                          covered_share, fitting_level, gist_budget_for,
-                                          is_number, map_confidence, reads_nothing_else,
-                                          text_size_map)
-from fovea_core.cascade.core import Gist, combine, fovea_grid, gist, place_fovea
+from fovea_core.cascade.allocator import (SURROUND, CascadeParts, check_cascade_budget,
+                                          check_cascade_options, check_gist, choose_level,
+                                          gist_budget_for, map_confidence, reads_nothing_else,
+                                          run_cascade, text_size_map)
+from fovea_core.cascade.core import (LEGIBLE_PX, STAGE_SECOND, Gist, combine, discount_seen,
+                                     fitting_level, fovea_grid, gist, held_cells, is_number,
+                                     one_image, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
-from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
+from fovea_core.tokens import TokenSet
 
 __all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance",
            "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
-           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "PAIR_CLASSES", "X_EDGES", "Y_EDGES",
-           "pair_offsets", "fit_geometry",
-           "geometry_to_dict", "geometry_from_dict", "fitted_path", "load_fitted", "FITTED",
+           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_to_dict", "geometry_from_dict",
+           "fitted_path", "load_fitted", "FITTED",
            "KEY_WORDS", "STOP_WORDS", "DATE_CUES", "AMOUNT_CUES", "DATE_RE", "AMOUNT_RE",
            "Cues", "question_cues", "Match", "char_span", "match_lines", "read_map",
            "first_view",
-           "read_view", "Reading", "ReadingParts", "split_budget", "reading_parts",
+           "read_view", "Reading", "ReadingParts", "split_budget", "first_fixation",
+           "read_fixation", "second_map", "second_fixation", "glance_images", "reading_parts",
            "cascade_read"]
 
 #: the registered name of the read-then-look cascade
 NAME = "cascade_read"
-#: ``TokenSet.stage`` of the second fixation's tokens (the gist is 0, the first fovea 1)
-STAGE_SECOND = 2
 #: the hand-set share of N spent by fixation 1 (gist + first fovea; the rest is fixation
 #: 2's): half to find and read, half to look again. The fit's baseline; the default,
 #: :data:`FIRST_SHARE`, is fitted (:func:`load_fitted`)
@@ -161,8 +165,8 @@ class AnswerGeometry:
             it vertically (so that the fovea holds the whole string).
 
     The default, :data:`DEFAULT_GEOMETRY`, has its rects fitted on the training pages'
-    key-answer pairs (:func:`fit_geometry`); its ``presence_floor`` and ``pattern_pad`` are
-    documented priors.
+    key-answer pairs (:func:`fovea_book.eval.reading_fit.fit_geometry`); its
+    ``presence_floor`` and ``pattern_pad`` are documented priors.
     """
 
     rects: tuple[Rect, ...]
@@ -189,120 +193,6 @@ PRIOR_GEOMETRY = AnswerGeometry((
     Rect("right", 0.0, math.inf, -0.1, 1.1, 1.0),
     Rect("left", -0.5, 16.0, 1.0, 2.2, 0.5),
 ))
-
-
-# ----------------------------------------------------------------------------- the fit
-#: the two frames a key-answer pair is measured in, by the vertical centre ``c`` of the
-#: answer's box in the key's line heights from the top of the key's line: ``"row"``
-#: (``0 <= c <= 1``: on the key's line, measured from the key's right end) and ``"off"``
-#: (above or below it, measured from the key's left end), with each frame's anchor
-PAIR_CLASSES = {"row": "right", "off": "left"}
-#: the geometry histogram's bins, in the key's line heights: ``x`` from the frame's anchor,
-#: ``y`` from the top of the key's line (per frame)
-X_EDGES = tuple(float(v) for v in np.arange(-8.0, 40.0 + 1e-9, 2.0))
-Y_EDGES = {"row": tuple(float(v) for v in np.arange(-0.5, 1.5 + 1e-9, 0.5)),
-           "off": tuple(float(v) for v in np.arange(-4.0, 10.0 + 1e-9, 1.0))}
-
-
-def pair_offsets(anchors: np.ndarray, answers: np.ndarray) -> np.ndarray:
-    """``[P, 6]`` float64: where each answer lies relative to its key, in the key's line
-    heights.
-
-    Args:
-        anchors: ``[P, 4]`` the matched key's span ``(x0, y0, x1, y1)`` (:attr:`Match.span`:
-            its height is the line's, the unit).
-        answers: ``[P, 4]`` the answer's box ``(x0, y0, x1, y1)``, same pixels.
-
-    Returns:
-        Columns ``(xr0, xr1, xl0, xl1, y0, y1)``: the answer's left and right edges from the
-        key's right end, then from its left end, and its top and bottom from the top of the
-        key's line, each divided by the key's line height.
-
-    Raises:
-        ValueError: shapes that are not ``[P, 4]`` alike, or a key of zero height.
-    """
-    a = np.asarray(anchors, np.float64)
-    b = np.asarray(answers, np.float64)
-    if a.ndim != 2 or a.shape[1:] != (4,) or a.shape != b.shape:
-        raise ValueError(f"anchors and answers must both be [P, 4], got {a.shape} and {b.shape}")
-    h = a[:, 3] - a[:, 1]
-    if (h <= 0).any():
-        raise ValueError(f"{int((h <= 0).sum())} key span(s) with zero or negative height")
-    x = b[:, [0, 2]]
-    return np.column_stack([(x - a[:, 2:3]) / h[:, None], (x - a[:, 0:1]) / h[:, None],
-                            (b[:, [1, 3]] - a[:, 1:2]) / h[:, None]])
-
-
-def _bin_overlap(lo: np.ndarray, hi: np.ndarray, edges: Sequence[float]) -> np.ndarray:
-    """``[P, B]``: length of each interval ``[lo, hi]`` ``[P]`` inside each bin of ``edges``."""
-    e = np.asarray(edges, np.float64)
-    return np.clip(np.minimum(hi[:, None], e[None, 1:]) - np.maximum(lo[:, None], e[None, :-1]),
-                   0.0, None)
-
-
-def fit_geometry(offsets: np.ndarray, *, mass: float = 0.9, presence_floor: float = 0.5,
-                 pattern_pad: float = 0.5) -> tuple[AnswerGeometry, dict]:
-    """The :class:`AnswerGeometry` of key-answer pairs (:func:`pair_offsets`): a histogram
-    of where the answers lie.
-
-    Each pair is measured in its frame of :data:`PAIR_CLASSES` (its answer's vertical
-    centre on the key's line: from the key's right end; else from its left end) and spreads
-    a unit mass evenly over its answer's box; the mass falling in each bin of
-    :data:`X_EDGES` x :data:`Y_EDGES` over all pairs, divided by the bin's area, is the
-    bin's density (answers per squared line height). The densest bins holding ``mass`` of
-    the mass inside the bins become the rects, each weighted by its density over the
-    largest (so a cell's mass in :func:`read_map` is proportional to how often answers lie
-    there). ``presence_floor`` and ``pattern_pad`` are passed through (not fitted here).
-
-    Returns:
-        ``(geometry, summary)``; ``summary`` gives ``pairs``, per frame its ``pairs`` and
-        ``share``, ``outside`` (the share of the mass beyond the bins) and ``kept`` (of the
-        mass inside them, the share the rects hold) and ``rects`` (how many).
-
-    Raises:
-        ValueError: ``offsets`` not ``[P, 6]`` with ``P >= 1`` finite rows, an answer of no
-            width or height, or ``mass`` outside ``(0, 1]``.
-    """
-    o = np.asarray(offsets, np.float64)
-    if o.ndim != 2 or o.shape[1] != 6 or o.shape[0] < 1 or not np.isfinite(o).all():
-        raise ValueError(f"offsets must be [P, 6] finite with P >= 1, got {o.shape}")
-    if ((o[:, 1] <= o[:, 0]) | (o[:, 5] <= o[:, 4])).any():
-        raise ValueError("every answer box needs a positive width and height")
-    if not 0.0 < mass <= 1.0:
-        raise ValueError(f"mass must be in (0, 1], got {mass!r}")
-    centre = o[:, 4:6].mean(1)
-    in_row = (centre >= 0) & (centre <= 1)
-    cols: dict[str, list] = {k: [] for k in ("anchor", "x0", "x1", "y0", "y1", "mass", "density")}
-    summary: dict = {"pairs": int(len(o)), "classes": {}}
-    for name, anchor in PAIR_CLASSES.items():
-        sel = o[in_row if name == "row" else ~in_row]
-        summary["classes"][name] = {"pairs": int(len(sel)), "share": len(sel) / len(o)}
-        if not len(sel):
-            continue
-        x = sel[:, 0:2] if anchor == "right" else sel[:, 2:4]
-        ox = _bin_overlap(x[:, 0], x[:, 1], X_EDGES) / (x[:, 1] - x[:, 0])[:, None]
-        oy = _bin_overlap(sel[:, 4], sel[:, 5], Y_EDGES[name]) / (sel[:, 5] - sel[:, 4])[:, None]
-        m = np.einsum("px,py->yx", ox, oy) / len(o)                          # [By, Bx]
-        ye, xe = np.asarray(Y_EDGES[name]), np.asarray(X_EDGES)
-        i, j = np.nonzero(m > 0)                                             # bins with mass
-        for k, v in (("anchor", np.full(len(i), anchor)), ("x0", xe[j]), ("x1", xe[j + 1]),
-                     ("y0", ye[i]), ("y1", ye[i + 1]), ("mass", m[i, j]),
-                     ("density", m[i, j] / (np.diff(ye)[i] * np.diff(xe)[j]))):
-            cols[k].append(v)
-    b = {k: np.concatenate(v) for k, v in cols.items()}
-    order = np.argsort(-b["density"], kind="stable")                         # densest first
-    inside = float(b["mass"].sum())
-    cum = np.cumsum(b["mass"][order])
-    keep = order[:int(np.searchsorted(cum, mass * inside - 1e-12)) + 1]
-    weight = b["density"][keep] / b["density"][keep[0]]
-    geometry = AnswerGeometry(tuple(
-        Rect(str(b["anchor"][k]), float(b["x0"][k]), float(b["x1"][k]), float(b["y0"][k]),
-             float(b["y1"][k]), float(w)) for k, w in zip(keep, weight)),
-        presence_floor=presence_floor, pattern_pad=pattern_pad)
-    summary.update(outside=1.0 - inside, kept=float(b["mass"][keep].sum() / inside),
-                   rects=len(keep), mass=mass,
-                   x_edges=list(X_EDGES), y_edges={k: list(v) for k, v in Y_EDGES.items()})
-    return geometry, summary
 
 
 def geometry_to_dict(g: AnswerGeometry) -> dict:
@@ -347,6 +237,10 @@ def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
     return geometry_from_dict(record.get("geometry") or {}), float(share)
 
 
+# DEFAULT_GEOMETRY: where an answer lies relative to a key that was read; FIRST_SHARE: the
+# share of N this cascade's fixation 1 spends (gist + first fovea). Both fitted on training
+# pages by ``python -m fovea_book.eval.reading_fit`` and loaded from its record; FIRST_SHARE
+# is not the processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
 try:
     DEFAULT_GEOMETRY, FIRST_SHARE = load_fitted()
     FITTED = True
@@ -694,10 +588,11 @@ def _same_tokens(a: TokenSet, b: TokenSet) -> bool:
 
 def read_view(view: torch.Tensor) -> TextRead:
     """OCR of one rendered view ``[1, C, h, w]``: every line detected and recognised, boxes
-    in the view's pixels (:func:`reading_parts` scales them to the page's), of any confidence (:data:`MATCH_MIN_CONF` applies when
-    matching). Through :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``,
-    whose caches (memory and disk, :func:`fovea_core.paths.cache_dir`) key the read by a SHA-1
-    of the view's bytes. Tests replace this function to read what they choose."""
+    in the view's pixels (:func:`read_fixation` scales them to the page's), of any confidence
+    (:data:`MATCH_MIN_CONF` applies when matching). Through
+    :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, whose caches
+    (memory and disk, :func:`fovea_core.paths.cache_dir`) key the read by a SHA-1 of the
+    view's bytes. Tests replace this function to read what they choose."""
     from fovea_core.importance.query import read_page
 
     return read_page(view, coarse_level=0, min_conf=0.0).reads[0]
@@ -728,8 +623,9 @@ class Reading:
             when the view was not read).
         matches: the kept :class:`Match` es, best first.
         ocr_ms: wall milliseconds of the OCR of the view (near 0 on a cache hit; 0 when
-            not read; the render of the view is not counted). In the real-model design this is the model's prefill and
-            decode of fixation 1's tokens, which the book costs separately.
+            not read; the render of the view is not counted). In the real-model design this
+            is the model's prefill and decode of fixation 1's tokens, which the book costs
+            separately.
         view_pixels: pixels of the view read (its ``h * w``, at the scale of fixation 1's
             finest token, :func:`view_scale`; 0 when not read).
         first_tokens: tokens of fixation 1 (gist + first fovea).
@@ -783,12 +679,18 @@ class ReadingParts(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- budget
-def split_budget(budget: int, gist_tokens: int, first_share: float) -> tuple[int, int]:
+def split_budget(budget: int, gist_tokens: int, first_share: float,
+                 gist_budget: int | None = None) -> tuple[int, int]:
     """``(first fovea, second fixation)`` token counts for ``budget`` tokens of which the
     gist uses ``gist_tokens``: fixation 1 (gist + first fovea) gets ``round(first_share *
     budget)`` tokens, clipped so that both foveae get at least one. A budget that leaves
     a single token after the gist gives it to fixation 2 (fixation 1 is then the gist
-    alone, read as it is); one that leaves none raises ``ValueError`` naming ``budget``."""
+    alone, read as it is); one that leaves none raises ``ValueError`` naming ``budget``.
+
+    ``gist_budget``: the gist's nominal budget, when its grid holds fewer cells
+    (``gist_tokens``); fixation 1, a cascade whose gist counts at that budget, then spends
+    at least ``gist_budget + 1`` tokens (the grid's leftover cells go to its first fovea),
+    and a budget that leaves fixation 2 nothing after that raises ``ValueError``."""
     rest = budget - gist_tokens
     if rest < 1:
         raise ValueError(f"{NAME}: budget = {budget} is too small for two fixations: the gist "
@@ -797,6 +699,12 @@ def split_budget(budget: int, gist_tokens: int, first_share: float) -> tuple[int
         return 0, 1
     first = int(round(first_share * budget)) - gist_tokens
     first = min(max(first, 1), rest - 1)
+    short = 0 if gist_budget is None else gist_budget + 1 - (gist_tokens + first)
+    if short > 0:
+        if rest - first - short < 1:
+            raise ValueError(f"{NAME}: budget = {budget} leaves no second fixation after a "
+                             f"gist of gist_budget={gist_budget} and one first-fovea token")
+        first += short
     return first, rest - first
 
 
@@ -816,6 +724,17 @@ def _check_args(first_share, geometry, side, fovea) -> float:
     return float(first_share)
 
 
+def _check_glance(below, share) -> tuple[float, float]:
+    """``(glance_below, glance_share)`` as floats (``ValueError`` naming the one out of range)."""
+    if not is_number(below) or not 0.0 <= float(below) <= 1.0:
+        raise ValueError(f"{NAME}: glance_below must be a number in [0, 1] (a map confidence, "
+                         f"map_confidence; 0: never glance), got {below!r}")
+    if not is_number(share) or not 0.0 < float(share) < 1.0:
+        raise ValueError(f"{NAME}: glance_share must be a number in (0, 1) (the glance's share "
+                         f"of N), got {share!r}")
+    return float(below), float(share)
+
+
 def _unit(m: torch.Tensor) -> torch.Tensor:
     """``m`` divided by its sum (a map with no mass stays zero)."""
     return m / m.sum().clamp(min=1e-12)
@@ -832,20 +751,68 @@ def _spread(m: torch.Tensor, sigma: float) -> torch.Tensor:
     return x[:, 0]
 
 
-def _duplicates(first: TokenSet, level: float, image_size: tuple[int, int], patch: int
-                ) -> torch.Tensor:
-    """``[nr, nc]`` bool on the level-``level`` grid: cells where a token of ``first`` (one
-    image) already sits at that level (the same token, :func:`~fovea_core.tokens.token_keys`)."""
-    nr, nc, side = fovea_grid(image_size, level, patch)
-    out = torch.zeros(nr, nc, dtype=torch.bool)
-    same = (torch.round(first.levels[0].double() * LEVEL_QUANTUM)
-            == round(level * LEVEL_QUANTUM))
-    if bool(same.any()):
-        xy = first.centers_px()[0][same].double()
-        col = (xy[:, 0] / side).floor().long().clamp(0, nc - 1)
-        row = (xy[:, 1] / side).floor().long().clamp(0, nr - 1)
-        out[row, col] = True
-    return out
+# ----------------------------------------------------------------------------- the steps
+def first_fixation(pyramid: Pyramid, g: Gist, n_first: int, *, query: str | None,
+                   localiser: str | Callable, level: float | str, legible_px: float,
+                   surround: float, context: tuple[int, int], context_weight: float,
+                   patch: int) -> CascadeParts:
+    """Step 1: the gist ``g`` and a first fovea of ``n_first`` tokens, the one-fixation
+    cascade's stages (:func:`~fovea_core.cascade.allocator.run_cascade`); with
+    ``n_first = 0`` the gist alone, beside the localiser's map (a map with no mass read as
+    flat, as the cascade reads it)."""
+    if n_first:
+        return run_cascade(pyramid, g, g.budget + n_first, query=query, localiser=localiser,
+                           level=level, legible_px=legible_px, surround=surround,
+                           context=context, context_weight=context_weight, patch=patch)
+    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
+    flat = loc.flatten(1).sum(1) <= 0
+    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+    return CascadeParts(g.tokens, g, loc, torch.full((pyramid.batch_size,), g.level))
+
+
+def read_fixation(pyramid: Pyramid, first: TokenSet, query: str | None, *,
+                  geometry: AnswerGeometry, patch: int) -> tuple[tuple[Reading, ...],
+                                                                 torch.Tensor]:
+    """Step 2, the reading: per image, the OCR of the view ``first``'s tokens make
+    (:func:`first_view`, :func:`read_view`; not read when the question has no cue), the
+    kept matches (:func:`match_lines`, :func:`best_matches`) and their map
+    (:func:`read_map`). Returns one :class:`Reading` per image (its path ``"read"`` where
+    the map has mass) and the read maps ``[B, Gh, Gw]`` (zero where nothing matched). A
+    loop over the images of the batch, never over tokens."""
+    size = tuple(pyramid.image_size)
+    cues = question_cues(query)
+    views = first_view(pyramid, first) if cues else None
+    readings, maps = [], []
+    for b in range(pyramid.batch_size):                   # each page read on its own
+        lines = TextRead(np.zeros((0, 4), np.float32), (), np.zeros(0, np.float32))
+        ms, pixels, kept = 0.0, 0, []
+        if not cues:                # nothing to match: the view is not read at all
+            reason = "no question" if not query else "no cue"
+        else:
+            t0 = time.perf_counter()
+            lines = _in_page_pixels(read_view(views[b:b + 1]), views.shape[-2:], size)
+            ms = (time.perf_counter() - t0) * 1e3
+            pixels = int(views.shape[-2] * views.shape[-1])
+            kept = best_matches(match_lines(query, lines, size, geometry=geometry))
+            reason = "" if kept else ("nothing read" if len(lines.texts) == 0 else "no match")
+        rm = read_map(kept, lines, size, patch=patch, geometry=geometry)[None]
+        path = "read" if kept and float(rm.sum()) > 0 else "localiser"
+        readings.append(Reading(path, reason or ("" if path == "read" else "no match"), lines,
+                                tuple(kept), ms, pixels, first.budget))
+        maps.append(rm)
+    return tuple(readings), torch.cat(maps)
+
+
+def second_map(read: torch.Tensor, localiser: torch.Tensor) -> torch.Tensor:
+    """Step 3: the map fixation 2 follows (``[1, Gh, Gw]``): the read map ``read`` with
+    :data:`LOCALISER_SHARE` of the ``localiser``'s (a hedge where the reading's map has
+    fewer cells than fixation 2 has tokens), or the localiser's alone when nothing was
+    read; plus :data:`SPREAD_SHARE` of itself blurred (:data:`SPREAD_SIGMA`), so that
+    cells with no mass are ranked by their nearness to the mass, not row-major from the
+    page's corner, once the mass fixation 1 did not read is spent."""
+    m = (_unit(read) + LOCALISER_SHARE * _unit(localiser) if float(read.sum()) > 0
+         else _unit(localiser))
+    return m + SPREAD_SHARE * _unit(_spread(m, SPREAD_SIGMA))
 
 
 def _second_level(g: Gist, m: torch.Tensor, heights: torch.Tensor, n: int, first: TokenSet,
@@ -853,18 +820,65 @@ def _second_level(g: Gist, m: torch.Tensor, heights: torch.Tensor, n: int, first
     """Fixation 2's level (:func:`choose_level` on its map ``m`` ``[1, Gh, Gw]`` with this
     image's text heights ``heights`` ``[1, Gh, Gw]``, at most half an octave finer than the
     gist, fine enough for ``n`` tokens besides the cells fixation 1 holds there) and those
-    cells."""
+    cells (:func:`~fovea_core.cascade.core.held_cells`)."""
     lv = float(choose_level(g, m, legible_px=legible_px, size_map=heights)[0])
     lv = min(lv, max(g.level - 0.5, 0.0))
     for _ in range(4):                          # the held cells shrink the grid; settle
         lv = fitting_level(lv, image_size, n, patch)
-        dup = _duplicates(first, lv, image_size, patch)
+        dup = held_cells(first, lv, image_size, patch)
         need = n + int(dup.sum())
         nr, nc, _ = fovea_grid(image_size, lv, patch)
         if nr * nc >= need:
             return lv, dup
         n = need
     raise ValueError(f"{NAME}: the page has no grid with room for {n} second-fixation tokens")
+
+
+def second_fixation(g: Gist, m: torch.Tensor, heights: torch.Tensor, n_second: int,
+                    first: TokenSet, *, legible_px: float, context: tuple[int, int],
+                    context_weight: float, patch: int) -> tuple[TokenSet, float, torch.Tensor]:
+    """Step 4: ``n_second`` tokens (stage :data:`STAGE_SECOND`) on the map ``m``
+    ``[1, Gh, Gw]`` of one image whose fixation 1 placed ``first`` ``[1, K]``, at the level
+    :func:`_second_level` chooses, the cells fixation 1 already read at least as finely
+    discounted (:func:`~fovea_core.cascade.core.discount_seen`, the one rule) and the
+    cells it holds at that level excluded. Returns ``(tokens, level, discounted map)``."""
+    size = first.image_size
+    lv, held = _second_level(g, m, heights, n_second, first, size, patch, legible_px)
+    m = discount_seen(m, first, lv, patch=patch)
+    second = place_fovea(m, n_second, image_size=size, level=lv, patch=patch,
+                         context=context, context_weight=context_weight,
+                         exclude=held[None], stage=STAGE_SECOND)
+    return second, lv, m
+
+
+def _read_then_look(pyramid: Pyramid, budget: int, g: Gist, gist_budget: int, *,
+                    query: str | None, first_share: float, localiser: str | Callable,
+                    level: float | str, legible_px: float, surround: float,
+                    context: tuple[int, int], context_weight: float, patch: int,
+                    geometry: AnswerGeometry) -> ReadingParts:
+    """The four steps on checked arguments, for a batch whose images take one path (gist
+    ``g`` at ``gist_budget``, or a glance)."""
+    n_first, n_second = split_budget(budget, g.budget, first_share, gist_budget=gist_budget)
+    first = first_fixation(pyramid, g, n_first, query=query, localiser=localiser, level=level,
+                           legible_px=legible_px, surround=surround, context=context,
+                           context_weight=context_weight, patch=patch)
+    readings, read_maps = read_fixation(pyramid, first.tokens, query, geometry=geometry,
+                                        patch=patch)
+    heights = text_size_map(g)                            # [B, Gh, Gw], the gist's estimate
+    parts, maps, levels = [], [], []
+    for b in range(pyramid.batch_size):                   # each page looked at on its own
+        one = first.tokens[b]
+        m = second_map(read_maps[b:b + 1], first.scores[b:b + 1])
+        second, lv, m = second_fixation(g, m, heights[b:b + 1], n_second, one,
+                                        legible_px=legible_px, context=context,
+                                        context_weight=context_weight, patch=patch)
+        fix = torch.cat([one.fixations[:, :1], second.fixations[:, :1]], 1)
+        parts.append(combine([one, second], fixation=fix))
+        maps.append(m)
+        levels.append(lv)
+    tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
+    return ReadingParts(tokens, g, torch.cat(maps), torch.tensor(levels), None, first,
+                        read_maps, readings)
 
 
 def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
@@ -878,157 +892,88 @@ def reading_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                   glance_share: float | None = None) -> ReadingParts:
     """Run the read-then-look cascade and return every intermediate (see :func:`cascade_read`).
 
-    A batch is run image by image after fixation 1 (each page is read and looked at again
-    on its own: a loop over images, never over tokens).
+    Checks its arguments once, decides each image's fixation 1 (a gist, or under the glance
+    rule a glance: :func:`glance_images`), then runs the steps :func:`first_fixation`,
+    :func:`read_fixation`, :func:`second_map` and :func:`second_fixation`. A batch is run
+    image by image after fixation 1 (each page is read and looked at again on its own: a
+    loop over images, never over tokens); a batch whose images take both paths under the
+    glance rule runs image by image (its ``first`` is then ``None``).
     """
     first_share = _check_args(first_share, geometry, side, fovea)
-    if glance_below is not None or glance_share is not None:
-        return _glance_rule(pyramid, budget, glance_below, glance_share, dict(
-            query=query, first_share=first_share, gist_budget=gist_budget,
-            localiser=localiser, level=level, legible_px=legible_px, surround=surround,
-            context=context, context_weight=context_weight, patch=patch, geometry=geometry,
-            gist_obj=gist_obj, side=side, fovea=fovea))
-    budget = check_cascade_budget(budget, pyramid.image_size, patch=patch,
-                                  num_levels=pyramid.num_levels, gist_budget=gist_budget,
-                                  name=NAME)
-    if gist_budget is None:
-        gist_budget = gist_budget_for(budget)
-    elif isinstance(gist_budget, bool) or not isinstance(gist_budget, (int, np.integer)) \
-            or not 1 <= int(gist_budget) < budget:
-        raise ValueError(f"{NAME}: gist_budget must be None or an int in [1, {budget - 1}], "
-                         f"got {gist_budget!r}")
-    gist_budget = int(gist_budget)
-    if query is not None and not isinstance(query, str):
-        raise TypeError(f"{NAME}: query must be a str or None, got {type(query).__name__}")
-    g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
-    n_first, n_second = split_budget(budget, g.budget, first_share)
-    # fixation 1 is a cascade whose gist counts at its nominal budget (a gist grid may hold
-    # a few cells fewer): its budget must exceed that, or the page could not be read
-    short = gist_budget + 1 - (g.budget + n_first)
-    if n_first and short > 0:
-        if n_second - short < 1:
-            raise ValueError(f"{NAME}: budget = {budget} leaves no second fixation after a "
-                             f"gist of gist_budget={gist_budget} and one first-fovea token")
-        n_first, n_second = n_first + short, n_second - short
-    size = tuple(pyramid.image_size)
-    kw = dict(legible_px=legible_px, context=context, context_weight=context_weight)
-    if n_first:
-        first = cascade_parts(pyramid, g.budget + n_first, query=query,
-                              gist_budget=gist_budget, localiser=localiser, level=level,
-                              surround=surround, patch=patch, gist_obj=g, **kw)
-    else:                                       # the gist alone, and the localiser's map
-        loc = get_localiser(localiser)(g, query).float().clamp(min=0)
-        flat = loc.flatten(1).sum(1) <= 0
-        loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
-        first = CascadeParts(g.tokens, g, loc, torch.full((pyramid.batch_size,), g.level))
-    cues = question_cues(query)
-    views = first_view(pyramid, first.tokens) if cues else None
-    heights = text_size_map(g)                            # [B, Gh, Gw], the gist's estimate
-    parts, maps, rmaps, levels, readings = [], [], [], [], []
-    for b in range(pyramid.batch_size):                   # each page read on its own
-        one = first.tokens[b]
-        loc = first.scores[b:b + 1]
-        lines = TextRead(np.zeros((0, 4), np.float32), (), np.zeros(0, np.float32))
-        ms, pixels, kept = 0.0, 0, []
-        if not cues:                # nothing to match: the view is not read at all
-            reason = "no question" if not query else "no cue"
-        else:
-            t0 = time.perf_counter()
-            lines = _in_page_pixels(read_view(views[b:b + 1]), views.shape[-2:], size)
-            ms = (time.perf_counter() - t0) * 1e3
-            pixels = int(views.shape[-2] * views.shape[-1])
-            kept = best_matches(match_lines(query, lines, size, geometry=geometry))
-            reason = "" if kept else ("nothing read" if len(lines.texts) == 0 else "no match")
-        rm = read_map(kept, lines, size, patch=patch, geometry=geometry)[None]
-        if kept and float(rm.sum()) > 0:
-            path = "read"
-            # the read map, and a little of the localiser's (a hedge where the reading's
-            # map has fewer cells than fixation 2 has tokens)
-            m = _unit(rm) + LOCALISER_SHARE * _unit(loc)
-        else:
-            path, reason = "localiser", reason or "no match"
-            m = _unit(loc)
-        # cells with no mass are ranked by their nearness to the mass (not row-major from
-        # the page's corner) once the mass fixation 1 did not read is spent
-        m = m + SPREAD_SHARE * _unit(_spread(m, SPREAD_SIGMA))
-        lv, dup = _second_level(g, m, heights[b:b + 1], n_second, one, size, patch,
-                                legible_px)
-        # what fixation 1 already read at least as finely is not read again
-        fine = one.levels[0] <= lv + 0.25
-        if bool(fine.any()):
-            sub = TokenSet(one.centers[:, fine], one.levels[:, fine], one.scores[:, fine],
-                           one.fixations, size, patch)
-            m = m * (1.0 - covered_share(sub, m.shape[-2:], patch))
-        second = place_fovea(m, n_second, image_size=size, level=lv, patch=patch,
-                             context=context, context_weight=context_weight,
-                             exclude=dup[None], stage=STAGE_SECOND)
-        fix = torch.cat([one.fixations[:, :1], second.fixations[:, :1]], 1)
-        parts.append(combine([one, second], fixation=fix))
-        maps.append(m)
-        rmaps.append(rm)
-        levels.append(lv)
-        readings.append(Reading(path, reason, lines, tuple(kept), ms, pixels, one.budget))
-    tokens = TokenSet.cat(parts) if len(parts) > 1 else parts[0]
-    return ReadingParts(tokens, g, torch.cat(maps), torch.tensor(levels), None, first,
-                        torch.cat(rmaps), tuple(readings))
-
-
-def _glance_rule(pyramid: Pyramid, budget: int, below, share, kw: dict) -> ReadingParts:
-    """:func:`reading_parts` under the glance rule (``cascade_read``'s ``glance_below`` and
-    ``glance_share``): an image whose localiser map on the gist (``kw``'s ``gist_budget``)
-    has :func:`~fovea_core.cascade.allocator.map_confidence` below ``below`` spends
-    fixation 1 on a glance, a gist of ``round(share * budget)`` tokens (the whole page at
-    that share of N; at most ``budget - 2``, which leaves a first-fovea token and a second
-    look), the others the gist and a first fovea. At a budget too small for a glance finer
-    than the gist, every image takes the gist path. The glance is finer than the gist it
-    replaces, so the map was computed from pixels the tokens carry. A batch whose images
-    take both paths runs image by image (its ``first`` is then ``None``). ``below = 1``
-    glances on every page (a map's confidence is at most 1): the path is decided without
-    the gate's gist and localiser call."""
-    if not is_number(below) or not 0.0 <= float(below) <= 1.0:
-        raise ValueError(f"{NAME}: glance_below must be a number in [0, 1] (a map confidence, "
-                         f"map_confidence; 0: never glance), got {below!r}")
-    if not is_number(share) or not 0.0 < float(share) < 1.0:
-        raise ValueError(f"{NAME}: glance_share must be a number in (0, 1) (the glance's share "
-                         f"of N), got {share!r}")
-    gb = kw["gist_budget"]
-    gb = gist_budget_for(budget) if gb is None else int(gb)
-    g = kw["gist_obj"]
-    if g is not None:
-        cells = g.budget
-    else:                                       # the gist's cells, without sampling it
-        rows, cols, _ = resize_grid(tuple(pyramid.image_size), gb, kw["patch"])
-        cells = rows * cols
-    # the glance leaves a first-fovea token and a second look (at least 2 tokens); a budget
-    # too small for a glance finer than the gist runs the gist path, as for a sure map
-    glance = min(int(round(float(share) * budget)), budget - 2)
-    if glance <= cells:
-        g = g if g is not None else gist(pyramid, gb, patch=kw["patch"])
-        return reading_parts(pyramid, budget, **dict(kw, gist_obj=g))
-    glance_kw = dict(kw, gist_budget=glance, gist_obj=None)
-    if float(below) >= 1.0:                     # every page glances: no gate to decide
-        return reading_parts(pyramid, budget, **glance_kw)
-    g = g if g is not None else gist(pyramid, gb, patch=kw["patch"])
-    sure_kw = dict(kw, gist_obj=g)
-    loc = get_localiser(kw["localiser"])(g, kw["query"]).float().clamp(min=0)
-    unsure = map_confidence(loc) < float(below)                            # [B]
-    if not bool(unsure.any()) or bool(unsure.all()):
-        return reading_parts(pyramid, budget, **(glance_kw if bool(unsure[0]) else sure_kw))
+    glance = None if glance_below is None and glance_share is None \
+        else _check_glance(glance_below, glance_share)
+    budget = int(check_cascade_budget(budget, pyramid.image_size, patch=patch,
+                                      num_levels=pyramid.num_levels, gist_budget=gist_budget,
+                                      name=NAME))
+    gist_budget = check_cascade_options(
+        query=query, gist_budget=gist_budget, budget=budget, level=level,
+        legible_px=legible_px, surround=surround, context=context,
+        context_weight=context_weight, name=NAME)
+    gist_budget = gist_budget_for(budget) if gist_budget is None else gist_budget
+    if gist_obj is not None:
+        check_gist(pyramid, gist_obj, gist_budget, patch)
+    kw = dict(query=query, first_share=first_share, localiser=localiser, level=level,
+              legible_px=legible_px, surround=surround, context=context,
+              context_weight=context_weight, patch=patch, geometry=geometry)
+    if glance is None:
+        g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
+        return _read_then_look(pyramid, budget, g, gist_budget, **kw)
+    size_of, g, unsure = glance_images(pyramid, budget, gist_budget, *glance, gist_obj=gist_obj,
+                                       localiser=localiser, query=query, patch=patch)
+    if not bool(unsure.any()) or bool(unsure.all()):       # one path for the whole batch
+        gb = size_of if bool(unsure.any()) else gist_budget
+        g1 = g if not bool(unsure.any()) else gist(pyramid, size_of, patch=patch)
+        return _read_then_look(pyramid, budget, g1, gb, **kw)
     parts = []
     for b in range(pyramid.batch_size):            # a mixed batch: each image on its own path
-        one = Pyramid(tuple(lvl[b:b + 1] for lvl in pyramid.levels))
-        k = glance_kw if bool(unsure[b]) else dict(kw, gist_obj=None)
-        parts.append(reading_parts(one, budget, **k))
+        one = one_image(pyramid, b)
+        gb = size_of if bool(unsure[b]) else gist_budget
+        parts.append(_read_then_look(one, budget, gist(one, gb, patch=patch), gb, **kw))
     cat = lambda name: torch.cat([getattr(p, name) for p in parts])         # noqa: E731
     return ReadingParts(TokenSet.cat([p.tokens for p in parts]), g, cat("scores"),
                         cat("levels"), None, None, cat("read_maps"),
                         tuple(r for p in parts for r in p.readings))
 
 
+def glance_images(pyramid: Pyramid, budget: int, gist_budget: int, below: float,
+                  share: float, *, gist_obj: Gist | None, localiser: str | Callable,
+                  query: str | None, patch: int) -> tuple[int, Gist | None, torch.Tensor]:
+    """The glance rule (``cascade_read``'s ``glance_below`` and ``glance_share``): which
+    images spend fixation 1 on a glance, a gist of ``round(share * budget)`` tokens (the
+    whole page at that share of N; at most ``budget - 2``, which leaves a first-fovea token
+    and a second look) instead of the gist at ``gist_budget`` and a first fovea.
+
+    An image glances when its localiser map on the gist has
+    :func:`~fovea_core.cascade.allocator.map_confidence` below ``below``; ``below = 1``
+    glances on every page (a map's confidence is at most 1) without the gate's gist and
+    localiser call. At a budget too small for a glance finer than the gist, no image
+    glances. The glance is finer than the gist it replaces, so the gate's map was computed
+    from pixels the tokens carry.
+
+    Returns ``(glance tokens, the gist at gist_budget or None when not computed,
+    unsure [B] bool)``."""
+    if gist_obj is not None:
+        cells = gist_obj.budget
+    else:                                       # the gist's cells, without sampling it
+        rows, cols, _ = resize_grid(tuple(pyramid.image_size), gist_budget, patch)
+        cells = rows * cols
+    glance = min(int(round(share * budget)), budget - 2)
+    b = pyramid.batch_size
+    if glance <= cells:                         # too small for a glance: the gist path
+        g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
+        return glance, g, torch.zeros(b, dtype=torch.bool)
+    if below >= 1.0:                            # every page glances: no gate to decide
+        return glance, gist_obj, torch.ones(b, dtype=torch.bool)
+    g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
+    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
+    return glance, g, map_confidence(loc) < below
+
+
 @register(NAME, family="cascade", version="cascade", content=True, learned=True,
           reads=reads_nothing_else, uses_scores=False, side_compute=False,
           runner=reading_parts, localiser="learned")
-def cascade_read(pyramid: Pyramid, scores=None, budget: int = 273, *, query: str | None = None,
+def cascade_read(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
+                 query: str | None = None,
                  first_share: float = FIRST_SHARE, fixation=None, seed: int = 0,
                  patch: int = 16, **kw) -> TokenSet:
     """The read-then-look cascade: fixate, read, look again; exactly ``budget`` tokens.

@@ -72,12 +72,16 @@ from typing import Any
 
 import torch
 
+from fovea_core.allocators.base import DEFAULT_BUDGET
+from fovea_core.cascade.core import (LEVEL_TOLERANCE, SEEN_WEIGHT, STAGE_GIST, STAGE_SECOND,
+                                     combine, discount_seen, select_tokens)
+from fovea_core.foveation import DEFAULT_METHOD
 from fovea_core.tokens import TokenSet
 from fovea_core.vlm.positions import (QWEN_MERGE, QWEN_PATCH, merged_cell_px, merged_cells,
                                       merged_grid_shape, mrope_positions)
 from fovea_core.vlm.qwen import PIXEL_NORM, family_of, pixel_values
 
-__all__ = ["FIRST_SHARE", "FROM_TEXT", "GROUNDING_COORDS", "GROUNDING_PROMPTS", "SEEN_WEIGHT",
+__all__ = ["GROUNDING_FIRST_SHARE", "FROM_TEXT", "GROUNDING_COORDS", "GROUNDING_PROMPTS",
            "SUPPORTED_PROCESSORS", "FixationCounts", "FoveatedProcessor", "GroundingBox",
            "SecondFixationMap", "TwoFixations", "offline_tokenizer", "parse_grounding_box",
            "processor_family", "stock_processor"]
@@ -102,16 +106,13 @@ GROUNDING_PROMPTS = {
     "qwen2.5-vl": _JSON_PROMPT,
     "qwen3-vl": _JSON_PROMPT,
 }
-#: default share of N given to fixation 1 (a default, not tuned)
-FIRST_SHARE = 0.5
-#: weight kept in fixation 2's map by a cell that fixation 1's finest tokens covered (a
-#: default, not tuned; 1 keeps the map as it is, and fixation 2 then re-reads what fixation 1
-#: read wherever both maps agree, e.g. always on the fallback path)
-SEEN_WEIGHT = 0.01
+#: :meth:`FoveatedProcessor.two_fixations`' default share of N for fixation 1, the look the
+#: model grounds its box on: half (a default, not tuned: no pretrained checkpoint can be run
+#: here). Not the read-then-look cascade's fitted share,
+#: :data:`fovea_core.cascade.reading.FIRST_SHARE`, which splits N around an OCR's reading
+GROUNDING_FIRST_SHARE = 0.5
 #: a box's smallest side in pixels of the resized page (smaller: degenerate)
 MIN_BOX_PX = 1.0
-#: ``TokenSet.stage`` of fixation 2's tokens in the union (0, 1: fixation 1's gist, fovea)
-STAGE_SECOND = 2
 
 
 class _FromText:
@@ -376,8 +377,8 @@ class FoveatedProcessor:
         return text, True
 
     # ------------------------------------------------------------------------- call
-    def __call__(self, images: Any, text: str, *, budget: int | None = 273,
-                 method: str = "cascade", question: str | None | _FromText = FROM_TEXT,
+    def __call__(self, images: Any, text: str, *, budget: int | None = DEFAULT_BUDGET,
+                 method: str = DEFAULT_METHOD, question: str | None | _FromText = FROM_TEXT,
                  **method_options: Any):
         """Inputs of ``model.generate`` / ``model`` for one foveated page.
 
@@ -390,7 +391,8 @@ class FoveatedProcessor:
                 (e.g. from ``apply_chat_template``) it is used as is.
             budget: N, merged tokens the model receives, in ``[1, Hm * Wm]`` of the resized
                 page; ``None``: every merged cell.
-            method: a :func:`fovea_core.foveation.method_names` method (default the cascade).
+            method: a :func:`fovea_core.foveation.method_names` method (default
+                :func:`fovea_core.foveate`'s, :data:`~fovea_core.foveation.DEFAULT_METHOD`).
             question: what the method reads as the question (a str), or ``None`` for none;
                 default (:data:`FROM_TEXT`): ``text`` when it has no placeholder, else none.
             **method_options: passed to :func:`fovea_core.foveate` (``scorer=``,
@@ -504,7 +506,8 @@ class FoveatedProcessor:
         return out
 
     # ------------------------------------------------------------------------- two fixations
-    def two_fixations(self, model: Any, images: Any, question: str, *, budget: int = 273,
+    def two_fixations(self, model: Any, images: Any, question: str, *,
+                      budget: int = DEFAULT_BUDGET,
                       first_budget: int | None = None, method: str = "cascade",
                       max_new_tokens: int = 64, grounding_prompt: str | None = None,
                       answer_prompt: str = "{question}", chat: bool | None = None,
@@ -513,7 +516,7 @@ class FoveatedProcessor:
         """Two fixations of one page: look, ask the model where the answer is, look there.
 
         1. **Fixation 1**: the cascade (``method``) at ``N1 = first_budget`` tokens (default
-           ``round(FIRST_SHARE * N)``, half: a default, not tuned), encoded with the
+           ``round(GROUNDING_FIRST_SHARE * N)``, half: a default, not tuned), encoded with the
            grounding prompt (:data:`GROUNDING_PROMPTS`; ``{question}`` is replaced), and
            ``model.generate`` (greedy, ``max_new_tokens``) for the model's box.
         2. **The box**: :func:`parse_grounding_box` of the reply, in the family's convention
@@ -522,8 +525,10 @@ class FoveatedProcessor:
            (``localiser=`` of ``method_options``, else the one ``method`` binds).
         3. **Fixation 2**: ``N2 = N - N1`` fovea tokens placed by the same cascade with the
            localiser :class:`SecondFixationMap` (the box's area share per cell, or the
-           fallback's map; cells that fixation 1's finest tokens already cover weighted by
-           ``seen_weight``, so fixation 2 reads first what fixation 1 did not read finely).
+           fallback's map, less what fixation 1's finest tokens already read: the one rule
+           of :func:`~fovea_core.cascade.core.discount_seen`, their cells keeping
+           ``seen_weight`` of their mass, so fixation 2 reads what fixation 1 did not read
+           finely).
            It is run with fixation 1's gist (``gist_budget`` = the gist's ``G1`` tokens; the
            same tokens, checked) and only its ``N2`` fovea tokens are kept: the gist is
            already among fixation 1's tokens.
@@ -550,7 +555,7 @@ class FoveatedProcessor:
                 token, :func:`~fovea_core.cascade.allocator.budget_range`) and ``N2 >= 1``;
                 the message of a budget outside gives the page's range.
             first_budget: ``N1`` in ``[1, N - 1]`` and in the cascade's range for the page;
-                ``None``: ``round(FIRST_SHARE * N)``.
+                ``None``: ``round(GROUNDING_FIRST_SHARE * N)``.
             method: a registered one-fixation cascade (``"cascade"``, ``"cascade_text"``,
                 ...); not the read-then-look ones (``"cascade_read"``, ``"cascade_glance"``),
                 which make their own second look and whose first stage is not a gist that
@@ -560,9 +565,10 @@ class FoveatedProcessor:
                 braces read); ``None`` grounding prompt: the family's default.
             chat: wrap each prompt in the processor's chat template (one user turn: the image,
                 then the prompt; generation prompt added); ``None``: when it has one.
-            seen_weight: weight in ``(0, 1]`` kept in fixation 2's map by a cell that fixation
-                1's finest tokens cover (1: no discount; default :data:`SEEN_WEIGHT`, not
-                tuned). Near copies that remain are counted in ``counts.repeated``.
+            seen_weight: weight in ``[0, 1]`` kept in fixation 2's map by a cell that fixation
+                1's finest tokens cover (1: no discount; default
+                :data:`~fovea_core.cascade.core.SEEN_WEIGHT`, the read-then-look cascade's
+                too: none). Near copies that remain are counted in ``counts.repeated``.
             generate_kwargs: more keywords of the grounding call's ``model.generate`` (e.g.
                 ``output_logits=True, return_dict_in_generate=True``).
             **method_options: the cascade's keywords, for both fixations (not ``patch``;
@@ -583,7 +589,6 @@ class FoveatedProcessor:
         from dataclasses import replace
 
         from fovea_core.cascade.allocator import budget_range, cascade_parts
-        from fovea_core.cascade.core import STAGE_GIST
         from fovea_core.foveation import check_text
         from fovea_core.methods import INFO
 
@@ -602,13 +607,14 @@ class FoveatedProcessor:
             raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
                              f"{self.family}); leave it out")
         n = _int_in("budget", budget, 2, None)
-        n1 = _int_in("first_budget", max(1, round(FIRST_SHARE * n)) if first_budget is None
+        n1 = _int_in("first_budget", max(1, round(GROUNDING_FIRST_SHARE * n))
+                     if first_budget is None
                      else first_budget, 1, n - 1)
         n2 = n - n1
         _int_in("max_new_tokens", max_new_tokens, 1, None)
         if isinstance(seen_weight, bool) or not isinstance(seen_weight, (int, float)) or \
-                not 0 < float(seen_weight) <= 1:
-            raise ValueError(f"seen_weight must be in (0, 1], got {seen_weight!r}")
+                not 0 <= float(seen_weight) <= 1:
+            raise ValueError(f"seen_weight must be in [0, 1], got {seen_weight!r}")
         if grounding_prompt is None:
             grounding_prompt = GROUNDING_PROMPTS[self.family]
         ground_text = self._chat(grounding_prompt.replace("{question}", question), chat)
@@ -623,7 +629,7 @@ class FoveatedProcessor:
                                  gist_budget=int(gb) if isinstance(gb, int) else None)
         low, high = int(low), int(high)
         # the smallest N whose N1 is in the cascade's range and leaves N2 >= 1
-        split = (lambda m: max(1, round(FIRST_SHARE * m))) if first_budget is None \
+        split = (lambda m: max(1, round(GROUNDING_FIRST_SHARE * m))) if first_budget is None \
             else (lambda m: n1)
         n_min = next((m for m in (2 * low - 1, 2 * low, 2 * low + 1, n1 + 1)
                       if 2 <= m <= cells and low <= split(m) <= min(high, m - 1)), None)
@@ -634,10 +640,11 @@ class FoveatedProcessor:
                              f"fixation 1's cascade needs {low} to {high} tokens and "
                              f"fixation 2 at least one); use a larger page")
         if n > cells or n < n_min:
+            n1_is = f"round({GROUNDING_FIRST_SHARE:g} N)" if first_budget is None else n1
             raise ValueError(f"budget must be in [{n_min}, {cells}] on this page ({grid}; "
-                             f"fixation 1, N1 = {'round(0.5 N)' if first_budget is None else n1}"
-                             f" tokens, is a cascade, which needs {low} to {high}, its gist "
-                             f"plus at least one fovea token; fixation 2 at least one), got {n}")
+                             f"fixation 1, N1 = {n1_is} tokens, is a cascade, which needs {low} "
+                             f"to {high}, its gist plus at least one fovea token; fixation 2 at "
+                             f"least one), got {n}")
         if not low <= n1 <= high:
             raise ValueError(f"first_budget must be in [{low}, {min(high, n - 1)}] on this page "
                              f"({grid}; the cascade needs its gist plus at least one fovea "
@@ -666,9 +673,8 @@ class FoveatedProcessor:
         # ---- fixation 2: the box's cells (or the cascade's own map), fixation 1's gist
         fallback = method_options.get("localiser", INFO[method]["params"].get("localiser",
                                                                             "learned"))
-        lv = fov1.tokens.levels[0]
-        core1 = ~gist1 & (lv <= lv[~gist1].min() + 0.25)          # fixation 1's finest tokens
-        loc = SecondFixationMap(box.box, fallback, _select(fov1.tokens, core1), seen_weight)
+        loc = SecondFixationMap(box.box, fallback, select_tokens(fov1.tokens, ~gist1),
+                                seen_weight)
         both = self._foveate(page, question, n2 + g1, method,
                              {**method_options, "localiser": loc, "gist_budget": g1})
         gist2 = both.tokens.stage[0] == STAGE_GIST
@@ -676,7 +682,7 @@ class FoveatedProcessor:
                                                        fov1.tokens.centers[:, gist1])
                 and torch.equal(both.tokens.levels[:, gist2], fov1.tokens.levels[:, gist1])):
             raise RuntimeError("two_fixations: the second cascade's gist differs from the first's")
-        t2, p2 = _select(both.tokens, ~gist2), both.patches[:, ~gist2]
+        t2, p2 = select_tokens(both.tokens, ~gist2), both.patches[:, ~gist2]
         fov2 = replace(both, tokens=t2, patches=p2,          # views are rendered when asked for
                        cost=replace(both.cost, tokens=n2,
                                     total_tokens=both.cost.total_tokens - g1))
@@ -684,10 +690,7 @@ class FoveatedProcessor:
         # ---- the answer: both fixations in one image block
         t2u = replace(t2, stage=torch.full_like(t2.stage, STAGE_SECOND))
         t1 = fov1.tokens
-        tu = TokenSet(torch.cat([t1.centers, t2u.centers], 1),
-                      torch.cat([t1.levels, t2u.levels], 1), torch.cat([t1.scores, t2u.scores], 1),
-                      torch.cat([t1.fixations, t2u.fixations], 1), t1.image_size, t1.patch,
-                      torch.cat([t1.stage, t2u.stage], 1))
+        tu = combine([t1, t2u], fixation=torch.cat([t1.fixations, t2u.fixations], 1))
         pu = torch.cat([fov1.patches, p2], 1)
         union = replace(fov1, tokens=tu, patches=pu,
                         cost=_union_cost(fov1.cost, both.cost, n),
@@ -806,19 +809,23 @@ class SecondFixationMap:
     as :class:`~fovea_core.cascade.localisers.OracleLocaliser` makes its map from answer
     boxes (:func:`~fovea_core.cascade.localisers.answer_mass`); the question is not read.
     Without (``None``): the ``fallback`` localiser's map (a name of
-    :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable). Either is multiplied
-    by ``1 - (1 - seen_weight) * covered``, ``covered`` the share of each cell under the
-    ``seen`` tokens (in :meth:`FoveatedProcessor.two_fixations`, fixation 1's finest ones;
-    :func:`~fovea_core.cascade.allocator.covered_share`), so fixation 2 reads first what
-    fixation 1 did not (``seen_weight = 1``: the map as it is).
+    :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable). Either is discounted
+    by the one rule for what an earlier fixation read
+    (:func:`~fovea_core.cascade.core.discount_seen`): the cells under those of the ``seen``
+    tokens (fixation 1's fovea, in :meth:`FoveatedProcessor.two_fixations`) whose level is
+    within :data:`~fovea_core.cascade.core.LEVEL_TOLERANCE` of ``level`` or finer keep
+    ``seen_weight`` of their mass (default none; 1: the map as it is). ``level``: the level
+    fixation 2 is expected to read at; ``None``, the seen tokens' finest (fixation 2, a
+    cascade on the same gist, chooses its level from the same text heights).
     """
 
     def __init__(self, box, fallback="learned", seen: TokenSet | None = None,
-                 seen_weight: float = SEEN_WEIGHT):
+                 seen_weight: float = SEEN_WEIGHT, level: float | None = None):
         self.box = None if box is None else tuple(float(v) for v in box)
         self.fallback = fallback
         self.seen = seen
         self.seen_weight = float(seen_weight)
+        self.level = level
 
     def __repr__(self) -> str:
         where = (f"box=({', '.join(f'{v:.1f}' for v in self.box)})" if self.box is not None
@@ -826,7 +833,6 @@ class SecondFixationMap:
         return f"SecondFixationMap({where}, seen_weight={self.seen_weight:g})"
 
     def __call__(self, g, query: str | None) -> torch.Tensor:
-        from fovea_core.cascade.allocator import covered_share
         from fovea_core.cascade.localisers import answer_mass, get_localiser
 
         h, w = g.image_size
@@ -836,9 +842,9 @@ class SecondFixationMap:
             m = answer_mass([self.box], g.image_size, g.patch)[None].expand(b, *grid)
         else:
             m = get_localiser(self.fallback)(g, query).float()
-        if self.seen is not None and self.seen_weight < 1:
-            cov = covered_share(self.seen, grid, g.patch).to(m)
-            m = m * (1 - (1 - self.seen_weight) * cov)
+        if self.seen is not None and self.seen.budget:
+            lv = float(self.seen.levels.min()) if self.level is None else float(self.level)
+            m = discount_seen(m, self.seen, lv, patch=g.patch, weight=self.seen_weight)
         return m.contiguous()
 
 
@@ -924,19 +930,14 @@ def _int_in(name: str, value: Any, low: int, high: int | None) -> int:
     return int(value)
 
 
-def _select(t: TokenSet, keep: torch.Tensor) -> TokenSet:
-    """The tokens of a one-image TokenSet where ``keep [N]`` is True."""
-    return TokenSet(t.centers[:, keep], t.levels[:, keep], t.scores[:, keep], t.fixations,
-                    t.image_size, t.patch, None if t.stage is None else t.stage[:, keep])
-
-
 def _repeated(t1: TokenSet, t2: TokenSet, grid_hw: tuple[int, int]) -> int:
     """Tokens of ``t2`` on the merged cell of a ``t1`` token (so with its M-RoPE ids) at a
-    level within a quarter octave of it: near copies of a token the model already has."""
+    level within :data:`~fovea_core.cascade.core.LEVEL_TOLERANCE` of it: near copies of a
+    token the model already has."""
     c1 = merged_cells(t1, grid_hw)[0]
     c2 = merged_cells(t2, grid_hw)[0]
     same = (c2[:, None] == c1[None]).all(-1)                                  # [N2, N1]
-    near = (t2.levels[0][:, None] - t1.levels[0][None]).abs() <= 0.25
+    near = (t2.levels[0][:, None] - t1.levels[0][None]).abs() <= LEVEL_TOLERANCE
     return int((same & near).any(1).sum())
 
 

@@ -19,7 +19,7 @@ and :data:`~fovea_core.cascade.reading.FIRST_SHARE` from the record this module 
      line the dataset matched to the field), the answer is that value (its characters, when
      the key shares its line).
 
-   :func:`~fovea_core.cascade.reading.fit_geometry` turns the pairs into a histogram of
+   :func:`fit_geometry` turns the pairs into a histogram of
    where the answers lie (in the key's line heights, from its right end for answers on its
    line, from its left end for the others); its densest bins are the geometry's rects.
 2. **The first share**: the read-then-look cascade with the fitted geometry at each of
@@ -49,11 +49,129 @@ import pandas as pd
 from fovea_book.eval.document_types import Document
 
 if TYPE_CHECKING:
+    from fovea_core.cascade.reading import AnswerGeometry
     from fovea_core.importance.text import TextRead
 
-__all__ = ["SHARES", "RECEIPTS", "FORMS", "SYNTHETIC", "transcription", "receipt_pairs",
+__all__ = ["PAIR_CLASSES", "X_EDGES", "Y_EDGES", "pair_offsets", "fit_geometry",
+           "SHARES", "RECEIPTS", "FORMS", "SYNTHETIC", "transcription", "receipt_pairs",
            "form_pairs", "training_pairs", "share_curve", "choose_share", "default_record_path",
            "read_fit_record", "fit_table", "fit_line", "main"]
+
+# ----------------------------------------------------------------------------- the geometry
+#: the two frames a key-answer pair is measured in, by the vertical centre ``c`` of the
+#: answer's box in the key's line heights from the top of the key's line: ``"row"``
+#: (``0 <= c <= 1``: on the key's line, measured from the key's right end) and ``"off"``
+#: (above or below it, measured from the key's left end), with each frame's anchor
+PAIR_CLASSES = {"row": "right", "off": "left"}
+#: the geometry histogram's bins, in the key's line heights: ``x`` from the frame's anchor,
+#: ``y`` from the top of the key's line (per frame)
+X_EDGES = tuple(float(v) for v in np.arange(-8.0, 40.0 + 1e-9, 2.0))
+Y_EDGES = {"row": tuple(float(v) for v in np.arange(-0.5, 1.5 + 1e-9, 0.5)),
+           "off": tuple(float(v) for v in np.arange(-4.0, 10.0 + 1e-9, 1.0))}
+
+
+def pair_offsets(anchors: np.ndarray, answers: np.ndarray) -> np.ndarray:
+    """``[P, 6]`` float64: where each answer lies relative to its key, in the key's line
+    heights.
+
+    Args:
+        anchors: ``[P, 4]`` the matched key's span ``(x0, y0, x1, y1)`` (:attr:`~fovea_core.cascade.reading.Match.span`:
+            its height is the line's, the unit).
+        answers: ``[P, 4]`` the answer's box ``(x0, y0, x1, y1)``, same pixels.
+
+    Returns:
+        Columns ``(xr0, xr1, xl0, xl1, y0, y1)``: the answer's left and right edges from the
+        key's right end, then from its left end, and its top and bottom from the top of the
+        key's line, each divided by the key's line height.
+
+    Raises:
+        ValueError: shapes that are not ``[P, 4]`` alike, or a key of zero height.
+    """
+    a = np.asarray(anchors, np.float64)
+    b = np.asarray(answers, np.float64)
+    if a.ndim != 2 or a.shape[1:] != (4,) or a.shape != b.shape:
+        raise ValueError(f"anchors and answers must both be [P, 4], got {a.shape} and {b.shape}")
+    h = a[:, 3] - a[:, 1]
+    if (h <= 0).any():
+        raise ValueError(f"{int((h <= 0).sum())} key span(s) with zero or negative height")
+    x = b[:, [0, 2]]
+    return np.column_stack([(x - a[:, 2:3]) / h[:, None], (x - a[:, 0:1]) / h[:, None],
+                            (b[:, [1, 3]] - a[:, 1:2]) / h[:, None]])
+
+
+def _bin_overlap(lo: np.ndarray, hi: np.ndarray, edges: Sequence[float]) -> np.ndarray:
+    """``[P, B]``: length of each interval ``[lo, hi]`` ``[P]`` inside each bin of ``edges``."""
+    e = np.asarray(edges, np.float64)
+    return np.clip(np.minimum(hi[:, None], e[None, 1:]) - np.maximum(lo[:, None], e[None, :-1]),
+                   0.0, None)
+
+
+def fit_geometry(offsets: np.ndarray, *, mass: float = 0.9, presence_floor: float = 0.5,
+                 pattern_pad: float = 0.5) -> tuple["AnswerGeometry", dict]:
+    """The :class:`~fovea_core.cascade.reading.AnswerGeometry` of key-answer pairs
+    (:func:`pair_offsets`): a histogram of where the answers lie.
+
+    Each pair is measured in its frame of :data:`PAIR_CLASSES` (its answer's vertical
+    centre on the key's line: from the key's right end; else from its left end) and spreads
+    a unit mass evenly over its answer's box; the mass falling in each bin of
+    :data:`X_EDGES` x :data:`Y_EDGES` over all pairs, divided by the bin's area, is the
+    bin's density (answers per squared line height). The densest bins holding ``mass`` of
+    the mass inside the bins become the rects, each weighted by its density over the
+    largest (so a cell's mass in :func:`~fovea_core.cascade.reading.read_map` is proportional to how often answers lie
+    there). ``presence_floor`` and ``pattern_pad`` are passed through (not fitted here).
+
+    Returns:
+        ``(geometry, summary)``; ``summary`` gives ``pairs``, per frame its ``pairs`` and
+        ``share``, ``outside`` (the share of the mass beyond the bins) and ``kept`` (of the
+        mass inside them, the share the rects hold) and ``rects`` (how many).
+
+    Raises:
+        ValueError: ``offsets`` not ``[P, 6]`` with ``P >= 1`` finite rows, an answer of no
+            width or height, or ``mass`` outside ``(0, 1]``.
+    """
+    from fovea_core.cascade.reading import AnswerGeometry, Rect
+
+    o = np.asarray(offsets, np.float64)
+    if o.ndim != 2 or o.shape[1] != 6 or o.shape[0] < 1 or not np.isfinite(o).all():
+        raise ValueError(f"offsets must be [P, 6] finite with P >= 1, got {o.shape}")
+    if ((o[:, 1] <= o[:, 0]) | (o[:, 5] <= o[:, 4])).any():
+        raise ValueError("every answer box needs a positive width and height")
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass must be in (0, 1], got {mass!r}")
+    centre = o[:, 4:6].mean(1)
+    in_row = (centre >= 0) & (centre <= 1)
+    cols: dict[str, list] = {k: [] for k in ("anchor", "x0", "x1", "y0", "y1", "mass", "density")}
+    summary: dict = {"pairs": int(len(o)), "classes": {}}
+    for name, anchor in PAIR_CLASSES.items():
+        sel = o[in_row if name == "row" else ~in_row]
+        summary["classes"][name] = {"pairs": int(len(sel)), "share": len(sel) / len(o)}
+        if not len(sel):
+            continue
+        x = sel[:, 0:2] if anchor == "right" else sel[:, 2:4]
+        ox = _bin_overlap(x[:, 0], x[:, 1], X_EDGES) / (x[:, 1] - x[:, 0])[:, None]
+        oy = _bin_overlap(sel[:, 4], sel[:, 5], Y_EDGES[name]) / (sel[:, 5] - sel[:, 4])[:, None]
+        m = np.einsum("px,py->yx", ox, oy) / len(o)                          # [By, Bx]
+        ye, xe = np.asarray(Y_EDGES[name]), np.asarray(X_EDGES)
+        i, j = np.nonzero(m > 0)                                             # bins with mass
+        for k, v in (("anchor", np.full(len(i), anchor)), ("x0", xe[j]), ("x1", xe[j + 1]),
+                     ("y0", ye[i]), ("y1", ye[i + 1]), ("mass", m[i, j]),
+                     ("density", m[i, j] / (np.diff(ye)[i] * np.diff(xe)[j]))):
+            cols[k].append(v)
+    b = {k: np.concatenate(v) for k, v in cols.items()}
+    order = np.argsort(-b["density"], kind="stable")                         # densest first
+    inside = float(b["mass"].sum())
+    cum = np.cumsum(b["mass"][order])
+    keep = order[:int(np.searchsorted(cum, mass * inside - 1e-12)) + 1]
+    weight = b["density"][keep] / b["density"][keep[0]]
+    geometry = AnswerGeometry(tuple(
+        Rect(str(b["anchor"][k]), float(b["x0"][k]), float(b["x1"][k]), float(b["y0"][k]),
+             float(b["y1"][k]), float(w)) for k, w in zip(keep, weight)),
+        presence_floor=presence_floor, pattern_pad=pattern_pad)
+    summary.update(outside=1.0 - inside, kept=float(b["mass"][keep].sum() / inside),
+                   rects=len(keep), mass=mass,
+                   x_edges=list(X_EDGES), y_edges={k: list(v) for k, v in Y_EDGES.items()})
+    return geometry, summary
+
 
 #: fixation 1's shares of N the fit compares
 SHARES = (0.35, 0.5, 0.65)
@@ -159,13 +277,12 @@ def form_pairs(doc: Document, entities: Sequence[Mapping]) -> tuple[list[tuple],
 def training_pairs(exclude: set[str], *, data_dir=None) -> tuple[np.ndarray, dict]:
     """``(offsets [P, 6], provenance)``: the key-answer pairs of every ``sroie-train`` and
     ``funsd-train`` page (default wording) whose id is not in ``exclude``
-    (:func:`~fovea_core.cascade.reading.pair_offsets`). ``provenance``: per set its pages
+    (:func:`pair_offsets`). ``provenance``: per set its pages
     and the counts of :func:`receipt_pairs` / :func:`form_pairs`. A missing folder raises
     :class:`~fovea_book.paths.DatasetNotFound`."""
     from fovea_book.eval.funsd import load_funsd, read_form
     from fovea_book.eval.sroie import load_sroie, parse_box_file
     from fovea_book.paths import dataset_path
-    from fovea_core.cascade.reading import pair_offsets
 
     quiet = dict(log=lambda _: None)
     out: list[tuple] = []
@@ -282,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fovea_book.eval.reader import Reader
     from fovea_book.eval.resize_rule import fit_provenance, start_fit, write_fit_record
     from fovea_core.cascade.allocator import DEFAULT_GIST
-    from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY, fit_geometry,
+    from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY,
                                             geometry_to_dict)
 
     args, record, sets, t0 = start_fit("reading_fit", __doc__, default_record_path(), argv,
