@@ -315,12 +315,15 @@ def test_kept_against_tokens_figure_draws_curve_points_ceiling_and_the_saving():
     from fovea_book.plotting import kept_against_tokens_figure
 
     curve, points, ceilings = _saving_inputs()
-    fig = kept_against_tokens_figure(curve, points, ceilings, titles={"a": "pages"})
+    fig = kept_against_tokens_figure(curve, points, ceilings, titles={"c": "forms", "a": "pages"})
     try:
         axes = fig.axes
         assert len(axes) == 4 and not axes[3].get_visible()      # 3 panels in a 2 x 2 grid
+        # the titles' order first, then the curve's: c, a, b
+        assert [ax.get_title() for ax in axes[:3]] == ["forms (n = 9)", "pages (n = 9)", "b (n = 9)"]
+        axes = [axes[1], axes[2], axes[0]]                        # a, b, c as below
         a = axes[0]
-        assert a.get_title() == "pages (9 documents)" and a.get_xscale() == "log"
+        assert a.get_xscale() == "log"
         line = a.lines[0]
         assert list(line.get_xdata()) == [273, 1024]
         assert list(line.get_ydata()) == pytest.approx([40.0, 80.0])   # kept, % of the page

@@ -350,8 +350,7 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
 
     Args:
         curve: :func:`fovea_book.eval.curve.curve_kept` rows ``dataset, budget, kept, lo, hi,
-            n_docs`` (shares of the full page's reading, 0..1); its datasets, in order, are
-            the panels.
+            n_docs`` (shares of the full page's reading, 0..1); its datasets are the panels.
         points: rows ``dataset, method, kept, lo, hi`` (e.g.
             :func:`fovea_book.eval.realsets.kept_table`), each drawn at ``budget``; one
             marker per method (the legend names it; at most ``len(POINT_MARKERS)``).
@@ -362,7 +361,8 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
             (:func:`fovea_book.eval.curve.saving_table`'s ``text``). A dataset without a
             row gets no ceiling.
         budget: the methods' N.
-        titles: panel titles by dataset (default the dataset's name).
+        titles: panel titles by dataset, in the order the panels are drawn (the datasets it
+            does not name follow in the curve's order, titled by their name).
         ncols: panels per row.
         spread: the step between neighbouring markers at N (a factor > 1 on the token axis).
 
@@ -370,7 +370,9 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
         The figure: ``ceil(D / ncols) x ncols`` axes (``D`` datasets; unused ones hidden),
         one legend below them.
     """
-    sets = list(dict.fromkeys(curve.dataset))
+    present = list(dict.fromkeys(curve.dataset))
+    sets = [d for d in (titles or {}) if d in present] + [d for d in present
+                                                          if d not in (titles or {})]
     if not sets:
         raise ValueError("curve has no rows: nothing to draw")
     methods = list(dict.fromkeys(points.method))
@@ -418,10 +420,10 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
                 ax.text(end, y - 4, words, color="C3", fontsize=8, va="top",
                         ha="right" if cens else "left", bbox=box)
             else:
-                ax.text(budget, y + 1.5, f"resize reads as well at N (N* / N {r.text})",
-                        color="C3", fontsize=8, va="bottom", bbox=box)
+                ax.text(budget, y - 4, f"resize reads as well at N (N* / N {r.text})",
+                        color="C3", fontsize=8, va="top", bbox=box)
         n = int(c.n_docs.max()) if "n_docs" in c and len(c) else 0
-        ax.set_title(f"{(titles or {}).get(ds, ds)} ({n} documents)", fontsize=10)
+        ax.set_title(f"{(titles or {}).get(ds, ds)} (n = {n})", fontsize=10)
         ax.set_xscale("log")
         ax.set_xlim(budget / spread ** len(methods) / 1.05, float(c.budget.max()) * 1.3)
         ticks = sorted({int(b) for b in c.budget} | {int(budget)})
