@@ -391,6 +391,8 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
     box = dict(fc="white", ec="none", alpha=0.85, pad=1.5)
     for ax, ds in zip(axes.flat, sets):
         c = curve[curve.dataset == ds].sort_values("budget")
+        ax.set_xscale("log")
+        ax.set_xlim(budget / spread ** len(methods) / 1.05, float(c.budget.max()) * 1.3)
         ax.fill_between(c.budget, 100 * c.lo, 100 * c.hi, color="0.3", alpha=0.18, lw=0)
         handles["resize (95 % CI)"], = ax.plot(c.budget, 100 * c.kept, "-o", color="0.25", ms=3)
         top = max(100.0, *(100 * c.hi))
@@ -417,15 +419,15 @@ def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
                     words = f"resize reaches it at N* = {end:.0f}\nN* / N = {r.text}"
                 else:
                     words = f"resize never reaches it\nN* / N {r.text}"
+                lo_x, hi_x = ax.get_xlim()          # the words on the side with room
+                left = cens is not None or np.log(end / lo_x) > 0.6 * np.log(hi_x / lo_x)
                 ax.text(end, y - 4, words, color="C3", fontsize=8, va="top",
-                        ha="right" if cens else "left", bbox=box)
+                        ha="right" if left else "left", bbox=box)
             else:
                 ax.text(budget, y - 4, f"resize reads as well at N (N* / N {r.text})",
                         color="C3", fontsize=8, va="top", bbox=box)
         n = int(c.n_docs.max()) if "n_docs" in c and len(c) else 0
         ax.set_title(f"{(titles or {}).get(ds, ds)} (n = {n})", fontsize=10)
-        ax.set_xscale("log")
-        ax.set_xlim(budget / spread ** len(methods) / 1.05, float(c.budget.max()) * 1.3)
         ticks = sorted({int(b) for b in c.budget} | {int(budget)})
         ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
         ax.minorticks_off()
