@@ -320,7 +320,8 @@ def test_kept_against_tokens_figure_draws_curve_points_ceiling_and_the_saving():
         axes = fig.axes
         assert len(axes) == 4 and not axes[3].get_visible()      # 3 panels in a 2 x 2 grid
         # the titles' order first, then the curve's: c, a, b
-        assert [ax.get_title() for ax in axes[:3]] == ["forms (n = 9)", "pages (n = 9)", "b (n = 9)"]
+        titles = [ax.get_title() for ax in axes[:3]]
+        assert titles == ["forms (n = 9)", "pages (n = 9)", "b (n = 9)"]
         axes = [axes[1], axes[2], axes[0]]                        # a, b, c as below
         a = axes[0]
         assert a.get_xscale() == "log"
