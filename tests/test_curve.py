@@ -99,3 +99,36 @@ def test_compute_view_adds_side_compute_to_the_prefill():
 def test_doc_means_names_the_missing_method():
     with pytest.raises(ValueError, match="no rows of method 'x'"):
         C.doc_means(_table("m", 0.5), "x")
+
+
+def test_resize_curve_reads_the_rescored_table(monkeypatch):
+    import fovea_book.eval.cascade as E
+
+    monkeypatch.setattr(E, "evaluate", _fake_evaluate([]))
+    docs = {"a": [_doc("big", 1024, 1024), _doc("small", 400, 600)]}
+
+    def halve(t):                                   # a rescoring of every row, full included
+        return t.assign(anls=t.anls / 2)
+
+    plain = C.resize_curve(docs, [273, 2304])
+    half = C.resize_curve(docs, [273, 2304], rescore=halve)
+    assert np.allclose(half.anls, plain.anls / 2) and np.allclose(half.ceiling, 0.45)
+    # the full page (beyond its grid) is the rescored ceiling too
+    assert half[half.at_full].anls.tolist() == pytest.approx([0.45])
+
+
+def test_curve_kept_is_the_share_of_the_ceiling_with_a_document_ci():
+    rows = [dict(dataset=ds, doc_id=f"p{i}", budget=n, anls=a * (i + 1), ceiling=c * (i + 1))
+            for ds in ("z", "a") for i in range(20)
+            for n, a, c in ((273, 0.3, 0.6), (1024, 0.5, 0.6))]
+    k = C.curve_kept(pd.DataFrame(rows), n_boot=200)
+    assert list(k.dataset) == ["z", "z", "a", "a"] and list(k.budget) == [273, 1024] * 2
+    assert k.kept.tolist() == pytest.approx([0.5, 5 / 6] * 2)   # sum anls / sum ceiling
+    # every document keeps the same share, so every resample does: a CI of width 0
+    assert np.allclose(k.lo, k.kept) and np.allclose(k.hi, k.kept) and (k.n_docs == 20).all()
+    odd = pd.DataFrame(rows).doc_id.str[1:].astype(int) % 2 == 1   # documents that differ
+    noisy = pd.DataFrame(rows).assign(anls=lambda t: t.anls * np.where(odd, 0.5, 1.5))
+    n = C.curve_kept(noisy, n_boot=500)
+    assert (n.lo < n.kept).all() and (n.kept < n.hi).all()
+    with pytest.raises(ValueError, match="ceiling"):
+        C.curve_kept(pd.DataFrame(rows).drop(columns="ceiling"))

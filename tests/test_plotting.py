@@ -295,3 +295,77 @@ def test_answer_geometry_figure_shades_each_rect_by_its_weight():
         assert by_x[6.0].get_width() == pytest.approx(58.0)      # the page's edge, cut at 60
     finally:
         plt.close(fig)
+
+
+def _saving_inputs():
+    import pandas as pd
+
+    curve = pd.DataFrame([dict(dataset=d, budget=n, kept=k, lo=k - 0.1, hi=k + 0.05, n_docs=9)
+                          for d in ("a", "b", "c") for n, k in ((273, 0.4), (1024, 0.8))])
+    points = pd.DataFrame([dict(dataset=d, method=m, kept=k, lo=k - 0.1, hi=k + 0.1)
+                           for d in ("a", "b", "c") for m, k in (("m1", 0.5), ("m2", 0.6))])
+    ceilings = pd.DataFrame([dict(dataset="a", kept=0.7, n_star=700.0, censored=None,
+                                  text="2.6x [1.9, 3.4]"),
+                             dict(dataset="b", kept=0.9, n_star=float("nan"), censored="above",
+                                  text=">= 3.8x")])
+    return curve, points, ceilings
+
+
+def test_kept_against_tokens_figure_draws_curve_points_ceiling_and_the_saving():
+    from fovea_book.plotting import kept_against_tokens_figure
+
+    curve, points, ceilings = _saving_inputs()
+    fig = kept_against_tokens_figure(curve, points, ceilings, titles={"c": "forms", "a": "pages"})
+    try:
+        axes = fig.axes
+        assert len(axes) == 4 and not axes[3].get_visible()      # 3 panels in a 2 x 2 grid
+        # the titles' order first, then the curve's: c, a, b
+        titles = [ax.get_title() for ax in axes[:3]]
+        assert titles == ["forms (n = 9)", "pages (n = 9)", "b (n = 9)"]
+        axes = [axes[1], axes[2], axes[0]]                        # a, b, c as below
+        a = axes[0]
+        assert a.get_xscale() == "log"
+        line = a.lines[0]
+        assert list(line.get_xdata()) == [273, 1024]
+        assert list(line.get_ydata()) == pytest.approx([40.0, 80.0])   # kept, % of the page
+        band = a.collections[0].get_paths()[0].vertices
+        assert band[:, 1].min() == pytest.approx(30.0) and band[:, 1].max() == pytest.approx(85.0)
+        # the methods at N: centred on N, one marker each, with their CI
+        xs = [ln.get_xdata()[0] for ln in a.lines if ln.get_marker() in ("o", "s")
+              and len(ln.get_xdata()) == 1]
+        assert len(xs) == 2 and np.sqrt(xs[0] * xs[1]) == pytest.approx(273)
+        ys = sorted(ln.get_ydata()[0] for ln in a.lines if len(ln.get_xdata()) == 1
+                    and ln.get_marker() in ("o", "s"))
+        assert ys == pytest.approx([50.0, 60.0])
+        # the ceiling, the arrow from N to N*, and the factor read off the picture
+        dashed = [ln for ln in a.lines if ln.get_linestyle() == "--"]
+        assert [list(ln.get_ydata()) for ln in dashed] == [[70.0, 70.0]]
+        arrow = [t for t in a.texts if hasattr(t, "xy") and t.arrow_patch is not None]
+        assert len(arrow) == 1 and arrow[0].xy == pytest.approx((700.0, 70.0))
+        assert arrow[0].xyann == pytest.approx((273, 70.0))
+        words = " ".join(t.get_text() for t in a.texts)
+        assert "N* = 700" in words and "2.6x [1.9, 3.4]" in words
+        # censored: the arrow runs off the curve's end, the bound is printed
+        b_words = " ".join(t.get_text() for t in axes[1].texts)
+        assert "never reaches" in b_words and ">= 3.8x" in b_words
+        # a collection with no ceiling row: no dashed line, no arrow
+        assert not [ln for ln in axes[2].lines if ln.get_linestyle() == "--"]
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert labels[:3] == ["resize (95 % CI)", "m1", "m2"]
+        assert "answer's box given (oracle cascade)" in labels
+    finally:
+        plt.close(fig)
+
+
+def test_kept_against_tokens_figure_bad_arguments():
+    from fovea_book.plotting import kept_against_tokens_figure
+
+    curve, points, ceilings = _saving_inputs()
+    with pytest.raises(ValueError, match="curve has no rows"):
+        kept_against_tokens_figure(curve.iloc[:0], points, ceilings)
+    with pytest.raises(ValueError, match="spread"):
+        kept_against_tokens_figure(curve, points, ceilings, spread=0.5)
+    many = points.assign(method=[f"m{i}" for i in range(len(points))])
+    many = many.loc[many.index.repeat(2)].assign(method=lambda t: [f"x{i}" for i in range(len(t))])
+    with pytest.raises(ValueError, match="methods"):
+        kept_against_tokens_figure(curve, many, ceilings)

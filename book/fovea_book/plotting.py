@@ -340,6 +340,113 @@ def resize_curve_figure(view, ceilings: dict[str, float], *, budget: int = 273) 
     return fig
 
 
+#: markers of the methods at N in :func:`kept_against_tokens_figure`, in the order given
+POINT_MARKERS = "osD^v<>P"
+
+
+def kept_against_tokens_figure(curve, points, ceilings, *, budget: int = 273,
+                               titles: dict[str, str] | None = None, ncols: int = 2,
+                               spread: float = 1.035) -> Figure:
+    """Kept against visual tokens, one panel per collection: the ``resize`` curve (a line
+    with its 95 % CI band), each method at its budget N (a marker with its CI; markers
+    spread by ``spread``-fold steps around N on the log axis so their bars do not cover
+    each other), the ceiling (a dashed line: the cascade told the answer's box) and, where
+    the curve reaches the ceiling at ``N*``, an arrow from N to ``N*`` labelled with the
+    token-saving factor ``N* / N``, read off the picture.
+
+    Args:
+        curve: :func:`fovea_book.eval.curve.curve_kept` rows ``dataset, budget, kept, lo, hi,
+            n_docs`` (shares of the full page's reading, 0..1); its datasets are the panels.
+        points: rows ``dataset, method, kept, lo, hi`` (e.g.
+            :func:`fovea_book.eval.realsets.kept_table`), each drawn at ``budget``; one
+            marker per method (the legend names it; at most ``len(POINT_MARKERS)``).
+        ceilings: rows ``dataset, kept, n_star, censored, text``: the ceiling's kept share,
+            the budget ``N*`` at which ``resize`` reads as well (NaN where censored),
+            ``censored`` (``None``, ``"above"``: the curve never reaches it, ``"below"``:
+            ``resize`` already does at the curve's first budget) and the factor's text
+            (:func:`fovea_book.eval.curve.saving_table`'s ``text``). A dataset without a
+            row gets no ceiling.
+        budget: the methods' N.
+        titles: panel titles by dataset, in the order the panels are drawn (the datasets it
+            does not name follow in the curve's order, titled by their name).
+        ncols: panels per row.
+        spread: the step between neighbouring markers at N (a factor > 1 on the token axis).
+
+    Returns:
+        The figure: ``ceil(D / ncols) x ncols`` axes (``D`` datasets; unused ones hidden),
+        one legend below them.
+    """
+    present = list(dict.fromkeys(curve.dataset))
+    sets = [d for d in (titles or {}) if d in present] + [d for d in present
+                                                          if d not in (titles or {})]
+    if not sets:
+        raise ValueError("curve has no rows: nothing to draw")
+    methods = list(dict.fromkeys(points.method))
+    if len(methods) > len(POINT_MARKERS):
+        raise ValueError(f"points has {len(methods)} methods; at most {len(POINT_MARKERS)} "
+                         "can be told apart")
+    if not spread >= 1:
+        raise ValueError(f"spread must be a factor >= 1, got {spread}")
+    ncols = max(1, min(int(ncols), len(sets)))
+    nrows = -(-len(sets) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.5 * nrows + 0.6),
+                             squeeze=False, layout="constrained")
+    ceil = ceilings.set_index("dataset") if len(ceilings) else None
+    offsets = {m: spread ** (i - (len(methods) - 1) / 2) for i, m in enumerate(methods)}
+    handles: dict[str, object] = {}
+    box = dict(fc="white", ec="none", alpha=0.85, pad=1.5)
+    for ax, ds in zip(axes.flat, sets):
+        c = curve[curve.dataset == ds].sort_values("budget")
+        ax.set_xscale("log")
+        ax.set_xlim(budget / spread ** len(methods) / 1.05, float(c.budget.max()) * 1.3)
+        ax.fill_between(c.budget, 100 * c.lo, 100 * c.hi, color="0.3", alpha=0.18, lw=0)
+        handles["resize (95 % CI)"], = ax.plot(c.budget, 100 * c.kept, "-o", color="0.25", ms=3)
+        top = max(100.0, *(100 * c.hi))
+        for m, p in points[points.dataset == ds].groupby("method", sort=False):
+            k, lo, hi = (100 * float(p[v].iloc[0]) for v in ("kept", "lo", "hi"))
+            handles[m] = ax.errorbar(budget * offsets[m], k, yerr=[[k - lo], [hi - k]],
+                                     fmt=POINT_MARKERS[methods.index(m)], ms=7, capsize=3,
+                                     color=f"C{methods.index(m)}")
+            top = max(top, hi)
+        handles["full page"] = ax.axhline(100, color="0.6", lw=0.8)
+        if ceil is not None and ds in ceil.index:
+            r = ceil.loc[ds]
+            y = 100 * float(r.kept)
+            handles["answer's box given (oracle cascade)"] = ax.axhline(
+                y, color="C3", ls="--", lw=1.2)
+            cens = r.censored if isinstance(r.censored, str) else None
+            end = {"above": float(c.budget.max()) * 1.15, "below": None}.get(
+                cens, float(r.n_star))
+            if end is not None and np.isfinite(end):
+                ax.annotate("", xy=(end, y), xytext=(budget, y),
+                            arrowprops=dict(arrowstyle="->", color="C3", lw=1.5))
+                if cens is None:
+                    ax.vlines(end, 0, y, color="C3", ls=":", lw=1)
+                    words = f"resize reaches it at N* = {end:.0f}\nN* / N = {r.text}"
+                else:
+                    words = f"resize never reaches it\nN* / N {r.text}"
+                lo_x, hi_x = ax.get_xlim()          # the words on the side with room
+                left = cens is not None or np.log(end / lo_x) > 0.6 * np.log(hi_x / lo_x)
+                ax.text(end, y - 4, words, color="C3", fontsize=8, va="top",
+                        ha="right" if left else "left", bbox=box)
+            else:
+                ax.text(budget, y - 4, f"resize reads as well at N (N* / N {r.text})",
+                        color="C3", fontsize=8, va="top", bbox=box)
+        n = int(c.n_docs.max()) if "n_docs" in c and len(c) else 0
+        ax.set_title(f"{(titles or {}).get(ds, ds)} (n = {n})", fontsize=10)
+        ticks = sorted({int(b) for b in c.budget} | {int(budget)})
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
+        ax.minorticks_off()
+        ax.set_ylim(0, top + 5)
+        ax.set(xlabel="visual tokens N", ylabel="kept (% of the full page)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(sets):]:
+        ax.set_visible(False)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+               ncol=min(3, len(handles)), fontsize=8, frameon=False)
+    return fig
+
+
 def shift_search_figure(checks) -> Figure:
     """Chapter 03's shift figure: per transform of ``checks`` (a
     :class:`fovea_book.eval.logpolar_checks.ShiftChecks`; rows: zoom, rotation) the

@@ -15,15 +15,15 @@ the unit of resampling), so the curve and a method are compared in the same unit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fovea_book.eval.documents import Document
 
-__all__ = ["CURVE_BUDGETS", "book_curve_budgets", "compute_view", "doc_means", "full_grid",
-           "resize_curve", "saving_table"]
+__all__ = ["CURVE_BUDGETS", "book_curve_budgets", "compute_view", "curve_kept", "doc_means",
+           "full_grid", "resize_curve", "saving_table"]
 
 #: the budgets of the book's resize curve (the protocol's list; the full page closes it)
 CURVE_BUDGETS = (273, 400, 576, 1024, 1600, 2304)
@@ -53,8 +53,8 @@ def doc_means(table: pd.DataFrame, label: str, metric: str = "anls") -> pd.Serie
 
 def resize_curve(datasets: Mapping[str, Sequence[Document]],
                  budgets: Sequence[int] = CURVE_BUDGETS, *, reader=None, seed: int = 0,
-                 patch: int = 16, workers: int | None = None,
-                 cache_path="default") -> pd.DataFrame:
+                 patch: int = 16, workers: int | None = None, cache_path="default",
+                 rescore: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> pd.DataFrame:
     """``resize`` at each budget on every document: one row per (dataset, doc_id, budget)
     with ``anls`` (the document's mean ANLS), ``ceiling`` (the full page's), ``full_tokens``
     (its level-0 grid) and ``at_full`` (``True`` where the grid holds no more than the budget,
@@ -62,6 +62,10 @@ def resize_curve(datasets: Mapping[str, Sequence[Document]],
 
     Cells go through :func:`fovea_book.eval.cascade.evaluate` with the chapters' own
     ``resize`` method, so the budget a chapter already evaluated is read from its cache.
+    ``rescore`` (optional) maps each evaluated table to the one the curve is read from, the
+    ``full`` rows included (e.g. the WildReceipt scoring with spaces ignored,
+    :func:`fovea_book.eval.wildreceipt.rescore_without_spaces`), so the curve is scored as
+    the methods it is compared with.
     """
     from fovea_book.eval.cascade import Method, evaluate
 
@@ -77,6 +81,7 @@ def resize_curve(datasets: Mapping[str, Sequence[Document]],
         if fit:
             t = evaluate(fit, [method], n, reader=reader, seed=seed, patch=patch,
                          cache_path=cache_path, workers=workers)
+            t = t if rescore is None else rescore(t)
             ceil.update(doc_means(t, "full").to_dict())
             parts.append(doc_means(t, "resize").rename("anls").reset_index().assign(budget=n))
     rows = []
@@ -99,6 +104,29 @@ def resize_curve(datasets: Mapping[str, Sequence[Document]],
     out["full_tokens"] = [sizes[k] for k in out[["dataset", "doc_id"]].itertuples(index=False,
                                                                                name=None)]
     return out.sort_values(["dataset", "doc_id", "budget"], kind="stable").reset_index(drop=True)
+
+
+def curve_kept(curve: pd.DataFrame, *, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The ``curve`` of :func:`resize_curve` as *kept* (the share of the full page's reading:
+    sum of ANLS / sum of the ceiling's over documents, as
+    :func:`~fovea_book.eval.cascade.kept_difference`) per dataset and budget, with a 95 %
+    percentile bootstrap CI over documents (:func:`~fovea_book.eval.metrics.bootstrap_ci`,
+    the ratio recomputed on each resample). Columns ``dataset, budget, kept, lo, hi,
+    n_docs``, sorted by dataset (in the curve's order) and budget."""
+    from fovea_book.eval.metrics import bootstrap_ci
+
+    missing = {"dataset", "doc_id", "budget", "anls", "ceiling"} - set(curve.columns)
+    if missing:
+        raise ValueError(f"curve must have the columns of resize_curve; missing {sorted(missing)}")
+    share = lambda x: x[..., 0].sum(-1) / np.maximum(x[..., 1].sum(-1), 1e-12)  # noqa: E731
+    rows = [dict(dataset=ds, budget=int(n), n_docs=len(g), **dict(zip(
+        ("kept", "lo", "hi"), bootstrap_ci(g[["anls", "ceiling"]].to_numpy(float),
+                                           n_boot=n_boot, seed=seed, stat=share))))
+            for (ds, n), g in curve.groupby(["dataset", "budget"], sort=False)]
+    order = {d: i for i, d in enumerate(dict.fromkeys(curve.dataset))}
+    out = pd.DataFrame(rows, columns=["dataset", "budget", "kept", "lo", "hi", "n_docs"])
+    return out.sort_values(["dataset", "budget"], key=lambda c: c.map(order) if c.name ==
+                           "dataset" else c, kind="stable").reset_index(drop=True)
 
 
 def saving_table(curve: pd.DataFrame, table: pd.DataFrame, methods: Sequence[str],
