@@ -1,4 +1,4 @@
-"""Chapter 14.5's pages unlike the training pages: what breaks the map, and what was tried.
+"""Chapter 14.8's pages unlike the training pages: what breaks the map, and what was tried.
 
 * :func:`factor_pages` / :func:`factor_summary`: the photograph factors of
   :mod:`fovea_book.eval.photo`, one at a time, on ``sroie-train`` pages the localiser never
@@ -60,12 +60,12 @@ LOCO_WEIGHTS = {"sroie": "data/models/gist_localiser_no_sroie.pt",
 
 #: localisers trained with pages shown in part (``--part 0.5``: a band of 35-70 % of the
 #: page's rows, so the text is taller against the frame), without and with photograph-like
-#: augmentation; chapter 14.5 chooses one on training pages (:func:`choose_candidate`)
+#: augmentation; chapter 98 (appendix) chooses one on training pages (:func:`choose_candidate`)
 PART_WEIGHTS = {"part-trained": "data/models/gist_localiser_part.pt",
                 "photo + part trained": "data/models/gist_localiser_photo_part.pt"}
 #: localisers whose network never sees where on the page a pixel lies (``--no-position``:
 #: the position and aspect channels zeroed, so no layout prior can be learned), without and
-#: with photograph-like augmentation; chapter 14.5 chooses one on training pages
+#: with photograph-like augmentation; chapter 98 (appendix) chooses one on training pages
 #: (:func:`choose_candidate`)
 FREE_WEIGHTS = {"position-free": "data/models/gist_localiser_noposition.pt",
                 "photo + position-free": "data/models/gist_localiser_photo_noposition.pt"}
@@ -600,14 +600,14 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
                          verdict="met" if v == "better" else
                          v if v.startswith("too few") else "not met"))
     if runtime_s is None:
-        missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "no timing")
+        missing(f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s", "no timing")
     elif runtime_computed == 0:
-        missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "every evaluation cell "
+        missing(f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s", "every evaluation cell "
                 f"came from the row cache; this build took {runtime_s:.0f} s")
     else:
         cells = ("" if runtime_computed is None else
                  f", {runtime_computed} row-cache entries computed")
-        rows.append(dict(target=f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s (one run on "
+        rows.append(dict(target=f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s (one run on "
                          "a shared 2-core machine; no CI)", measured=f"{runtime_s:.0f} s{cells}",
                          verdict="met" if runtime_s <= runtime_bar_s else "not met"))
     if ttft is None:
