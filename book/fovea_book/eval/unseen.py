@@ -7,7 +7,7 @@
 * :class:`WeightsLocaliser`: the learned localiser with other weights (trained with a
   collection left out, :data:`LOCO_WEIGHTS`, or with other augmentation);
 * :func:`token_anchors`: the papers' published values the chapter shows beside its own;
-* :func:`rule_figure`: the fit of the page-size rule (:mod:`fovea_book.eval.resize_rule`)
+* :func:`rule_figure`: the fit of the page-size rule (:mod:`fovea_book.eval.tried.resize_rule`)
   from its record;
 * :func:`unseen_targets`: the targets set for these pages and for reading before looking,
   each with its verdict from the 95 % CI.
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fovea_book.eval.document_types import Document
-from fovea_book.eval.resize_rule import weights_record
+from fovea_book.eval.fitting import weights_record
 
 __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
@@ -136,7 +136,7 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
     when the folder is missing."""
     import zlib
 
-    from fovea_book.eval.resize_rule import localiser_record, unseen_pages
+    from fovea_book.eval.fitting import localiser_record, unseen_pages
     from fovea_book.paths import DatasetNotFound
     from fovea_book.train import TrainConfig
 
@@ -330,7 +330,7 @@ def factor_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def rule_figure(record: Mapping):
-    """The page-size rule's fit (:mod:`fovea_book.eval.resize_rule`'s record): mean ANLS of
+    """The page-size rule's fit (:mod:`fovea_book.eval.tried.resize_rule`'s record): mean ANLS of
     the rule against its threshold (multiples of N, 0 = never resize) on each training set
     and all together, the chosen threshold marked."""
     import matplotlib.pyplot as plt
