@@ -178,7 +178,7 @@ def test_toc_lists_root_first_and_notebooks_in_order():
     assert files[0] == "book/intro"
     nbs = [p.stem for p in toc_notebooks(ROOT)]
 
-    def number(stem: str) -> tuple[int, int]:      # "14_5_budgeted_cascade" -> (14, 5)
+    def number(stem: str) -> tuple[int, int]:      # "14_5_receipts_and_forms" -> (14, 5)
         m = re.match(r"(\d+)(?:_(\d+)_)?", stem)
         return int(m.group(1)), int(m.group(2) or 0)
 

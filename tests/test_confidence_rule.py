@@ -1,6 +1,6 @@
 """The cascade's rule for spending its budget like ``resize`` when its map is unsure
 (:func:`fovea_core.cascade.allocator.map_confidence`, ``resize_below``), and its fit
-(:mod:`fovea_book.eval.confidence_rule`)."""
+(:mod:`fovea_book.eval.tried.confidence_rule`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from fovea_book.eval.confidence_rule import (BASES, CONFIDENCES, VARIANTS, confidence_curve,
-                                             confidence_fit_table,
-                                             photo_variants, read_record)
+from fovea_book.eval.fitting import photo_variants
+from fovea_book.eval.tried.confidence_rule import (BASES, CONFIDENCES, VARIANTS,
+                                                   confidence_curve, confidence_fit_table,
+                                                   read_record)
 from fovea_book.eval.documents import make_document
-from fovea_book.eval.resize_rule import fit_threshold
+from fovea_book.eval.tried.resize_rule import fit_threshold
 from fovea_core import build_pyramid
 from fovea_core.cascade.allocator import _as_resize, cascade_parts, map_confidence
 

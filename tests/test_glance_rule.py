@@ -90,7 +90,7 @@ def test_the_committed_fit_is_consistent(weights):
     """The committed localiser's fit and the position-free candidate's (chapter 14.5)."""
     from fovea_book.eval.glance_rule import (GLANCE_SHARES, THRESHOLDS, default_record_path,
                                              read_record)
-    from fovea_book.eval.resize_rule import localiser_record
+    from fovea_book.eval.fitting import localiser_record
     from fovea_book.eval.unseen import WeightsLocaliser
 
     rec = read_record(default_record_path(weights))
@@ -115,30 +115,30 @@ def test_the_fit_takes_other_localiser_weights_and_names_its_record_after_them(m
                                                                              tmp_path):
     """``--localiser``: the methods carry the weights, the training pages are those the
     weights never trained on, the record is named after them; unknown weights are refused."""
-    from fovea_book.eval import resize_rule
+    from fovea_book.eval import fitting
     from fovea_book.eval.glance_rule import GLANCE_SHARES, default_record_path, glance_methods
     from fovea_book.eval.unseen import FREE_WEIGHTS, WeightsLocaliser
 
     weights = FREE_WEIGHTS["photo + position-free"]
     seen = []
-    monkeypatch.setattr(resize_rule, "unseen_training_pages",
+    monkeypatch.setattr(fitting, "unseen_training_pages",
                         lambda record, **kw: seen.append(record["sha256"]) or {})
-    args, record, pages, _ = resize_rule.start_fit(
+    args, record, pages, _ = fitting.start_fit(
         "glance_rule", "doc", default_record_path(), ["--localiser", weights], localiser=True)
     loc = WeightsLocaliser(weights)
     assert args.localiser == weights and record == loc.record() and seen == [record["sha256"]]
     assert args.out == default_record_path(weights)
     assert args.out.name == "glance_rule_photo_noposition.json"
-    args, record, _, _ = resize_rule.start_fit("glance_rule", "doc", default_record_path(), [],
-                                               localiser=True)
+    args, record, _, _ = fitting.start_fit("glance_rule", "doc", default_record_path(), [],
+                                           localiser=True)
     assert args.localiser is None and args.out == default_record_path()
-    assert record == resize_rule.localiser_record()
+    assert record == fitting.localiser_record()
     with pytest.raises(SystemExit):
-        resize_rule.start_fit("glance_rule", "doc", default_record_path(),
-                              ["--localiser", str(tmp_path / "none.pt")], localiser=True)
+        fitting.start_fit("glance_rule", "doc", default_record_path(),
+                          ["--localiser", str(tmp_path / "none.pt")], localiser=True)
     with pytest.raises(SystemExit):             # a fit that does not take the option refuses it
-        resize_rule.start_fit("resize_rule", "doc", default_record_path(),
-                              ["--localiser", weights])
+        fitting.start_fit("tried.resize_rule", "doc", default_record_path(),
+                          ["--localiser", weights])
     ms = glance_methods(loc)
     assert len(ms) == 2 + len(GLANCE_SHARES)
     assert ms[0].params["localiser"] == loc and all(m.params["localiser"] == loc for m in ms[1:])

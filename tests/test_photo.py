@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -193,3 +194,27 @@ def test_part_page_shows_a_band_or_the_whole_page():
             assert (out.image[y0:y1, x0:x1] == 0).all() and y1 - y0 == 30
     # a band too small for the gist, or one holding no answer, gives the page itself
     assert part_page(doc, np.random.default_rng(0), min_cells=10_000) is doc
+
+
+def test_factor_table_computes_a_page_once_and_reads_it_back(tmp_path, monkeypatch):
+    """The rows of a (factor, page, localiser) are stored and read back equal; another seed
+    (another generator for the page) or no cache computes again."""
+    import fovea_core.cascade.allocator as allocator
+
+    docs = [make_document(i, layout="receipt") for i in range(2)]
+    factors = {k: FACTORS[k] for k in ("as stored", "half of the receipt (top or bottom)")}
+    locs = {"learned": "learned", "paper": "learned_paper"}
+    cache = tmp_path / "rows.sqlite"
+    first = factor_table(docs, locs, factors=factors, cache_path=cache)
+    assert len(first) > 0
+
+    def no_allocation(*args, **kwargs):
+        raise RuntimeError("factor_table allocated instead of reading its cache")
+
+    monkeypatch.setattr(allocator, "cascade_parts", no_allocation)
+    again = factor_table(docs, locs, factors=factors, cache_path=cache)
+    pd.testing.assert_frame_equal(first, again)
+    with pytest.raises(RuntimeError, match="allocated"):
+        factor_table(docs, locs, factors=factors, cache_path=cache, seed=1)
+    with pytest.raises(RuntimeError, match="allocated"):
+        factor_table(docs, locs, factors=factors, cache_path=None)

@@ -9,8 +9,8 @@ import torch
 
 from fovea_book.eval.documents import make_document
 from fovea_book.eval.photo import photo_like
-from fovea_book.eval.resize_rule import (THRESHOLDS, fit_threshold, grid_ratio, read_record,
-                                         rule_curve)
+from fovea_book.eval.fitting import grid_ratio
+from fovea_book.eval.tried.resize_rule import THRESHOLDS, fit_threshold, read_record, rule_curve
 from fovea_core import build_pyramid
 from fovea_core.allocators.grid import resize
 from fovea_core.cascade.allocator import cascade_parts

@@ -1,6 +1,6 @@
 """The cascade's legibility switch to ``resize`` (:func:`fovea_core.cascade.allocator.
 page_legibility`, ``resize_legible``), the registered ``cascade_safe``, and the fit of the
-pair on photograph-like training pages (:mod:`fovea_book.eval.safe_rule`)."""
+pair on photograph-like training pages (:mod:`fovea_book.eval.tried.safe_rule`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from fovea_book.eval.documents import make_document
-from fovea_book.eval.safe_rule import (BASE, CONFIDENCES, LEGIBLES, choose_safe, read_record,
-                                       safe_curve, safe_fit_table, switch_sentence,
-                                       switch_summary)
+from fovea_book.eval.tried.safe_rule import (BASE, CONFIDENCES, LEGIBLES, choose_safe,
+                                             read_record, safe_curve, safe_fit_table,
+                                             switch_sentence, switch_summary)
 from fovea_core import build_pyramid, foveate
 from fovea_core.allocators.grid import resize_grid
 from fovea_core.cascade.allocator import (LEGIBLE_PX, SAFE_RESIZE_BELOW, SAFE_RESIZE_LEGIBLE,

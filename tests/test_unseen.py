@@ -1,4 +1,4 @@
-"""Chapter 14.5's unseen-page helpers: the factor summary, per-field kept, the TTFT target and
+"""Chapter 14.8's unseen-page helpers: the factor summary, per-field kept, the TTFT target and
 the targets table (fovea_book.eval.unseen)."""
 
 from __future__ import annotations

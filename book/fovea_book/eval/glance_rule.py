@@ -13,9 +13,9 @@ gist and a first fovea as before (``cascade_read``'s ``glance_below`` and
 has read nothing its tokens do not carry: the rule stays *budgeted*.
 
 **Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of
-:func:`~fovea_book.eval.resize_rule.unseen_training_pages` (receipts and forms the
+:func:`~fovea_book.eval.fitting.unseen_training_pages` (receipts and forms the
 localiser never trained on, synthetic validation pages), each in the variants of
-:data:`VARIANTS`: the three of :func:`~fovea_book.eval.confidence_rule.photo_variants` (as
+:data:`VARIANTS`: the three of :func:`~fovea_book.eval.fitting.photo_variants` (as
 scanned, on a table, photographed) and half of the page
 (:func:`~fovea_book.eval.photo.half_page`, the one simulated factor with the photographs'
 signature in chapter 14.5: text tall against the frame), each at the page-size rule's
@@ -80,16 +80,16 @@ def glance_label(share: float) -> str:
 
 def glance_variants(doc: Document, scales: Sequence[float] | None = None) -> list[Document]:
     """``doc`` in each variant of :data:`VARIANTS` at ``scales`` (default the page-size rule's
-    :data:`~fovea_book.eval.resize_rule.SCALES`) as JPEG: the three of
-    :func:`~fovea_book.eval.confidence_rule.photo_variants` and its top or bottom half
+    :data:`~fovea_book.eval.fitting.SCALES`) as JPEG: the three of
+    :func:`~fovea_book.eval.fitting.photo_variants` and its top or bottom half
     (:func:`~fovea_book.eval.photo.half_page`, drawn by the page's id; the questions whose
     answer is cut off are dropped, and a half with none left is not returned). Ids
     ``"<id>-<variant>@<scale>"``."""
     from dataclasses import replace
 
-    from fovea_book.eval.confidence_rule import photo_variants
+    from fovea_book.eval.fitting import photo_variants
     from fovea_book.eval.photo import half_page, photo_like
-    from fovea_book.eval.resize_rule import SCALES
+    from fovea_book.eval.fitting import SCALES
 
     scales = SCALES if scales is None else scales
     out = photo_variants(doc, scales)
@@ -264,8 +264,8 @@ def ungated_table(record: Mapping) -> tuple[pd.DataFrame, str]:
 def default_record_path(localiser: str | None = None) -> Path:
     """``data/models/glance_rule.json`` of the repository; with ``localiser`` (weights, as
     ``--localiser`` takes them) the record of the fit with them
-    (:func:`~fovea_book.eval.resize_rule.with_localiser`)."""
-    from fovea_book.eval.resize_rule import models_record_path, with_localiser
+    (:func:`~fovea_book.eval.fitting.with_localiser`)."""
+    from fovea_book.eval.fitting import models_record_path, with_localiser
 
     return with_localiser(models_record_path("glance_rule"), localiser)
 
@@ -287,7 +287,7 @@ def glance_methods(localiser="learned") -> list:
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    from fovea_book.eval.resize_rule import read_models_record
+    from fovea_book.eval.fitting import read_models_record
 
     return read_models_record("glance_rule", path)
 
@@ -301,9 +301,9 @@ def fit_on_variants(module: str, description: str, out_default: Path,
     them for a localiser, ``"learned"`` or the ``--localiser`` weights'
     :class:`~fovea_book.eval.unseen.WeightsLocaliser`, which the command line then takes,
     and the record names) on every variant with the book's reader at N = 273
-    (:func:`~fovea_book.eval.resize_rule.read_variants`, after
-    :func:`~fovea_book.eval.resize_rule.start_fit` and
-    :func:`~fovea_book.eval.resize_rule.variant_sets`), then calls ``fit(table)`` for
+    (:func:`~fovea_book.eval.fitting.read_variants`, after
+    :func:`~fovea_book.eval.fitting.start_fit` and
+    :func:`~fovea_book.eval.fitting.variant_sets`), then calls ``fit(table)`` for
     ``(curve, chosen, head, objective)``: the curve (a frame whose ``attrs["resize"]`` holds
     ``resize``'s mean per variant), the chosen row, the record's leading fields (the rule,
     the choice, the grid) and the objective's words. Writes the record: ``head``, then the
@@ -311,7 +311,7 @@ def fit_on_variants(module: str, description: str, out_default: Path,
     ``resize``'s and every method's mean per variant, provenance); prints the curve, the
     means and the choice. Returns 0."""
     from fovea_book.eval.cascade import Method
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, read_variants,
+    from fovea_book.eval.fitting import (MIN_RATIO, SCALES, fit_provenance, read_variants,
                                              start_fit, variant_sets, write_fit_record)
 
     args, record, pages, t0 = start_fit(module, description, out_default, argv,

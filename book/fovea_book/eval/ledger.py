@@ -132,19 +132,19 @@ def benchmark_claims(bench_dir) -> list[Claim]:
     rows: list[Claim] = []
     s = _bench(bench_dir, "sampling")
     names = {"e2e_kernel_le_2ms": ("CPU pyramid + gather of 273 tokens, 1024^2 (median)",
-                                   "ms", "05_cuda_kernels"),
+                                   "ms", "05_5_kernel_speed"),
              "e2e_over_copy_le_1.5_moonshot": ("CPU end to end / copy floor (moonshot)", "x",
-                                               "05_cuda_kernels"),
+                                               "05_5_kernel_speed"),
              "e2e_over_copy_minima_le_2": ("CPU end to end / copy floor, fastest rounds",
-                                           "x", "05_cuda_kernels"),
+                                           "x", "05_5_kernel_speed"),
              "torch_over_grid_sample_le_1.5": ("torch sample / one grid_sample call", "x",
-                                               "05_cuda_kernels"),
+                                               "05_5_kernel_speed"),
              "remap_torch_over_cv2_le_2": ("torch log-polar remap / cv2.remap", "x",
-                                           "05_cuda_kernels")}
+                                           "05_5_kernel_speed")}
     if s and "targets" in s.get("cpu", {}):
         src = _source_text(s)
         for key, t in s["cpu"]["targets"].items():
-            claim, unit, where = names.get(key, (key, "", "05_cuda_kernels"))
+            claim, unit, where = names.get(key, (key, "", "05_5_kernel_speed"))
             rows.append(Claim(claim, "issue target", f"<= {t['target']:g}",
                               f"{t['measured']:.3g} ({src})", unit, where,
                               judge(t["target"], t["measured"], mode="below")))
@@ -168,7 +168,7 @@ def benchmark_claims(bench_dir) -> list[Claim]:
         rows.append(Claim(f"GPU gather at B = 64: fraction of the memory bandwidth ({best}, "
                           f"{g['hardware'].get('gpu', 'GPU')})", "issue target", ">= 0.5",
                           f"{frac:.2f} ({_source_text(g)})", "of datasheet",
-                          "05_cuda_kernels", judge(0.5, frac, mode="above")))
+                          "05_5_kernel_speed", judge(0.5, frac, mode="above")))
     v = _bench(bench_dir, "vlm_latency_gpu")
     runs = [r for r in (v or {}).get("runs", []) if "speedup_over_bound" in r]
     if runs:

@@ -16,9 +16,12 @@ share of the frame, the corner jitter, the blur's sigma, ...) are stated in :dat
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -182,7 +185,7 @@ FACTORS: dict[str, Callable[[Document, np.random.Generator], Document]] = {
 
 def factor_table(docs: Sequence[Document], localisers: Mapping[str, str], *,
                  factors: Mapping[str, Callable] = FACTORS, budget: int = 273,
-                 seed: int = 0) -> pd.DataFrame:
+                 seed: int = 0, cache_path: str | Path | None = "default") -> pd.DataFrame:
     """One row per (factor, localiser, page, question): ``cell_auc`` and ``fovea_share`` of
     the cascade with that localiser (a name of
     :data:`~fovea_core.cascade.localisers.LOCALISERS`, ``{label: name}``) on the page after
@@ -190,29 +193,52 @@ def factor_table(docs: Sequence[Document], localisers: Mapping[str, str], *,
     (:func:`~fovea_core.cascade.allocator.map_confidence`, what the glance rule's gate
     reads), and the page's ``grid`` (level-0 cells). The generator of page ``i`` is
     ``default_rng([seed, i])`` for every factor and localiser. Pages the cascade cannot
-    run at ``budget`` after a factor (too small) are skipped."""
+    run at ``budget`` after a factor (too small) are skipped.
+
+    The rows of one (factor, page, localiser) are stored in the evaluator's cell cache
+    (``cache_path``: ``"default"`` the sweep's,
+    :func:`~fovea_book.eval.evaluator.cell_cache_path`, one file per version of the code;
+    ``None``: none), keyed by the factor, the page's content, its generator, the budget
+    and the localiser, so the chapters that read the same table compute it once."""
+    from fovea_book.eval.evaluator import _fn_id, cell_cache_path, document_fingerprint
     from fovea_book.eval.localisation import cell_auc, fovea_share
+    from fovea_core.cache import SqliteCache
     from fovea_core.cascade.allocator import budget_range, cascade_parts, map_confidence
     from fovea_core.cascade.core import gist
     from fovea_core.cascade.allocator import gist_budget_for
     from fovea_core.pyramid import build_pyramid
 
+    cache = (None if cache_path is None else
+             SqliteCache(cell_cache_path() if cache_path == "default" else Path(cache_path)))
     rows = []
     for fname, f in factors.items():
         for i, doc in enumerate(docs):
-            page = f(doc, np.random.default_rng([seed, i]))
-            lo, hi = budget_range(page.size)
-            if not lo <= budget <= hi:
-                continue
-            pyr = build_pyramid(page.image)
-            g = gist(pyr, gist_budget_for(budget))
-            for label, loc in localisers.items():
-                for q in page.questions:
-                    p = cascade_parts(pyr, budget, query=q.question, localiser=loc, gist_obj=g)
-                    rows.append(dict(factor=fname, localiser=label, doc_id=doc.doc_id,
-                                     field=q.field, grid=pyr.grid_shape(16, 0)[0] *
-                                     pyr.grid_shape(16, 0)[1],
-                                     cell_auc=cell_auc(p.scores[0], q.boxes, page.size),
-                                     fovea_share=fovea_share(p.tokens, q.boxes),
-                                     map_confidence=float(map_confidence(p.scores[:1])[0])))
+            keys = {label: hashlib.sha1(json.dumps(dict(
+                kind="factor", f=fname, fn=_fn_id(f), dh=document_fingerprint(doc), i=i,
+                seed=seed, b=int(budget), l=label, loc=_fn_id(loc)), sort_keys=True,
+                default=str).encode()).hexdigest() for label, loc in localisers.items()}
+            done = {label: json.loads(text) for label, k in keys.items()
+                    if cache is not None and (text := cache.get(k)) is not None}
+            todo = [label for label in localisers if label not in done]
+            if todo:
+                page = f(doc, np.random.default_rng([seed, i]))
+                lo, hi = budget_range(page.size)
+                fits = lo <= budget <= hi
+                if fits:
+                    pyr = build_pyramid(page.image)
+                    g = gist(pyr, gist_budget_for(budget))
+                for label in todo:
+                    done[label] = []
+                    for q in (page.questions if fits else []):
+                        p = cascade_parts(pyr, budget, query=q.question,
+                                          localiser=localisers[label], gist_obj=g)
+                        done[label].append(dict(
+                            factor=fname, localiser=label, doc_id=doc.doc_id, field=q.field,
+                            grid=pyr.grid_shape(16, 0)[0] * pyr.grid_shape(16, 0)[1],
+                            cell_auc=cell_auc(p.scores[0], q.boxes, page.size),
+                            fovea_share=fovea_share(p.tokens, q.boxes),
+                            map_confidence=float(map_confidence(p.scores[:1])[0])))
+                    if cache is not None:
+                        cache.put(keys[label], json.dumps(done[label], default=float))
+            rows += [r for label in localisers for r in done[label]]
     return pd.DataFrame(rows)

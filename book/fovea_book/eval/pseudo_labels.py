@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"recall {r.recall:.3f} of {r.answers} answers)")
     print("seconds (read + label): " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()))
     if args.record:
-        from fovea_book.eval.resize_rule import git_commit, models_record_path, write_fit_record
+        from fovea_book.eval.fitting import git_commit, models_record_path, write_fit_record
 
         path = write_fit_record(dict(
             thresholds=chosen, target=TARGET, min_kept=MIN_KEPT, min_iou=MIN_IOU,

@@ -24,7 +24,7 @@ and :data:`~fovea_core.cascade.reading.FIRST_SHARE` from the record this module 
    line, from its left end for the others); its densest bins are the geometry's rects.
 2. **The first share**: the read-then-look cascade with the fitted geometry at each of
    :data:`SHARES` (and, as the baseline, with the hand-set priors) reads the training pages
-   the localiser never trained on (:func:`~fovea_book.eval.resize_rule.unseen_training_pages`:
+   the localiser never trained on (:func:`~fovea_book.eval.fitting.unseen_training_pages`:
    receipts, forms and synthetic validation pages), with the book's reader (rapidocr). The
    share with the highest mean over the three sets of their mean ANLS is chosen; ties go to
    the smaller share. The geometry's pairs come from the other training pages, so the share
@@ -327,7 +327,7 @@ def share_curve(table: pd.DataFrame, labels: Mapping[str, float]) -> pd.DataFram
 def choose_share(curve: pd.DataFrame, *, tol: float = 1e-9) -> float:
     """The share of ``curve`` (:func:`share_curve`) with the highest score; ties (within
     ``tol``) go to the smaller share."""
-    from fovea_book.eval.resize_rule import smallest_best
+    from fovea_book.eval.fitting import smallest_best
 
     if curve.empty:
         raise ValueError("empty curve: no share to choose")
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the geometry and the share (see the module docstring) and write the record."""
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
-    from fovea_book.eval.resize_rule import fit_provenance, start_fit, write_fit_record
+    from fovea_book.eval.fitting import fit_provenance, start_fit, write_fit_record
     from fovea_core.cascade.allocator import DEFAULT_GIST
     from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY,
                                             geometry_to_dict)

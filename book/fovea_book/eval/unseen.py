@@ -1,4 +1,4 @@
-"""Chapter 14.5's pages unlike the training pages: what breaks the map, and what was tried.
+"""Chapter 14.8's pages unlike the training pages: what breaks the map, and what was tried.
 
 * :func:`factor_pages` / :func:`factor_summary`: the photograph factors of
   :mod:`fovea_book.eval.photo`, one at a time, on ``sroie-train`` pages the localiser never
@@ -7,7 +7,7 @@
 * :class:`WeightsLocaliser`: the learned localiser with other weights (trained with a
   collection left out, :data:`LOCO_WEIGHTS`, or with other augmentation);
 * :func:`token_anchors`: the papers' published values the chapter shows beside its own;
-* :func:`rule_figure`: the fit of the page-size rule (:mod:`fovea_book.eval.resize_rule`)
+* :func:`rule_figure`: the fit of the page-size rule (:mod:`fovea_book.eval.tried.resize_rule`)
   from its record;
 * :func:`unseen_targets`: the targets set for these pages and for reading before looking,
   each with its verdict from the 95 % CI.
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fovea_book.eval.document_types import Document
-from fovea_book.eval.resize_rule import weights_record
+from fovea_book.eval.fitting import weights_record
 
 __all__ = ["FACTOR_PAGES", "FACTOR_LOCALISERS", "RUNTIME_BAR_S", "factor_pages",
            "factor_summary", "rule_figure", "learning_table", "learning_figure", "field_kept",
@@ -60,12 +60,12 @@ LOCO_WEIGHTS = {"sroie": "data/models/gist_localiser_no_sroie.pt",
 
 #: localisers trained with pages shown in part (``--part 0.5``: a band of 35-70 % of the
 #: page's rows, so the text is taller against the frame), without and with photograph-like
-#: augmentation; chapter 14.5 chooses one on training pages (:func:`choose_candidate`)
+#: augmentation; chapter 98 (appendix) chooses one on training pages (:func:`choose_candidate`)
 PART_WEIGHTS = {"part-trained": "data/models/gist_localiser_part.pt",
                 "photo + part trained": "data/models/gist_localiser_photo_part.pt"}
 #: localisers whose network never sees where on the page a pixel lies (``--no-position``:
 #: the position and aspect channels zeroed, so no layout prior can be learned), without and
-#: with photograph-like augmentation; chapter 14.5 chooses one on training pages
+#: with photograph-like augmentation; chapter 98 (appendix) chooses one on training pages
 #: (:func:`choose_candidate`)
 FREE_WEIGHTS = {"position-free": "data/models/gist_localiser_noposition.pt",
                 "photo + position-free": "data/models/gist_localiser_photo_noposition.pt"}
@@ -136,7 +136,7 @@ def factor_pages(profile: str, *, data_dir=None) -> tuple[list[Document], str]:
     when the folder is missing."""
     import zlib
 
-    from fovea_book.eval.resize_rule import localiser_record, unseen_pages
+    from fovea_book.eval.fitting import localiser_record, unseen_pages
     from fovea_book.paths import DatasetNotFound
     from fovea_book.train import TrainConfig
 
@@ -330,7 +330,7 @@ def factor_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def rule_figure(record: Mapping):
-    """The page-size rule's fit (:mod:`fovea_book.eval.resize_rule`'s record): mean ANLS of
+    """The page-size rule's fit (:mod:`fovea_book.eval.tried.resize_rule`'s record): mean ANLS of
     the rule against its threshold (multiples of N, 0 = never resize) on each training set
     and all together, the chosen threshold marked."""
     import matplotlib.pyplot as plt
@@ -600,14 +600,14 @@ def unseen_targets(*, carry: Mapping[tuple[str, str], Mapping],
                          verdict="met" if v == "better" else
                          v if v.startswith("too few") else "not met"))
     if runtime_s is None:
-        missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "no timing")
+        missing(f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s", "no timing")
     elif runtime_computed == 0:
-        missing(f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s", "every evaluation cell "
+        missing(f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s", "every evaluation cell "
                 f"came from the row cache; this build took {runtime_s:.0f} s")
     else:
         cells = ("" if runtime_computed is None else
                  f", {runtime_computed} row-cache entries computed")
-        rows.append(dict(target=f"chapter 14.5 builds in <= {runtime_bar_s:.0f} s (one run on "
+        rows.append(dict(target=f"chapter 14.8 builds in <= {runtime_bar_s:.0f} s (one run on "
                          "a shared 2-core machine; no CI)", measured=f"{runtime_s:.0f} s{cells}",
                          verdict="met" if runtime_s <= runtime_bar_s else "not met"))
     if ttft is None:

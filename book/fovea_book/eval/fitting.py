@@ -1,29 +1,18 @@
-"""When should the cascade spend its budget like ``resize``? A rule fitted on training pages.
+"""What every fit on training pages shares: the pages the localiser never trained on, their
+photograph-like variants, the command line, the evaluation of the variants and the record.
 
-The cascade wins where a page is large for its budget: ``resize`` then reads the text too
-small and the fovea zooms in. On a page whose native patch grid is only a few times N,
-``resize`` already reads near native resolution, and a fovea that looks in the wrong place
-loses what the resize would have read. The rule: spend the budget like ``resize`` when the
-page's level-0 grid holds at most ``resize_within * N`` cells
-(:func:`fovea_core.cascade.allocator.cascade_parts`' ``resize_within``).
+The fits of ``foveate``'s default read them: :mod:`fovea_book.eval.glance_rule` (the glance
+rule: its share of N and its gate) and :mod:`fovea_book.eval.reading_fit` (where to look
+after reading, and fixation 1's share). So do the rules tried on pages unlike the training
+pages and dropped, in :mod:`fovea_book.eval.tried`.
 
-**Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of ``sroie-train``
-and ``funsd-train`` the localiser was not trained on (its record's held-out fifth and pages
-added to the folders since; :func:`unseen_training_pages`) and synthetic validation pages
-(seeds from :data:`fovea_book.train.VALID_SEED`), each at the scales :data:`SCALES` and
-re-encoded as JPEG (:func:`~fovea_book.eval.photo.photo_like`: a smaller, compressed page, as a phone photograph
-of the same receipt would be), so that the fit sees pages from a few to tens of times N.
-Both ``resize`` and the learned cascade read every page with the book's reader; the chosen
-threshold (:func:`fit_threshold`) maximises the mean over pages of the rule's ANLS among
-:data:`THRESHOLDS` (ties go to the smaller threshold: the cascade unless the data say
-otherwise). No dev page is read.
-
-``python -m fovea_book.eval.resize_rule [--out PATH] [--data-dir DIR]`` runs the fit and
-writes the record (default ``data/models/resize_rule.json``): the pages, the scales, the
-curve (rule ANLS against threshold) and the chosen value, with the commit and versions.
-The record of this repository's fit chose 0 (never resize): on the training pages the
-cascade reads at least as well as ``resize`` at every page size; chapter 14.5 shows the
-curve. ``resize_within`` therefore stays an option of the cascade, not a registered method.
+**Training pages only** (``../shared/PROTOCOL.md``): :func:`unseen_training_pages` returns
+the pages of ``sroie-train`` and ``funsd-train`` the localiser was not trained on (its
+record's held-out fifth and pages added to the folders since) and synthetic validation pages
+(seeds from :data:`fovea_book.train.VALID_SEED`); no dev page is ever read. A fit is run as
+``python -m fovea_book.eval.<module>`` (:func:`start_fit`) and writes its record to
+``data/models/<name>.json`` (:func:`models_record_path`, :func:`write_fit_record`,
+:func:`fit_provenance`).
 """
 
 from __future__ import annotations
@@ -37,28 +26,26 @@ import subprocess
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from fovea_book.eval.document_types import Document
-from fovea_book.eval.photo import JPEG_QUALITY, photo_like
 
-__all__ = ["SCALES", "THRESHOLDS", "MIN_RATIO", "localiser_record", "unseen_pages",
-           "unseen_training_pages", "grid_ratio", "rule_curve", "smallest_best", "fit_threshold",
-           "start_fit", "weights_record", "with_localiser", "variant_sets", "read_variants",
-           "write_fit_record", "fit_provenance", "git_commit",
-           "models_record_path", "read_models_record",
-           "default_record_path", "read_record", "main"]
+__all__ = ["SCALES", "MIN_RATIO", "PHOTO_VARIANTS", "grid_ratio", "localiser_record",
+           "weights_record", "unseen_pages", "unseen_training_pages", "photo_variants",
+           "smallest_best", "models_record_path", "read_models_record", "with_localiser",
+           "start_fit", "variant_sets", "read_variants", "write_fit_record", "fit_provenance",
+           "git_commit"]
 
-#: scales of the training pages the fit reads (each page at each scale; 1 = as stored)
+#: scales of the training pages a fit reads (each page at each scale; 1 = as stored)
 SCALES = (1.0, 0.5, 0.25)
-#: candidate thresholds (multiples of N; 0 = never resize, the plain cascade)
-THRESHOLDS = (0.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 #: a rescaled page must hold at least this many times N cells (the cascade needs its gist
 #: and a fovea; ``resize`` at N needs N cells)
 MIN_RATIO = 1.05
+#: the photograph-like variants of each training page (:func:`photo_variants`)
+PHOTO_VARIANTS = ("scan", "table", "photo")
 
 
 def grid_ratio(doc: Document, budget: int = 273, patch: int = 16) -> float:
@@ -67,13 +54,11 @@ def grid_ratio(doc: Document, budget: int = 273, patch: int = 16) -> float:
     h, w = doc.size
     return math.ceil(h / patch) * math.ceil(w / patch) / budget
 
-
 def localiser_record() -> dict:
     """The committed localiser's training record (the JSON beside its weights)."""
     from fovea_core.cascade.learned import weights_path
 
     return json.loads(weights_path().with_suffix(".json").read_text())
-
 
 @functools.lru_cache(maxsize=8)
 def weights_record(weights: str) -> dict:
@@ -88,7 +73,6 @@ def weights_record(weights: str) -> dict:
                                 f"train them with python -m fovea_book.train --out {weights} "
                                 "(see fovea_book.eval.unseen.LOCO_WEIGHTS)")
     return json.loads(rec.read_text())
-
 
 def unseen_pages(record: Mapping, name: str, *, data_dir=None) -> list[Document]:
     """The pages of the training folder ``name`` (``"sroie-train"`` or ``"funsd-train"``,
@@ -106,7 +90,6 @@ def unseen_pages(record: Mapping, name: str, *, data_dir=None) -> list[Document]
         raise ValueError(f"name must be one of {sorted(loaders)}, got {name!r}")
     trained = set(record["train"]["sources"].get(name, {}).get("page_ids", ()))
     return [d for d in loaders[name](dataset_path(name, data_dir)) if d.doc_id not in trained]
-
 
 def unseen_training_pages(record: Mapping, *, data_dir=None, synthetic: int = 12,
                           forms: int | None = 12, receipts: int | None = None
@@ -135,37 +118,6 @@ def unseen_training_pages(record: Mapping, *, data_dir=None, synthetic: int = 12
                         for i in range(synthetic)]
     return out
 
-
-def rule_curve(table: pd.DataFrame, ratios: Mapping[str, float],
-               thresholds: Sequence[float] = THRESHOLDS, *, cascade: str = "cascade | learned",
-               resize: str = "resize") -> pd.DataFrame:
-    """Mean over documents of the rule's ANLS at each threshold.
-
-    ``table``: evaluator rows (``doc_id``, ``qid``, ``allocator``, ``anls``) with both
-    ``cascade`` and ``resize``; ``ratios``: ``{doc_id: grid_ratio}``. The rule reads a
-    document with ``resize`` when its ratio is ``<= threshold``, else with the cascade.
-    Returns one row per threshold: ``threshold``, ``anls`` (the rule), ``resized`` (share of
-    documents sent to ``resize``) and ``n_docs``; ``attrs["cascade"]`` and
-    ``attrs["resize"]`` hold the two methods' own means."""
-    per_doc = (table[table.allocator.isin([cascade, resize])]
-               .groupby(["doc_id", "allocator"]).anls.mean().unstack())
-    missing = {cascade, resize} - set(per_doc.columns)
-    if missing:
-        raise ValueError(f"table has no rows of {sorted(missing)}")
-    per_doc = per_doc.dropna()
-    unknown = set(per_doc.index) - set(ratios)
-    if unknown:
-        raise ValueError(f"no grid ratio for {len(unknown)} documents, e.g. {sorted(unknown)[:3]}")
-    r = np.array([ratios[d] for d in per_doc.index])                         # [D]
-    t = np.asarray(thresholds, dtype=float)                                  # [T]
-    use_resize = r[None, :] <= t[:, None]                                    # [T, D]
-    rule = np.where(use_resize, per_doc[resize].to_numpy()[None], per_doc[cascade].to_numpy()[None])
-    out = pd.DataFrame(dict(threshold=t, anls=rule.mean(1), resized=use_resize.mean(1),
-                            n_docs=len(per_doc)))
-    out.attrs.update(cascade=float(per_doc[cascade].mean()), resize=float(per_doc[resize].mean()))
-    return out
-
-
 def smallest_best(values: Sequence[float], scores: Sequence[float], *,
                   tol: float = 1e-9) -> float:
     """The smallest of ``values`` whose score is within ``tol`` of the highest of
@@ -177,23 +129,13 @@ def smallest_best(values: Sequence[float], scores: Sequence[float], *,
                          f"and {sc.size} scores")
     return float(v[sc >= sc.max() - tol].min())
 
-
-def fit_threshold(curve: pd.DataFrame, *, tol: float = 1e-9) -> float:
-    """The threshold of ``curve`` (:func:`rule_curve`) with the highest rule ANLS; among
-    thresholds within ``tol`` of it, the smallest (the cascade unless the data say
-    otherwise)."""
-    if curve.empty:
-        raise ValueError("empty curve: no document to fit on")
-    return smallest_best(curve.threshold, curve.anls, tol=tol)
-
-
 def models_record_path(module: str) -> Path:
-    """``data/models/<module>.json`` of the repository: the record the fit
+    """``data/models/<name>.json`` of the repository, ``name`` the last part of ``module``
+    (``"glance_rule"``, ``"tried.safe_rule"``): the record the fit
     ``python -m fovea_book.eval.<module>`` writes."""
     from fovea_book.paths import project_root
 
-    return project_root() / "data" / "models" / f"{module}.json"
-
+    return project_root() / "data" / "models" / f"{module.rsplit('.', 1)[-1]}.json"
 
 def read_models_record(module: str, path: str | Path | None = None) -> dict:
     """The record of the fit ``python -m fovea_book.eval.<module>`` (default
@@ -205,17 +147,6 @@ def read_models_record(module: str, path: str | Path | None = None) -> dict:
                                 f"`python -m fovea_book.eval.{module}`")
     return json.loads(p.read_text())
 
-
-def default_record_path() -> Path:
-    """``data/models/resize_rule.json`` of the repository."""
-    return models_record_path("resize_rule")
-
-
-def read_record(path: str | Path | None = None) -> dict:
-    """The fit's record (:func:`main` writes it)."""
-    return read_models_record("resize_rule", path)
-
-
 def with_localiser(path: Path, weights: str | None) -> Path:
     """``path`` of a fit's record, for a fit with other localiser ``weights`` (``None``: the
     committed localiser, ``path`` itself): the weights' file name, less
@@ -225,7 +156,6 @@ def with_localiser(path: Path, weights: str | None) -> Path:
         return path
     stem = Path(weights).stem.removeprefix("gist_localiser_")
     return path.with_name(f"{path.stem}_{stem}{path.suffix}")
-
 
 def start_fit(module: str, description: str, out_default: Path,
               argv: Sequence[str] | None, *, receipts: int | None = None,
@@ -278,7 +208,6 @@ def start_fit(module: str, description: str, out_default: Path,
                                   forms=args.forms, receipts=args.receipts)
     return args, record, pages, started
 
-
 def variant_sets(pages: Mapping[str, Sequence[Document]],
                  variants: Callable[[Document], list[Document]]) -> dict[str, list[Document]]:
     """``{set: every variant of its pages}``: ``variants(page)`` for each page of ``pages``
@@ -290,7 +219,6 @@ def variant_sets(pages: Mapping[str, Sequence[Document]],
         print(f"{name}: {len(pages[name])} pages, {len(docs)} variants "
               f"(grid >= {MIN_RATIO} N)", flush=True)
     return sets
-
 
 def read_variants(sets: Mapping[str, Sequence[Document]], methods: Sequence,
                   workers: int | None = None):
@@ -305,14 +233,12 @@ def read_variants(sets: Mapping[str, Sequence[Document]], methods: Sequence,
     table["variant"] = table.doc_id.str.extract(r"-(\w+)@")[0]
     return table
 
-
 def write_fit_record(out: Mapping, path: Path) -> Path:
     """Write a fit's record ``out`` as indented JSON to ``path`` (its folder made); return
     ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return path
-
 
 def fit_provenance(record: Mapping, sets: Mapping[str, Sequence[Document]],
                    started: float) -> dict:
@@ -327,7 +253,6 @@ def fit_provenance(record: Mapping, sets: Mapping[str, Sequence[Document]],
                 environment=dict(python=platform.python_version(), torch=torch.__version__,
                                  machine=platform.machine()))
 
-
 def git_commit() -> str | None:
     """The checkout's commit (``None`` outside a git checkout)."""
     try:
@@ -337,35 +262,20 @@ def git_commit() -> str | None:
         return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Fit the rule (see the module docstring) and write its record."""
-    from fovea_book.eval.cascade import Method, cascade_method, evaluate
-    from fovea_book.eval.reader import Reader
+def photo_variants(doc: Document, scales: Sequence[float] | None = None) -> list[Document]:
+    """``doc`` as scanned, on a table (the sheet 60 % of the frame,
+    :func:`~fovea_book.eval.photo.on_background`) and photographed (on a table, then
+    :func:`~fovea_book.eval.photo.perspective`, :func:`~fovea_book.eval.photo.rotated` and
+    :func:`~fovea_book.eval.photo.uneven_light`), each at ``scales`` (default the page-size
+    :data:`SCALES`) as JPEG
+    (:func:`~fovea_book.eval.photo.photo_like`); ids ``"<id>-<variant>@<scale>"``. The
+    random draws are seeded by the page's id (the same pages every run)."""
+    from fovea_book.eval.photo import (on_background, perspective, photo_like, rotated,
+                                       uneven_light)
 
-    args, record, pages, t0 = start_fit("resize_rule", __doc__, default_record_path(), argv)
-    sets = variant_sets(pages, lambda d: [photo_like(d, s) for s in SCALES])
-    methods = [Method("resize", "resize", scorer="none", query_aware=False),
-               cascade_method("cascade | learned", "learned")]
-    table = evaluate(sets, methods, 273, reader=Reader(), workers=args.workers, progress=True)
-    ratios = {d.doc_id: grid_ratio(d) for docs in sets.values() for d in docs}
-    curve = rule_curve(table, ratios)
-    chosen = fit_threshold(curve)
-    by_set = {name: rule_curve(table[table.dataset == name], ratios).to_dict("list")
-              for name in sets}
-    out = dict(
-        rule="spend the budget like resize when the level-0 grid holds <= resize_within * N "
-             "cells",
-        resize_within=chosen, budget=273, scales=list(SCALES), jpeg_quality=JPEG_QUALITY,
-        min_ratio=MIN_RATIO, thresholds=list(THRESHOLDS), objective="mean over pages of "
-        "the rule's ANLS (rapidocr); ties to the smaller threshold",
-        curve=curve.to_dict("list"), cascade_anls=curve.attrs["cascade"],
-        resize_anls=curve.attrs["resize"], by_set=by_set,
-        **fit_provenance(record, sets, t0))
-    path = write_fit_record(out, args.out)
-    print(curve.to_string(index=False))
-    print(f"resize_within = {chosen:g} (wrote {path}, {out['seconds']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    rng = np.random.default_rng(zlib.crc32(doc.doc_id.encode()))
+    table = on_background(doc, rng)
+    photo = uneven_light(rotated(perspective(on_background(doc, rng), rng), rng), rng)
+    return [photo_like(replace(page, doc_id=f"{doc.doc_id}-{name}"), s)
+            for name, page in zip(PHOTO_VARIANTS, (doc, table, photo))
+            for s in (SCALES if scales is None else scales)]

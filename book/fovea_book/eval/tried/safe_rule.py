@@ -29,7 +29,7 @@ mean ANLS (over documents) is at least ``resize``'s. Among the feasible pairs th
 the highest mean ANLS over all pages is chosen (ties to the fewer questions resized); when
 none is feasible, the pair whose worst variant loses least (the record says so).
 
-``python -m fovea_book.eval.safe_rule [--out PATH] [--data-dir DIR]`` runs the fit and
+``python -m fovea_book.eval.tried.safe_rule [--out PATH] [--data-dir DIR]`` runs the fit and
 writes the record (default ``data/models/safe_rule.json``).
 """
 
@@ -181,16 +181,16 @@ def switch_sentence(row: Mapping, resize_legible: float | None) -> str:
 
 def default_record_path() -> Path:
     """``data/models/safe_rule.json`` of the repository."""
-    from fovea_book.eval.resize_rule import models_record_path
+    from fovea_book.eval.fitting import models_record_path
 
-    return models_record_path("safe_rule")
+    return models_record_path("tried.safe_rule")
 
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    from fovea_book.eval.resize_rule import read_models_record
+    from fovea_book.eval.fitting import read_models_record
 
-    return read_models_record("safe_rule", path)
+    return read_models_record("tried.safe_rule", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "among those the highest mean ANLS over all pages (ties to the fewer questions "
             "resized); none feasible: the highest worst margin")
 
-    return fit_on_variants("safe_rule", __doc__, default_record_path(), argv,
+    return fit_on_variants("tried.safe_rule", __doc__, default_record_path(), argv,
                            [cascade_method(BASE, "learned")], fit)
 
 

@@ -1,7 +1,7 @@
 """When is the localiser's map too unsure to follow? A rule fitted on photograph-like
 training pages: spend the budget like ``resize`` when the map's confidence is below ``c``.
 
-The page-size rule (:mod:`fovea_book.eval.resize_rule`) asks whether a page is small
+The page-size rule (:mod:`fovea_book.eval.tried.resize_rule`) asks whether a page is small
 enough for ``resize``; this one asks whether the map knows where to look:
 :func:`~fovea_core.cascade.allocator.map_confidence` (the share of the map's mass on its
 top 5 % of cells), below ``c`` -> the cascade spends its N tokens as ``resize`` does
@@ -9,36 +9,36 @@ top 5 % of cells), below ``c`` -> the cascade spends its N tokens as ``resize`` 
 localiser's, computed from the gist inside N, so the rule keeps the cascade budgeted.
 
 **Fitted on training pages only** (``../shared/PROTOCOL.md``): the pages of
-:func:`~fovea_book.eval.resize_rule.unseen_training_pages` (receipts and forms the
+:func:`~fovea_book.eval.fitting.unseen_training_pages` (receipts and forms the
 localiser never trained on, synthetic validation pages), each made photograph-like in the
-ways chapter 14.5 found to break the map (:func:`photo_variants`: as scanned, lying on a
-table, and photographed -- on a table, in perspective, turned, under uneven light) at the
-page-size rule's scales as JPEG. ``resize`` and each cascade of :data:`BASES` read every
+ways chapter 14.8 found to break the map
+(:func:`~fovea_book.eval.fitting.photo_variants`: as scanned, lying on a table, and
+photographed -- on a table, in perspective, turned, under uneven light) at the page-size
+rule's scales as JPEG. ``resize`` and each cascade of :data:`BASES` read every
 page with the book's reader (rapidocr); per base, the threshold among :data:`CONFIDENCES`
 with the highest mean over pages of the rule's ANLS is chosen (ties to the smaller: the
 cascade unless the data say otherwise). No dev page and no WildReceipt page is read.
 
-``python -m fovea_book.eval.confidence_rule [--out PATH] [--data-dir DIR]`` runs the fit
+``python -m fovea_book.eval.tried.confidence_rule [--out PATH] [--data-dir DIR]`` runs the fit
 and writes the record (default ``data/models/confidence_rule.json``).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from fovea_book.eval.document_types import Document
+from fovea_book.eval.fitting import PHOTO_VARIANTS, photo_variants
 
-__all__ = ["VARIANTS", "CONFIDENCES", "BASES", "photo_variants", "confidence_curve",
+__all__ = ["VARIANTS", "CONFIDENCES", "BASES", "confidence_curve",
            "confidence_fit_table", "default_record_path", "read_record", "main"]
 
-#: the photograph-like variants of each training page (:func:`photo_variants`)
-VARIANTS = ("scan", "table", "photo")
+#: the photograph-like variants of each training page
+#: (:func:`~fovea_book.eval.fitting.photo_variants`)
+VARIANTS = PHOTO_VARIANTS
 #: candidate thresholds on :func:`~fovea_core.cascade.allocator.map_confidence` (0 = never)
 CONFIDENCES = (0.0, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 #: the cascades the rule is fitted for: ``{label: localiser}``
@@ -46,26 +46,6 @@ BASES = {"cascade | learned": "learned", "cascade | on the sheet": "learned_pape
 #: training pages read (the localiser's unseen receipts, first by crc32 of their id; forms;
 #: synthetic validation pages)
 RECEIPTS, FORMS, SYNTHETIC = 24, 6, 6
-
-
-def photo_variants(doc: Document, scales: Sequence[float] | None = None) -> list[Document]:
-    """``doc`` as scanned, on a table (the sheet 60 % of the frame,
-    :func:`~fovea_book.eval.photo.on_background`) and photographed (on a table, then
-    :func:`~fovea_book.eval.photo.perspective`, :func:`~fovea_book.eval.photo.rotated` and
-    :func:`~fovea_book.eval.photo.uneven_light`), each at ``scales`` (default the page-size
-    rule's :data:`~fovea_book.eval.resize_rule.SCALES`) as JPEG
-    (:func:`~fovea_book.eval.photo.photo_like`); ids ``"<id>-<variant>@<scale>"``. The
-    random draws are seeded by the page's id (the same pages every run)."""
-    from fovea_book.eval.photo import (on_background, perspective, photo_like, rotated,
-                                       uneven_light)
-    from fovea_book.eval.resize_rule import SCALES
-
-    rng = np.random.default_rng(zlib.crc32(doc.doc_id.encode()))
-    table = on_background(doc, rng)
-    photo = uneven_light(rotated(perspective(on_background(doc, rng), rng), rng), rng)
-    return [photo_like(replace(page, doc_id=f"{doc.doc_id}-{name}"), s)
-            for name, page in zip(VARIANTS, (doc, table, photo))
-            for s in (SCALES if scales is None else scales)]
 
 
 def confidence_curve(table: pd.DataFrame, base: str,
@@ -132,27 +112,28 @@ def confidence_fit_table(record: Mapping) -> tuple[pd.DataFrame, str]:
 
 def default_record_path() -> Path:
     """``data/models/confidence_rule.json`` of the repository."""
-    from fovea_book.eval.resize_rule import models_record_path
+    from fovea_book.eval.fitting import models_record_path
 
-    return models_record_path("confidence_rule")
+    return models_record_path("tried.confidence_rule")
 
 
 def read_record(path: str | Path | None = None) -> dict:
     """The fit's record (:func:`main` writes it)."""
-    from fovea_book.eval.resize_rule import read_models_record
+    from fovea_book.eval.fitting import read_models_record
 
-    return read_models_record("confidence_rule", path)
+    return read_models_record("tried.confidence_rule", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the rule for each base (see the module docstring) and write the record."""
     from fovea_book.eval.cascade import Method, cascade_method
-    from fovea_book.eval.resize_rule import (MIN_RATIO, SCALES, fit_provenance, fit_threshold,
+    from fovea_book.eval.tried.resize_rule import fit_threshold
+    from fovea_book.eval.fitting import (MIN_RATIO, SCALES, fit_provenance,
                                              read_variants, start_fit, variant_sets,
                                              write_fit_record)
     from fovea_core.cascade.allocator import CONFIDENCE_TOP
 
-    args, record, pages, t0 = start_fit("confidence_rule", __doc__, default_record_path(), argv,
+    args, record, pages, t0 = start_fit("tried.confidence_rule", __doc__, default_record_path(), argv,
                                         receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
     sets = variant_sets(pages, photo_variants)
     methods = [Method("resize", "resize", scorer="none", query_aware=False)]
