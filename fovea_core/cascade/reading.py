@@ -47,15 +47,14 @@ book costs separately; here it is an OCR, whose wall milliseconds are kept per i
 
 **Fitted on training pages.** :data:`DEFAULT_GEOMETRY` (where the answer lies relative to
 a key that was read) and :data:`FIRST_SHARE` (fixation 1's share of N) are read from
-``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which
-``python -m fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of
-the training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
+``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which ``python -m
+fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of the
+training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
 question names nearest to the field's printed value), summarised by that module's
-``fit_geometry``;
-the share by the reading score of the training pages the localiser never saw. Nothing was
-fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and :data:`PRIOR_FIRST_SHARE` are the
-hand-set values they replace (the fit's baseline). The match weights,
-``presence_floor`` and ``pattern_pad`` remain documented priors.
+``fit_geometry``; the share by the reading score of the training pages the localiser never
+saw. Nothing was fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and
+:data:`PRIOR_FIRST_SHARE` are the hand-set values they replace (the fit's baseline). The
+match weights, ``presence_floor`` and ``pattern_pad`` remain documented priors.
 
 The idea is the reading loop of eye-movement research (fixate, read, plan the next saccade
 from what was read [Rayner 1998, "Eye movements in reading and information processing"]) and
@@ -164,9 +163,7 @@ class AnswerGeometry:
             span, padded by this many line heights on each side horizontally and a quarter of
             it vertically (so that the fovea holds the whole string).
 
-    The default, :data:`DEFAULT_GEOMETRY`, has its rects fitted on the training pages'
-    key-answer pairs (:func:`fovea_book.eval.reading_fit.fit_geometry`); its
-    ``presence_floor`` and ``pattern_pad`` are documented priors.
+    The default is :data:`DEFAULT_GEOMETRY` (fitted rects, prior floor and pad).
     """
 
     rects: tuple[Rect, ...]
@@ -237,10 +234,8 @@ def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
     return geometry_from_dict(record.get("geometry") or {}), float(share)
 
 
-# DEFAULT_GEOMETRY: where an answer lies relative to a key that was read; FIRST_SHARE: the
-# share of N this cascade's fixation 1 spends (gist + first fovea). Both fitted on training
-# pages by ``python -m fovea_book.eval.reading_fit`` and loaded from its record; FIRST_SHARE
-# is not the processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
+# the fitted defaults (module docstring, "Fitted on training pages"); FIRST_SHARE is not the
+# processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
 try:
     DEFAULT_GEOMETRY, FIRST_SHARE = load_fitted()
     FITTED = True
@@ -672,10 +667,6 @@ class ReadingParts(NamedTuple):
         """Per image, ``"read"`` or ``"localiser"``."""
         return tuple(r.path for r in self.readings)
 
-    @property
-    def reading_ms(self) -> float:
-        """Milliseconds of reading over the batch."""
-        return float(sum(r.ocr_ms for r in self.readings))
 
 
 # ----------------------------------------------------------------------------- budget
@@ -976,32 +967,27 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
                  query: str | None = None,
                  first_share: float = FIRST_SHARE, fixation=None, seed: int = 0,
                  patch: int = 16, **kw) -> TokenSet:
-    """The read-then-look cascade: fixate, read, look again; exactly ``budget`` tokens.
+    """The read-then-look cascade: fixate, read, look again (the module's four steps);
+    exactly ``budget`` tokens.
 
-    1. fixation 1: the gist (:func:`~fovea_core.cascade.allocator.gist_budget_for` of the
-       whole ``budget``, or ``gist_budget``) and a first fovea from the ``localiser`` (the
-       learned one), ``round(first_share * budget)`` tokens in all
-       (:func:`split_budget`; default :data:`FIRST_SHARE`);
-    2. reading: the OCR reads the view fixation 1's tokens make (:func:`first_view`,
-       :func:`read_view`) and the question is matched to the lines (:func:`match_lines`:
-       key, pattern, word), the best matches giving a map of where the answer lies
-       relative to them (:func:`read_map`, ``geometry`` default :data:`DEFAULT_GEOMETRY`);
-    3. fixation 2: the rest of the tokens on that map (the localiser's when nothing
-       matched), at the level :func:`~fovea_core.cascade.allocator.choose_level` gives it,
-       on cells fixation 1 did not already read at that scale.
-
-    ``query`` is the question (``None``: no reading, fixation 2 continues on the localiser's
-    map). ``glance_below`` (a map confidence in [0, 1], default ``None``: never) with
-    ``glance_share`` (in (0, 1)): an image whose localiser map on the gist is unsure
-    (:func:`~fovea_core.cascade.allocator.map_confidence` below ``glance_below``) spends
-    fixation 1 on a glance instead, the whole page at ``round(glance_share * budget)``
-    tokens (a ``resize`` at that share of N), then reads and looks as above
-    (``python -m fovea_book.eval.glance_rule`` fits the two on photograph-like training
-    pages). The cascade's own keywords (``gist_budget``, ``localiser``, ``level``,
-    ``legible_px``, ``surround``, ``context``, ``context_weight``) shape fixation 1 as they
-    shape :func:`~fovea_core.cascade.allocator.cascade`; ``scores``, ``fixation`` and
-    ``seed`` are ignored (held to the shared rules). ``TokenSet.stage``: 0 gist, 1 first
-    fovea, :data:`STAGE_SECOND` second fixation. Every pixel read is carried by the tokens:
+    Fixation 1 spends ``round(first_share * budget)`` tokens (:func:`split_budget`; default
+    :data:`FIRST_SHARE`) on the gist (``gist_budget``, default
+    :func:`~fovea_core.cascade.allocator.gist_budget_for` of the whole ``budget``) and a
+    first fovea from the ``localiser`` (the learned one); ``geometry`` (default
+    :data:`DEFAULT_GEOMETRY`) places the answer relative to what was read
+    (:func:`read_map`). ``query`` is the question (``None``: no reading, fixation 2
+    continues on the localiser's map). ``glance_below`` (a map confidence in [0, 1], default
+    ``None``: never) with ``glance_share`` (in (0, 1)): an image whose localiser map on the
+    gist is unsure (:func:`~fovea_core.cascade.allocator.map_confidence` below
+    ``glance_below``) spends fixation 1 on a glance instead, the whole page at
+    ``round(glance_share * budget)`` tokens (a ``resize`` at that share of N), then reads
+    and looks as above (``python -m fovea_book.eval.glance_rule`` fits the two on
+    photograph-like training pages). The cascade's own keywords (``gist_budget``,
+    ``localiser``, ``level``, ``legible_px``, ``surround``, ``context``,
+    ``context_weight``) shape fixation 1 as they shape
+    :func:`~fovea_core.cascade.allocator.cascade`; ``scores``, ``fixation`` and ``seed``
+    are ignored (held to the shared rules). ``TokenSet.stage``: 0 gist, 1 first fovea,
+    :data:`STAGE_SECOND` second fixation. Every pixel read is carried by the tokens:
     budgeted. :func:`reading_parts` returns the intermediates (the path taken per image,
     the lines read, the matches, the reading's milliseconds).
 

@@ -21,7 +21,7 @@ grid, M-RoPE positions; tested). For fewer tokens the vision tower's own attenti
 inside each token: its 2-D RoPE has no slot for a token's place on the page, which the
 language model receives through M-RoPE instead. (Chapter 15's other path, the vision tower
 on the full grid and each token pooled from its footprint, needs the model itself:
-:func:`fovea_core.vlm.qwen.foveated_inputs`.)
+:func:`fovea_book.qwen_pooled.foveated_inputs`.)
 
 **How generate receives the positions.** ``transformers`` 5.x ``generate`` takes
 ``position_ids`` as a model keyword: a given ``[3, B, S]`` tensor is used for the prefill
@@ -162,7 +162,8 @@ def processor_family(processor: Any) -> str:
 
 
 def offline_tokenizer(config: Any):
-    """A character-level tokenizer for the random-weight configs of :mod:`fovea_core.vlm.qwen`.
+    """A character-level tokenizer for random-weight Qwen-VL configs (the book's
+    :mod:`fovea_book.qwen_models`).
 
     No tokenizer can be downloaded here, so tests and chapter 15 build one: printable ASCII
     (code ``c`` -> id ``c - 29``, ids 3..97), ``<unk>`` = 0 and Qwen's special tokens
@@ -231,7 +232,7 @@ def _check_config_or_model(config_or_model: Any) -> None:
         raise TypeError(
             "config_or_model must be a Qwen-VL config or model (a transformers "
             "Qwen2VLConfig / ...ForConditionalGeneration, e.g. "
-            "fovea_core.vlm.qwen.build_qwen('qwen2-vl-tiny')), got "
+            "the book's fovea_book.qwen_models.build_qwen('qwen2-vl-tiny')), got "
             f"{type(config_or_model).__name__} {config_or_model!r:.60}; for a checkpoint's "
             "name, wrap its processor: FoveatedProcessor(AutoProcessor.from_pretrained(name))")
 
@@ -805,9 +806,10 @@ def _check_box(raw: tuple[float, ...], h: float, w: float, coords: str):
 class SecondFixationMap:
     """Fixation 2's localiser: a callable ``(gist, question) -> [B, Gh, Gw]`` for the cascade.
 
-    With a ``box`` (pixels of the page): the share of each level-0 cell's area inside it,
-    as :class:`~fovea_core.cascade.localisers.OracleLocaliser` makes its map from answer
-    boxes (:func:`~fovea_core.cascade.localisers.answer_mass`); the question is not read.
+    With a ``box`` (pixels of the page): the share of each level-0 cell's area inside it
+    (:func:`~fovea_core.cascade.localisers.answer_mass`, as the book's
+    :class:`~fovea_book.eval.localisation.OracleLocaliser` maps answer boxes); the question
+    is not read.
     Without (``None``): the ``fallback`` localiser's map (a name of
     :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable). Either is discounted
     by the one rule for what an earlier fixation read
