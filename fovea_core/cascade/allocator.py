@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_bud
            "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
            "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
            "SAFE_RESIZE_LEGIBLE", "check_fixation", "PageBudget",
-           "check_cascade_options", "check_gist", "run_cascade"]
+           "check_cascade_options", "check_gist", "localiser_map", "run_cascade"]
 
 #: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
 DEFAULT_GIST = 64
@@ -329,6 +329,29 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                           legible=legible, legible_px=legible_px)
 
 
+def localiser_map(pyramid: Pyramid, g: Gist, query: str | None, localiser: str | Callable, *,
+                  patch: int = 16) -> torch.Tensor:
+    """``[B, Gh, Gw]`` float: the ``localiser``'s map on the gist ``g``, as every cascade reads
+    it. Its shape must be the page's level-0 grid and its mass finite (``ValueError`` naming
+    the localiser); below 0 counts as 0, and a map with nothing above 0 (e.g. the query
+    scorer on a blank page: nothing stands out) says "anywhere": it is read as the
+    ``uniform`` localiser's flat map, as the learned localisers' maps of such a page already
+    are, so every cascade accepts it."""
+    gh, gw = pyramid.grid_shape(patch, 0)
+    loc = get_localiser(localiser)(g, query).float()
+    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
+        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
+                         f"{(pyramid.batch_size, gh, gw)}")
+    dead = ~torch.isfinite(loc).flatten(1).all(1)
+    if bool(dead.any()):
+        raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
+                         f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
+                         "inf); a localiser must return finite mass >= 0")
+    loc = loc.clamp(min=0)
+    flat = loc.flatten(1).sum(1) <= 0
+    return torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+
+
 def run_cascade(pyramid: Pyramid, g: Gist, budget: int, *, query: str | None,
                 localiser: str | Callable, level: float | str = "auto",
                 legible_px: float = LEGIBLE_PX, surround: float = SURROUND,
@@ -345,21 +368,7 @@ def run_cascade(pyramid: Pyramid, g: Gist, budget: int, *, query: str | None,
     gh, gw = pyramid.grid_shape(patch, 0)
     if resize_within is not None and gh * gw <= resize_within * budget:
         return _as_resize(pyramid, g, budget, patch)
-    loc = get_localiser(localiser)(g, query).float()
-    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
-        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
-                         f"{(pyramid.batch_size, gh, gw)}")
-    dead = ~torch.isfinite(loc).flatten(1).all(1)
-    if bool(dead.any()):
-        raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
-                         f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
-                         "inf); a localiser must return finite mass >= 0")
-    # a finite map with nothing above 0 (e.g. the query scorer on a blank page: nothing
-    # stands out) says "anywhere": it is read as the uniform localiser's flat map, as the
-    # learned localisers' maps of such a page already are, so every cascade accepts it
-    loc = loc.clamp(min=0)
-    flat = loc.flatten(1).sum(1) <= 0
-    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     cost, size_map = None, None
     if side == "text":                  # where text is and how tall (never what it says)
         layout = detect_text(pyramid, patch=patch, key=g.key or None)

@@ -82,12 +82,11 @@ from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.allocators.registry import allocate_parts, check_fixation, register
 from fovea_core.cascade.allocator import (SURROUND, CascadeParts, check_cascade_budget,
                                           check_cascade_options, check_gist, choose_level,
-                                          gist_budget_for, map_confidence, reads_nothing_else,
-                                          run_cascade, text_size_map)
+                                          gist_budget_for, localiser_map, map_confidence,
+                                          reads_nothing_else, run_cascade, text_size_map)
 from fovea_core.cascade.core import (LEGIBLE_PX, STAGE_SECOND, Gist, combine, discount_seen,
                                      fitting_level, fovea_grid, gist, held_cells, is_number,
                                      one_image, place_fovea)
-from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
@@ -749,15 +748,13 @@ def first_fixation(pyramid: Pyramid, g: Gist, n_first: int, *, query: str | None
                    patch: int) -> CascadeParts:
     """Step 1: the gist ``g`` and a first fovea of ``n_first`` tokens, the one-fixation
     cascade's stages (:func:`~fovea_core.cascade.allocator.run_cascade`); with
-    ``n_first = 0`` the gist alone, beside the localiser's map (a map with no mass read as
-    flat, as the cascade reads it)."""
+    ``n_first = 0`` the gist alone, beside the localiser's map as the cascade reads it
+    (:func:`~fovea_core.cascade.allocator.localiser_map`)."""
     if n_first:
         return run_cascade(pyramid, g, g.budget + n_first, query=query, localiser=localiser,
                            level=level, legible_px=legible_px, surround=surround,
                            context=context, context_weight=context_weight, patch=patch)
-    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
-    flat = loc.flatten(1).sum(1) <= 0
-    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     return CascadeParts(g.tokens, g, loc, torch.full((pyramid.batch_size,), g.level))
 
 
@@ -956,7 +953,7 @@ def glance_images(pyramid: Pyramid, budget: int, gist_budget: int, below: float,
     if below >= 1.0:                            # every page glances: no gate to decide
         return glance, gist_obj, torch.ones(b, dtype=torch.bool)
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
-    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     return glance, g, map_confidence(loc) < below
 
 
