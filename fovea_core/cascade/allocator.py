@@ -5,13 +5,16 @@ Registered names (all take the keyword parameters of :func:`cascade`):
 
 ========================  ===================================================================
 ``cascade``               the learned localiser (default gist of 64 tokens)
-``cascade_gist_query``    today's query scorer on the gist image
+``cascade_gist_query``    the query scorer on the gist image
 ``cascade_prior``         the learned localiser without the question (query-agnostic)
 ``cascade_text``          the learned localiser with the text detector as side compute
                           (:mod:`fovea_core.cascade.side`: where text is and how tall)
 ``cascade_paper``         the learned localiser on the sheet of paper it finds in the gist
                           (:func:`~fovea_core.cascade.learned.paper_region`: a photograph's
                           receipt on a table is localised as if it filled the frame)
+``cascade_safe``          the learned localiser, switching to ``resize``'s tokens where its
+                          map is unsure or the page's text is legible to a resize
+                          (:data:`SAFE_RESIZE_BELOW`, :data:`SAFE_RESIZE_LEGIBLE`)
 ========================  ===================================================================
 
 Each is registered with ``runner=``:func:`cascade_parts` and its options (the localiser, ...)

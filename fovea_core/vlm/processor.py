@@ -42,9 +42,8 @@ second where the model itself says the answer is::
          the cascade again, on fixation 1's gist --> fixation 2: N2 = N - N1 fovea tokens
     fixation 1 + fixation 2 --encode(answer prompt)--> inputs: N image tokens, one image block
 
-The answer call re-reads fixation 1's tokens with fixation 2's: two prefills (``N1 + N``
-image tokens) and a short decode, all counted in :class:`FixationCounts`. Each token keeps
-the M-RoPE ids of its cell, so the union's positions are those each fixation has alone.
+Its cost (two prefills, ``N1 + N`` image tokens, and a short decode) is counted in
+:class:`FixationCounts`.
 
 *Box conventions.* Qwen2.5-VL grounds in absolute pixels of its input image, i.e. of the
 page as ``smart_resize`` (here :meth:`~FoveatedProcessor.resized_page`) made it: its report
