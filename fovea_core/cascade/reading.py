@@ -93,7 +93,7 @@ from fovea_core.tokens import TokenSet
 
 __all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance",
            "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
-           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_to_dict", "geometry_from_dict",
+           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_from_dict",
            "fitted_path", "load_fitted", "FITTED",
            "KEY_WORDS", "STOP_WORDS", "DATE_CUES", "AMOUNT_CUES", "DATE_RE", "AMOUNT_RE",
            "Cues", "question_cues", "Match", "char_span", "match_lines", "read_map",
@@ -191,15 +191,10 @@ PRIOR_GEOMETRY = AnswerGeometry((
 ))
 
 
-def geometry_to_dict(g: AnswerGeometry) -> dict:
-    """``g`` as JSON-able data (:func:`geometry_from_dict` reads it back)."""
-    return dict(rects=[[r.anchor, r.x0, r.x1, r.y0, r.y1, r.weight] for r in g.rects],
-                presence_floor=g.presence_floor, pattern_pad=g.pattern_pad)
-
-
 def geometry_from_dict(d: Mapping) -> AnswerGeometry:
-    """The :class:`AnswerGeometry` of :func:`geometry_to_dict`'s data (``ValueError`` naming
-    what is wrong)."""
+    """The :class:`AnswerGeometry` of a fit record's ``geometry`` (written by
+    :func:`fovea_book.eval.reading_fit.geometry_to_dict`; ``ValueError`` naming what is
+    wrong)."""
     try:
         rects = tuple(Rect(str(a), float(x0), float(x1), float(y0), float(y1), float(w))
                       for a, x0, x1, y0, y1, w in d["rects"])
