@@ -34,13 +34,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fovea_core.allocators.base import DEFAULT_BUDGET, check_budget
+from fovea_core.allocators.base import DEFAULT_BUDGET, _is_int, check_budget
 from fovea_core.allocators.grid import resize, resize_grid, resize_scales
 from fovea_core.allocators.registry import check_fixation, register
 from fovea_core.cascade.core import (INK_MIN, LEGIBLE_PX, LEVEL_TOLERANCE, STAGE_FOVEA, Gist,
-                                     _is_int, combine, covered_share, fitting_level,
-                                     foveate_regions, gist, gist_to_grid, is_number, look_ink,
-                                     one_image, page_key, place_fovea)
+                                     combine, covered_share, fitting_level, foveate_regions,
+                                     gist, gist_to_grid, is_number, look_ink, one_image,
+                                     page_key, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid

@@ -292,10 +292,6 @@ def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch:
     return lo
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def is_number(x) -> bool:
     """``x`` is a real number (Python or numpy, int or float) and not a bool: the check the
     cascades' argument validation shares."""

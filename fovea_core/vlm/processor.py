@@ -411,14 +411,18 @@ class FoveatedProcessor:
             starts with ``image``), a budget outside ``[1, Hm * Wm]``, an unknown method or
             option, a prompt with several placeholders.
         """
-        if "patch" in method_options:
-            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
-                             f"{self.family}); leave it out")
+        self._check_options(method_options)
         prompt, templated = self._prompt(text)
         if isinstance(question, _FromText):
             question = text if not templated and text.strip() else None
         fov = self._foveate(self.resized_page(images), question, budget, method, method_options)
         return self.encode(fov, prompt)
+
+    def _check_options(self, options: dict) -> None:
+        """``ValueError`` for a ``patch`` among a method's options: it is the merged cell."""
+        if "patch" in options:
+            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
+                             f"{self.family}); leave it out")
 
     def _foveate(self, page: torch.Tensor, question: str | None, budget: int | None,
                  method: str, options: dict):
@@ -603,9 +607,7 @@ class FoveatedProcessor:
                    if method in INFO and INFO[method]["runner"] is not None else "")
             raise ValueError(f"method must be a registered cascade of one fixation "
                              f"({', '.join(one_look)}), got {method!r}{why}")
-        if "patch" in method_options:
-            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
-                             f"{self.family}); leave it out")
+        self._check_options(method_options)
         n = _int_in("budget", budget, 2, None)
         n1 = _int_in("first_budget", max(1, round(GROUNDING_FIRST_SHARE * n))
                      if first_budget is None
