@@ -1014,19 +1014,17 @@ GLANCE_SHARE = 0.9
 def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *,
                    fixation=None, query: str | None = None, seed: int = 0, patch: int = 16,
                    **kw) -> TokenSet:
-    """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default).
-
-    Fixation 1 is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
-    share of N; at most ``budget - 2``, and at a budget too small for a glance finer than
-    the gist, the gist and a first fovea); it is read, and the rest of N goes where the
-    reading points.
-
+    """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default):
     :func:`cascade_read` with ``glance_below=``:data:`GLANCE_BELOW` and
-    ``glance_share=``:data:`GLANCE_SHARE` (both overridable), the pair the glance rule's
-    fit on photograph-like training pages chose for the committed localiser. Every token
-    counts toward N (``budget``); the reading reads only the glance's tokens (*budgeted*).
-    With ``query=None`` nothing is read and the last tokens follow the localiser's map.
-    Returns the tokens ``[B, N]``; raises what :func:`cascade_read` raises.
+    ``glance_share=``:data:`GLANCE_SHARE` (both overridable; fitted on photograph-like
+    training pages for the committed localiser).
+
+    The glance is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
+    share of N; at most ``budget - 2``; at a budget too small for a glance finer than the
+    gist, the gist and a first fovea instead). Every token counts toward N (``budget``); the
+    reading reads only the glance's tokens (*budgeted*). With ``query=None`` nothing is read
+    and the last tokens follow the localiser's map. Returns the tokens ``[B, N]``; raises
+    what :func:`cascade_read` raises.
     """
     return allocate_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
                           query=query, seed=seed, patch=patch, **kw).tokens
