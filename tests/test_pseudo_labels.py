@@ -1,4 +1,4 @@
-"""Pseudo-labels from a page's own reading (:mod:`fovea_book.eval.pseudo_labeller`).
+"""Pseudo-labels from a page's own reading (:mod:`fovea_core.cascade.pseudo_labels`).
 
 Every test reads hand-made lines (no OCR runs): :func:`labels_from_read` directly, or
 :func:`page_labels` with the page reader replaced."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fovea_book.eval import pseudo_labeller as pl
-from fovea_book.eval.pseudo_labeller import KEEP, PseudoLabel, labels_from_read, page_labels
+from fovea_core.cascade import pseudo_labels as pl
+from fovea_core.cascade.pseudo_labels import KEEP, PseudoLabel, labels_from_read, page_labels
 from fovea_core.importance.text import TextRead
 
 SIZE = (400, 300)

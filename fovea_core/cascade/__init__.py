@@ -31,3 +31,6 @@ __all__ = ["STAGE_GIST", "STAGE_FOVEA", "Gist", "gist", "place_fovea",
            "gist_to_grid", "cascade", "cascade_parts", "choose_level", "LOCALISERS",
            "get_localiser"]
 import fovea_core.cascade.reading  # noqa: E402,F401  (registers "cascade_read")
+from fovea_core.cascade.pseudo_labels import PseudoLabel, labels_from_read, page_labels  # noqa: E402
+
+__all__ += ["PseudoLabel", "labels_from_read", "page_labels"]

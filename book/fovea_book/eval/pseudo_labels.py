@@ -1,6 +1,6 @@
 """How good are the pseudo-labels? Measured on the labelled training pages only.
 
-:mod:`fovea_book.eval.pseudo_labeller` derives, from a page read once at full resolution,
+:mod:`fovea_core.cascade.pseudo_labels` derives, from a page read once at full resolution,
 where the answers to the book's questions lie, with a confidence. Here its labels are
 compared with the true answer boxes of the *training* pages (``sroie-train``: the receipt
 families company, date and total; ``funsd-train``: the form family), never a dev page:
@@ -20,7 +20,7 @@ families company, date and total; ``funsd-train``: the form family), never a dev
 * the **threshold kept** per family is the lowest ``t`` of :data:`GRID` from which every
   threshold keeping at least :data:`MIN_KEPT` labels has precision at least
   :data:`TARGET`; ``None`` when none gets there (printed as such). These become
-  :data:`fovea_book.eval.pseudo_labeller.KEEP`.
+  :data:`fovea_core.cascade.pseudo_labels.KEEP`.
 
 ``python -m fovea_book.eval.pseudo_labels`` prints the table; ``--record`` also writes
 ``data/models/pseudo_labels.json`` (thresholds, table, pages, OCR seconds, commit). Every
@@ -86,7 +86,7 @@ def same_key(a: str, b: str) -> bool:
 
 
 def _key_of(question: str) -> str:
-    from fovea_book.eval.pseudo_labeller import FORM_QUESTION
+    from fovea_core.cascade.pseudo_labels import FORM_QUESTION
 
     head, tail = FORM_QUESTION.split("{key}")
     return question.removeprefix(head).removesuffix(tail)
@@ -128,7 +128,7 @@ def label_set(docs: Sequence[Document], families: Sequence[str], *,
         ``best``, ``best_strict``: the highest confidence of a label hitting it, -1 if none),
         and the wall seconds of reading and labelling (the OCR on a cold cache).
     """
-    from fovea_book.eval.pseudo_labeller import page_labels
+    from fovea_core.cascade.pseudo_labels import page_labels
 
     labels, answers = [], []
     t0 = time.perf_counter()

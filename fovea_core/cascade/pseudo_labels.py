@@ -1,8 +1,7 @@
 """Pseudo-labels: where the answers lie on a page nobody annotated, read from the page itself.
 
-A collection of a user's own pages has no answer boxes. This module (the book's tool: no
-method of :mod:`fovea_core` runs it; :mod:`fovea_book.eval.pseudo_labels` measures it) reads
-each page once at full resolution with the OCR the core already has
+A collection of a user's own pages has no answer boxes. This module reads each page once at
+full resolution with the OCR the core already has
 (:func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, cached in memory and
 on disk by a SHA-1 of the page's bytes) and derives, for the question families the book
 asks, where the answer lies and how sure it is (:class:`PseudoLabel`):
