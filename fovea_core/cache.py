@@ -3,8 +3,8 @@
 :class:`SqliteCache` holds the OCR reader's texts (:mod:`fovea_book.eval.reader`), the
 coarse-view OCR of the query scorers (:mod:`fovea_core.importance.query`), and the
 evaluator's score maps and finished rows (:mod:`fovea_book.eval.evaluator`): one file per
-use, one table ``ocr (key TEXT PRIMARY KEY, text TEXT)`` (the name is historical: files
-written before this module existed stay valid). Values are text; callers serialise (JSON,
+use, one table ``ocr (key TEXT PRIMARY KEY, text TEXT)`` (named for its first use; the
+name stays so that existing files stay valid). Values are text; callers serialise (JSON,
 base64) and choose their keys.
 
 It lives at the bottom layer (``tests/test_layers.py``) because it depends on nothing of

@@ -36,11 +36,14 @@ __all__ = ["COST_LABELS", "TOKEN_PIXELS", "MethodCost", "alloc_read_tokens", "co
 def uses_scores(fn: Callable | str) -> bool:
     """Whether allocator ``fn`` reads the score map (a callable is assumed to): a method
     whose allocator ignores the map (``resize``) is not charged for its scorer."""
-    if callable(fn):
-        return True
-    if fn not in INFO:
-        raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
-    return bool(INFO[fn].get("uses_scores", True))
+    return True if callable(fn) else bool(_entry(fn).get("uses_scores", True))
+
+
+def _entry(name: str) -> dict:
+    """The registry entry of allocator ``name`` (``ValueError`` naming the choices)."""
+    if name not in INFO:
+        raise ValueError(f"unknown allocator {name!r}; choose one of {sorted(INFO)}")
+    return INFO[name]
 
 
 #: the cost labels of the book's evaluation protocol, from cheapest to dearest
@@ -114,9 +117,7 @@ def side_compute(fn: Callable | str) -> bool:
     A callable says so with a ``side_compute`` attribute (default ``False``)."""
     if callable(fn):
         return bool(getattr(fn, "side_compute", False))
-    if fn not in INFO:
-        raise ValueError(f"unknown allocator {fn!r}; choose one of {sorted(INFO)}")
-    return bool(INFO[fn].get("side_compute", False))
+    return bool(_entry(fn).get("side_compute", False))
 
 
 def _tokens(pixels: float) -> float:

@@ -15,9 +15,13 @@ import re
 import numpy as np
 import pytest
 
-#: modules whose docstrings this test reads (the cascade's layers)
+#: modules whose docstrings this test reads (the cascade's layers, the processor that runs
+#: it twice, the cost rule that labels it; the book modules that train and label for it)
 MODULES = ["fovea_core.cascade", "fovea_core.cascade.core", "fovea_core.cascade.learned",
-           "fovea_book.train"]
+           "fovea_core.cascade.allocator", "fovea_core.cascade.reading",
+           "fovea_core.cascade.side", "fovea_core.cascade.raster", "fovea_core.vlm.processor",
+           "fovea_core.cost", "fovea_core.cache", "fovea_core.methods", "fovea_book.train",
+           "fovea_book.eval.pseudo_labeller"]
 _REF = re.compile(r":(?:mod|func|class|data|meth|attr|exc):`~?([\w.]+)`")
 
 
@@ -31,12 +35,19 @@ def _resolves(name: str, home) -> bool:
     (``fovea_core.x.y``), else relative to ``home`` (``foveate``, ``Gist.inside``)."""
     parts = name.split(".")
     if parts[0] not in ("fovea_core", "fovea_book"):
-        obj = home
-        for p in parts:
-            if not _has(obj, p):
-                return False
-            obj = getattr(obj, p, None)
-        return True
+        # from the module, or (as Sphinx does inside a class's docstring) from one of its
+        # classes: ``:meth:`get``` in SqliteCache's docstring is SqliteCache.get
+        classes = [c for _, c in inspect.getmembers(home, inspect.isclass)
+                   if c.__module__ == home.__name__]
+        for start in (home, *classes):
+            obj = start
+            for p in parts:
+                if not _has(obj, p):
+                    break
+                obj = getattr(obj, p, None)
+            else:
+                return True
+        return False
     for cut in range(len(parts), 0, -1):              # longest importable module prefix
         try:
             obj = importlib.import_module(".".join(parts[:cut]))

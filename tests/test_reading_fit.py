@@ -13,10 +13,11 @@ import pytest
 from fovea_book.eval import reading_fit
 from fovea_book.eval.document_types import Document, Question
 from fovea_book.eval.reading_fit import (SHARES, choose_share, fit_geometry, form_pairs,
-                                         pair_offsets, receipt_pairs, share_curve)
+                                         geometry_to_dict, pair_offsets, receipt_pairs,
+                                         share_curve)
 from fovea_core.cascade import reading
-from fovea_core.cascade.reading import (PRIOR_GEOMETRY, geometry_from_dict, geometry_to_dict,
-                                        load_fitted, match_lines, read_map)
+from fovea_core.cascade.reading import (PRIOR_GEOMETRY, geometry_from_dict, load_fitted,
+                                        match_lines, read_map)
 from fovea_core.importance.text import TextRead
 
 KEY = (100.0, 50.0, 140.0, 60.0)                    # a key 40 px wide on a 10 px line

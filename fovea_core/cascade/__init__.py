@@ -13,9 +13,12 @@ The modules are layers; each imports only the ones before it (``tests/test_layer
 1. :mod:`~fovea_core.cascade.raster` -- the token footprints on a raster (one rule, used
    by the algorithm and by the metrics);
 2. :mod:`~fovea_core.cascade.core` -- the stages (gist, foveate, resampling);
-3. :mod:`~fovea_core.cascade.localisers`, :mod:`~fovea_core.cascade.learned` -- the maps;
+3. :mod:`~fovea_core.cascade.localisers`, :mod:`~fovea_core.cascade.learned` -- the maps,
+   and :mod:`~fovea_core.cascade.side` -- the text detector (side compute);
 4. :mod:`~fovea_core.cascade.allocator` -- the chaining and the registered allocators;
-5. on top, the evaluation: :mod:`~fovea_book.eval.localisation`,
+5. :mod:`~fovea_core.cascade.reading` -- the read-then-look cascades (``cascade_read``,
+   ``foveate``'s default ``cascade_glance``), on the allocator's stages;
+6. on top, the evaluation: :mod:`~fovea_book.eval.localisation`,
    :mod:`~fovea_book.eval.cascade`, :mod:`~fovea_book.train` (this package's
    ``__init__`` imports none of them).
 """

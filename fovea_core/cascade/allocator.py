@@ -5,13 +5,16 @@ Registered names (all take the keyword parameters of :func:`cascade`):
 
 ========================  ===================================================================
 ``cascade``               the learned localiser (default gist of 64 tokens)
-``cascade_gist_query``    today's query scorer on the gist image
+``cascade_gist_query``    the query scorer on the gist image
 ``cascade_prior``         the learned localiser without the question (query-agnostic)
 ``cascade_text``          the learned localiser with the text detector as side compute
                           (:mod:`fovea_core.cascade.side`: where text is and how tall)
 ``cascade_paper``         the learned localiser on the sheet of paper it finds in the gist
                           (:func:`~fovea_core.cascade.learned.paper_region`: a photograph's
                           receipt on a table is localised as if it filled the frame)
+``cascade_safe``          the learned localiser, switching to ``resize``'s tokens where its
+                          map is unsure or the page's text is legible to a resize
+                          (:data:`SAFE_RESIZE_BELOW`, :data:`SAFE_RESIZE_LEGIBLE`)
 ========================  ===================================================================
 
 Each is registered with ``runner=``:func:`cascade_parts` and its options (the localiser, ...)
@@ -31,13 +34,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fovea_core.allocators.base import DEFAULT_BUDGET, check_budget
+from fovea_core.allocators.base import DEFAULT_BUDGET, _is_int, check_budget
 from fovea_core.allocators.grid import resize, resize_grid, resize_scales
 from fovea_core.allocators.registry import check_fixation, register
 from fovea_core.cascade.core import (INK_MIN, LEGIBLE_PX, LEVEL_TOLERANCE, STAGE_FOVEA, Gist,
-                                     _is_int, combine, covered_share, fitting_level,
-                                     foveate_regions, gist, gist_to_grid, is_number, look_ink,
-                                     one_image, page_key, place_fovea)
+                                     combine, covered_share, fitting_level, foveate_regions,
+                                     gist, gist_to_grid, is_number, look_ink, one_image,
+                                     page_key, place_fovea)
 from fovea_core.cascade.localisers import get_localiser
 from fovea_core.cascade.side import SideCost, detect_text
 from fovea_core.pyramid import Pyramid
@@ -48,7 +51,7 @@ __all__ = ["DEFAULT_GIST", "gist_budget_for", "budget_range", "check_cascade_bud
            "FOVEAE", "REGION_STEP", "CascadeParts", "cascade_parts",
            "CONFIDENCE_TOP", "map_confidence", "page_legibility", "SAFE_RESIZE_BELOW",
            "SAFE_RESIZE_LEGIBLE", "check_fixation", "PageBudget",
-           "check_cascade_options", "check_gist", "run_cascade"]
+           "check_cascade_options", "check_gist", "localiser_map", "run_cascade"]
 
 #: default gist budget (tokens) at N = 273; other budgets keep its share (:func:`gist_budget_for`)
 DEFAULT_GIST = 64
@@ -329,6 +332,29 @@ def cascade_parts(pyramid: Pyramid, budget: int, *, query: str | None = None,
                           legible=legible, legible_px=legible_px)
 
 
+def localiser_map(pyramid: Pyramid, g: Gist, query: str | None, localiser: str | Callable, *,
+                  patch: int = 16) -> torch.Tensor:
+    """``[B, Gh, Gw]`` float: the ``localiser``'s map on the gist ``g``, as every cascade reads
+    it. Its shape must be the page's level-0 grid and its mass finite (``ValueError`` naming
+    the localiser); below 0 counts as 0, and a map with nothing above 0 (e.g. the query
+    scorer on a blank page: nothing stands out) says "anywhere": it is read as the
+    ``uniform`` localiser's flat map, as the learned localisers' maps of such a page already
+    are, so every cascade accepts it."""
+    gh, gw = pyramid.grid_shape(patch, 0)
+    loc = get_localiser(localiser)(g, query).float()
+    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
+        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
+                         f"{(pyramid.batch_size, gh, gw)}")
+    dead = ~torch.isfinite(loc).flatten(1).all(1)
+    if bool(dead.any()):
+        raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
+                         f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
+                         "inf); a localiser must return finite mass >= 0")
+    loc = loc.clamp(min=0)
+    flat = loc.flatten(1).sum(1) <= 0
+    return torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+
+
 def run_cascade(pyramid: Pyramid, g: Gist, budget: int, *, query: str | None,
                 localiser: str | Callable, level: float | str = "auto",
                 legible_px: float = LEGIBLE_PX, surround: float = SURROUND,
@@ -345,21 +371,7 @@ def run_cascade(pyramid: Pyramid, g: Gist, budget: int, *, query: str | None,
     gh, gw = pyramid.grid_shape(patch, 0)
     if resize_within is not None and gh * gw <= resize_within * budget:
         return _as_resize(pyramid, g, budget, patch)
-    loc = get_localiser(localiser)(g, query).float()
-    if tuple(loc.shape) != (pyramid.batch_size, gh, gw):
-        raise ValueError(f"cascade: the localiser returned {tuple(loc.shape)}, expected "
-                         f"{(pyramid.batch_size, gh, gw)}")
-    dead = ~torch.isfinite(loc).flatten(1).all(1)
-    if bool(dead.any()):
-        raise ValueError(f"cascade: the localiser {localiser!r} gave image(s) "
-                         f"{dead.nonzero().flatten().tolist()} a map with no usable mass (NaN / "
-                         "inf); a localiser must return finite mass >= 0")
-    # a finite map with nothing above 0 (e.g. the query scorer on a blank page: nothing
-    # stands out) says "anywhere": it is read as the uniform localiser's flat map, as the
-    # learned localisers' maps of such a page already are, so every cascade accepts it
-    loc = loc.clamp(min=0)
-    flat = loc.flatten(1).sum(1) <= 0
-    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     cost, size_map = None, None
     if side == "text":                  # where text is and how tall (never what it says)
         layout = detect_text(pyramid, patch=patch, key=g.key or None)

@@ -5,19 +5,14 @@ page at half resolution (the query scorer of :mod:`fovea_core.importance.query` 
 the budget). The cascade spends the budget in stages, each a function that can be called
 alone:
 
-(a) :func:`gist` -- the whole page at ``G`` tokens, exactly the grid of the ``resize``
-    baseline for budget ``G`` (:func:`~fovea_core.allocators.grid.resize_grid`): ``rows x
-    cols <= G`` cells of ``patch * 2**level`` base pixels, level continuous. Only
-    ``rows * cols`` tokens are used; the ``G - rows * cols`` leftovers go to the fovea.
-    :attr:`Gist.image` is what those tokens show, assembled into a ``[B, C, rows*p,
-    cols*p]`` image from their sampled patches (never the full-resolution page).
+(a) :func:`gist` -- the whole page at ``G`` tokens on the ``resize`` baseline's grid (its
+    ``G - rows * cols`` leftovers go to the fovea); :attr:`Gist.image` is what those tokens
+    show, never the full-resolution page.
 (b) *localise* -- a :data:`Localiser` maps the gist (and the question) to a score map on the
     level-0 patch grid ``[B, Gh, Gw]`` (:mod:`fovea_core.cascade.localisers`).
-(c) :func:`place_fovea` -- the remaining tokens on the level-``l`` grid (``l`` continuous, the
-    scale that makes text legible, chosen from the localiser's text-size map by
-    :func:`~fovea_core.cascade.allocator.choose_level`), the cells that hold the most
-    score mass, each cell's priority raised by the mass of its neighbours (context); a
-    surround one octave coarser is a second :func:`place_fovea` call with the same label.
+(c) :func:`place_fovea` -- the remaining tokens on the cells with the most score mass, at
+    the level that makes text legible (:func:`~fovea_core.cascade.allocator.choose_level`);
+    a surround one octave coarser is a second :func:`place_fovea` call with the same label.
     :func:`foveate_regions` is the alternative with a level per region: each cell read at
     the coarsest of a ladder of levels at which its own text is legible.
 (d) *a second look* (``fovea="saccade"`` of the cascade): the first look is the coarse
@@ -295,10 +290,6 @@ def fitting_level(level: float, image_size: tuple[int, int], tokens: int, patch:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if cells(mid) >= tokens else (lo, mid)
     return lo
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def is_number(x) -> bool:

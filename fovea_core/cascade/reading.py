@@ -47,15 +47,14 @@ book costs separately; here it is an OCR, whose wall milliseconds are kept per i
 
 **Fitted on training pages.** :data:`DEFAULT_GEOMETRY` (where the answer lies relative to
 a key that was read) and :data:`FIRST_SHARE` (fixation 1's share of N) are read from
-``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which
-``python -m fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of
-the training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
+``fovea_core/weights/cascade_read.json`` (:func:`load_fitted`), which ``python -m
+fovea_book.eval.reading_fit`` writes: the geometry from the key-answer pairs of the
+training pages (FUNSD's question-to-answer links; on the SROIE receipts, the key the
 question names nearest to the field's printed value), summarised by that module's
-``fit_geometry``;
-the share by the reading score of the training pages the localiser never saw. Nothing was
-fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and :data:`PRIOR_FIRST_SHARE` are the
-hand-set values they replace (the fit's baseline). The match weights,
-``presence_floor`` and ``pattern_pad`` remain documented priors.
+``fit_geometry``; the share by the reading score of the training pages the localiser never
+saw. Nothing was fitted on an evaluated page. :data:`PRIOR_GEOMETRY` and
+:data:`PRIOR_FIRST_SHARE` are the hand-set values they replace (the fit's baseline). The
+match weights, ``presence_floor`` and ``pattern_pad`` remain documented priors.
 
 The idea is the reading loop of eye-movement research (fixate, read, plan the next saccade
 from what was read [Rayner 1998, "Eye movements in reading and information processing"]) and
@@ -83,19 +82,18 @@ from fovea_core.allocators.base import DEFAULT_BUDGET
 from fovea_core.allocators.registry import allocate_parts, check_fixation, register
 from fovea_core.cascade.allocator import (SURROUND, CascadeParts, check_cascade_budget,
                                           check_cascade_options, check_gist, choose_level,
-                                          gist_budget_for, map_confidence, reads_nothing_else,
-                                          run_cascade, text_size_map)
+                                          gist_budget_for, localiser_map, map_confidence,
+                                          reads_nothing_else, run_cascade, text_size_map)
 from fovea_core.cascade.core import (LEGIBLE_PX, STAGE_SECOND, Gist, combine, discount_seen,
                                      fitting_level, fovea_grid, gist, held_cells, is_number,
                                      one_image, place_fovea)
-from fovea_core.cascade.localisers import get_localiser
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet
 
 __all__ = ["NAME", "GLANCE_NAME", "GLANCE_BELOW", "GLANCE_SHARE", "cascade_glance",
            "STAGE_SECOND", "FIRST_SHARE", "PRIOR_FIRST_SHARE", "Rect", "AnswerGeometry",
-           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_to_dict", "geometry_from_dict",
+           "PRIOR_GEOMETRY", "DEFAULT_GEOMETRY", "geometry_from_dict",
            "fitted_path", "load_fitted", "FITTED",
            "KEY_WORDS", "STOP_WORDS", "DATE_CUES", "AMOUNT_CUES", "DATE_RE", "AMOUNT_RE",
            "Cues", "question_cues", "Match", "char_span", "match_lines", "read_map",
@@ -164,9 +162,7 @@ class AnswerGeometry:
             span, padded by this many line heights on each side horizontally and a quarter of
             it vertically (so that the fovea holds the whole string).
 
-    The default, :data:`DEFAULT_GEOMETRY`, has its rects fitted on the training pages'
-    key-answer pairs (:func:`fovea_book.eval.reading_fit.fit_geometry`); its
-    ``presence_floor`` and ``pattern_pad`` are documented priors.
+    The default is :data:`DEFAULT_GEOMETRY` (fitted rects, prior floor and pad).
     """
 
     rects: tuple[Rect, ...]
@@ -195,15 +191,10 @@ PRIOR_GEOMETRY = AnswerGeometry((
 ))
 
 
-def geometry_to_dict(g: AnswerGeometry) -> dict:
-    """``g`` as JSON-able data (:func:`geometry_from_dict` reads it back)."""
-    return dict(rects=[[r.anchor, r.x0, r.x1, r.y0, r.y1, r.weight] for r in g.rects],
-                presence_floor=g.presence_floor, pattern_pad=g.pattern_pad)
-
-
 def geometry_from_dict(d: Mapping) -> AnswerGeometry:
-    """The :class:`AnswerGeometry` of :func:`geometry_to_dict`'s data (``ValueError`` naming
-    what is wrong)."""
+    """The :class:`AnswerGeometry` of a fit record's ``geometry`` (written by
+    :func:`fovea_book.eval.reading_fit.geometry_to_dict`; ``ValueError`` naming what is
+    wrong)."""
     try:
         rects = tuple(Rect(str(a), float(x0), float(x1), float(y0), float(y1), float(w))
                       for a, x0, x1, y0, y1, w in d["rects"])
@@ -237,10 +228,8 @@ def load_fitted(path: str | Path | None = None) -> tuple[AnswerGeometry, float]:
     return geometry_from_dict(record.get("geometry") or {}), float(share)
 
 
-# DEFAULT_GEOMETRY: where an answer lies relative to a key that was read; FIRST_SHARE: the
-# share of N this cascade's fixation 1 spends (gist + first fovea). Both fitted on training
-# pages by ``python -m fovea_book.eval.reading_fit`` and loaded from its record; FIRST_SHARE
-# is not the processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
+# the fitted defaults (module docstring, "Fitted on training pages"); FIRST_SHARE is not the
+# processor's untuned GROUNDING_FIRST_SHARE (fovea_core.vlm.processor)
 try:
     DEFAULT_GEOMETRY, FIRST_SHARE = load_fitted()
     FITTED = True
@@ -672,10 +661,6 @@ class ReadingParts(NamedTuple):
         """Per image, ``"read"`` or ``"localiser"``."""
         return tuple(r.path for r in self.readings)
 
-    @property
-    def reading_ms(self) -> float:
-        """Milliseconds of reading over the batch."""
-        return float(sum(r.ocr_ms for r in self.readings))
 
 
 # ----------------------------------------------------------------------------- budget
@@ -758,15 +743,13 @@ def first_fixation(pyramid: Pyramid, g: Gist, n_first: int, *, query: str | None
                    patch: int) -> CascadeParts:
     """Step 1: the gist ``g`` and a first fovea of ``n_first`` tokens, the one-fixation
     cascade's stages (:func:`~fovea_core.cascade.allocator.run_cascade`); with
-    ``n_first = 0`` the gist alone, beside the localiser's map (a map with no mass read as
-    flat, as the cascade reads it)."""
+    ``n_first = 0`` the gist alone, beside the localiser's map as the cascade reads it
+    (:func:`~fovea_core.cascade.allocator.localiser_map`)."""
     if n_first:
         return run_cascade(pyramid, g, g.budget + n_first, query=query, localiser=localiser,
                            level=level, legible_px=legible_px, surround=surround,
                            context=context, context_weight=context_weight, patch=patch)
-    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
-    flat = loc.flatten(1).sum(1) <= 0
-    loc = torch.where(flat[:, None, None], torch.ones_like(loc), loc)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     return CascadeParts(g.tokens, g, loc, torch.full((pyramid.batch_size,), g.level))
 
 
@@ -965,7 +948,7 @@ def glance_images(pyramid: Pyramid, budget: int, gist_budget: int, below: float,
     if below >= 1.0:                            # every page glances: no gate to decide
         return glance, gist_obj, torch.ones(b, dtype=torch.bool)
     g = gist_obj if gist_obj is not None else gist(pyramid, gist_budget, patch=patch)
-    loc = get_localiser(localiser)(g, query).float().clamp(min=0)
+    loc = localiser_map(pyramid, g, query, localiser, patch=patch)
     return glance, g, map_confidence(loc) < below
 
 
@@ -976,32 +959,27 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
                  query: str | None = None,
                  first_share: float = FIRST_SHARE, fixation=None, seed: int = 0,
                  patch: int = 16, **kw) -> TokenSet:
-    """The read-then-look cascade: fixate, read, look again; exactly ``budget`` tokens.
+    """The read-then-look cascade: fixate, read, look again (the module's four steps);
+    exactly ``budget`` tokens.
 
-    1. fixation 1: the gist (:func:`~fovea_core.cascade.allocator.gist_budget_for` of the
-       whole ``budget``, or ``gist_budget``) and a first fovea from the ``localiser`` (the
-       learned one), ``round(first_share * budget)`` tokens in all
-       (:func:`split_budget`; default :data:`FIRST_SHARE`);
-    2. reading: the OCR reads the view fixation 1's tokens make (:func:`first_view`,
-       :func:`read_view`) and the question is matched to the lines (:func:`match_lines`:
-       key, pattern, word), the best matches giving a map of where the answer lies
-       relative to them (:func:`read_map`, ``geometry`` default :data:`DEFAULT_GEOMETRY`);
-    3. fixation 2: the rest of the tokens on that map (the localiser's when nothing
-       matched), at the level :func:`~fovea_core.cascade.allocator.choose_level` gives it,
-       on cells fixation 1 did not already read at that scale.
-
-    ``query`` is the question (``None``: no reading, fixation 2 continues on the localiser's
-    map). ``glance_below`` (a map confidence in [0, 1], default ``None``: never) with
-    ``glance_share`` (in (0, 1)): an image whose localiser map on the gist is unsure
-    (:func:`~fovea_core.cascade.allocator.map_confidence` below ``glance_below``) spends
-    fixation 1 on a glance instead, the whole page at ``round(glance_share * budget)``
-    tokens (a ``resize`` at that share of N), then reads and looks as above
-    (``python -m fovea_book.eval.glance_rule`` fits the two on photograph-like training
-    pages). The cascade's own keywords (``gist_budget``, ``localiser``, ``level``,
-    ``legible_px``, ``surround``, ``context``, ``context_weight``) shape fixation 1 as they
-    shape :func:`~fovea_core.cascade.allocator.cascade`; ``scores``, ``fixation`` and
-    ``seed`` are ignored (held to the shared rules). ``TokenSet.stage``: 0 gist, 1 first
-    fovea, :data:`STAGE_SECOND` second fixation. Every pixel read is carried by the tokens:
+    Fixation 1 spends ``round(first_share * budget)`` tokens (:func:`split_budget`; default
+    :data:`FIRST_SHARE`) on the gist (``gist_budget``, default
+    :func:`~fovea_core.cascade.allocator.gist_budget_for` of the whole ``budget``) and a
+    first fovea from the ``localiser`` (the learned one); ``geometry`` (default
+    :data:`DEFAULT_GEOMETRY`) places the answer relative to what was read
+    (:func:`read_map`). ``query`` is the question (``None``: no reading, fixation 2
+    continues on the localiser's map). ``glance_below`` (a map confidence in [0, 1], default
+    ``None``: never) with ``glance_share`` (in (0, 1)): an image whose localiser map on the
+    gist is unsure (:func:`~fovea_core.cascade.allocator.map_confidence` below
+    ``glance_below``) spends fixation 1 on a glance instead, the whole page at
+    ``round(glance_share * budget)`` tokens (a ``resize`` at that share of N), then reads
+    and looks as above (``python -m fovea_book.eval.glance_rule`` fits the two on
+    photograph-like training pages). The cascade's own keywords (``gist_budget``,
+    ``localiser``, ``level``, ``legible_px``, ``surround``, ``context``,
+    ``context_weight``) shape fixation 1 as they shape
+    :func:`~fovea_core.cascade.allocator.cascade`; ``scores``, ``fixation`` and ``seed``
+    are ignored (held to the shared rules). ``TokenSet.stage``: 0 gist, 1 first fovea,
+    :data:`STAGE_SECOND` second fixation. Every pixel read is carried by the tokens:
     budgeted. :func:`reading_parts` returns the intermediates (the path taken per image,
     the lines read, the matches, the reading's milliseconds).
 
@@ -1036,19 +1014,17 @@ GLANCE_SHARE = 0.9
 def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *,
                    fixation=None, query: str | None = None, seed: int = 0, patch: int = 16,
                    **kw) -> TokenSet:
-    """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default).
-
-    Fixation 1 is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
-    share of N; at most ``budget - 2``, and at a budget too small for a glance finer than
-    the gist, the gist and a first fovea); it is read, and the rest of N goes where the
-    reading points.
-
+    """A glance at 0.9 N, read, then look where the reading points (``foveate``'s default):
     :func:`cascade_read` with ``glance_below=``:data:`GLANCE_BELOW` and
-    ``glance_share=``:data:`GLANCE_SHARE` (both overridable), the pair the glance rule's
-    fit on photograph-like training pages chose for the committed localiser. Every token
-    counts toward N (``budget``); the reading reads only the glance's tokens (*budgeted*).
-    With ``query=None`` nothing is read and the last tokens follow the localiser's map.
-    Returns the tokens ``[B, N]``; raises what :func:`cascade_read` raises.
+    ``glance_share=``:data:`GLANCE_SHARE` (both overridable; fitted on photograph-like
+    training pages for the committed localiser).
+
+    The glance is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
+    share of N; at most ``budget - 2``; at a budget too small for a glance finer than the
+    gist, the gist and a first fovea instead). Every token counts toward N (``budget``); the
+    reading reads only the glance's tokens (*budgeted*). With ``query=None`` nothing is read
+    and the last tokens follow the localiser's map. Returns the tokens ``[B, N]``; raises
+    what :func:`cascade_read` raises.
     """
     return allocate_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
                           query=query, seed=seed, patch=patch, **kw).tokens

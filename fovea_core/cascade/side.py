@@ -172,17 +172,12 @@ def _probability(base: torch.Tensor, side: int) -> tuple[torch.Tensor, float]:
     return prob, (time.perf_counter() - t0) * 1e3
 
 
-def _kernels(prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The connected text kernels of a ``[h, w]`` probability map: ``(labels [h, w], stats
-    [K + 1, 5])`` of OpenCV (row 0 is the background)."""
+def _kernel_heights(prob: np.ndarray) -> np.ndarray:
+    """``[h, w]`` float32: each pixel of a connected text kernel of the ``[h, w]`` probability
+    map (8-connected, probability > :data:`KERNEL_THRESHOLD`) holds its kernel's height in
+    render px (0 off kernels)."""
     _, lab, stats, _ = cv2.connectedComponentsWithStats(
         (prob > KERNEL_THRESHOLD).astype(np.uint8), connectivity=8)
-    return lab, stats
-
-
-def _kernel_heights(prob: np.ndarray) -> np.ndarray:
-    """``[h, w]`` float32: each kernel pixel's kernel height in render px (0 off kernels)."""
-    lab, stats = _kernels(prob)
     heights = np.concatenate([[0.0], stats[1:, cv2.CC_STAT_HEIGHT]]).astype(np.float32)
     return heights[lab]
 

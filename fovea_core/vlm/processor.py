@@ -21,7 +21,7 @@ grid, M-RoPE positions; tested). For fewer tokens the vision tower's own attenti
 inside each token: its 2-D RoPE has no slot for a token's place on the page, which the
 language model receives through M-RoPE instead. (Chapter 15's other path, the vision tower
 on the full grid and each token pooled from its footprint, needs the model itself:
-:func:`fovea_core.vlm.qwen.foveated_inputs`.)
+:func:`fovea_book.qwen_pooled.foveated_inputs`.)
 
 **How generate receives the positions.** ``transformers`` 5.x ``generate`` takes
 ``position_ids`` as a model keyword: a given ``[3, B, S]`` tensor is used for the prefill
@@ -42,9 +42,8 @@ second where the model itself says the answer is::
          the cascade again, on fixation 1's gist --> fixation 2: N2 = N - N1 fovea tokens
     fixation 1 + fixation 2 --encode(answer prompt)--> inputs: N image tokens, one image block
 
-The answer call re-reads fixation 1's tokens with fixation 2's: two prefills (``N1 + N``
-image tokens) and a short decode, all counted in :class:`FixationCounts`. Each token keeps
-the M-RoPE ids of its cell, so the union's positions are those each fixation has alone.
+Its cost (two prefills, ``N1 + N`` image tokens, and a short decode) is counted in
+:class:`FixationCounts`.
 
 *Box conventions.* Qwen2.5-VL grounds in absolute pixels of its input image, i.e. of the
 page as ``smart_resize`` (here :meth:`~FoveatedProcessor.resized_page`) made it: its report
@@ -162,7 +161,8 @@ def processor_family(processor: Any) -> str:
 
 
 def offline_tokenizer(config: Any):
-    """A character-level tokenizer for the random-weight configs of :mod:`fovea_core.vlm.qwen`.
+    """A character-level tokenizer for random-weight Qwen-VL configs (the book's
+    :mod:`fovea_book.qwen_models`).
 
     No tokenizer can be downloaded here, so tests and chapter 15 build one: printable ASCII
     (code ``c`` -> id ``c - 29``, ids 3..97), ``<unk>`` = 0 and Qwen's special tokens
@@ -231,7 +231,7 @@ def _check_config_or_model(config_or_model: Any) -> None:
         raise TypeError(
             "config_or_model must be a Qwen-VL config or model (a transformers "
             "Qwen2VLConfig / ...ForConditionalGeneration, e.g. "
-            "fovea_core.vlm.qwen.build_qwen('qwen2-vl-tiny')), got "
+            "the book's fovea_book.qwen_models.build_qwen('qwen2-vl-tiny')), got "
             f"{type(config_or_model).__name__} {config_or_model!r:.60}; for a checkpoint's "
             "name, wrap its processor: FoveatedProcessor(AutoProcessor.from_pretrained(name))")
 
@@ -411,14 +411,18 @@ class FoveatedProcessor:
             starts with ``image``), a budget outside ``[1, Hm * Wm]``, an unknown method or
             option, a prompt with several placeholders.
         """
-        if "patch" in method_options:
-            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
-                             f"{self.family}); leave it out")
+        self._check_options(method_options)
         prompt, templated = self._prompt(text)
         if isinstance(question, _FromText):
             question = text if not templated and text.strip() else None
         fov = self._foveate(self.resized_page(images), question, budget, method, method_options)
         return self.encode(fov, prompt)
+
+    def _check_options(self, options: dict) -> None:
+        """``ValueError`` for a ``patch`` among a method's options: it is the merged cell."""
+        if "patch" in options:
+            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
+                             f"{self.family}); leave it out")
 
     def _foveate(self, page: torch.Tensor, question: str | None, budget: int | None,
                  method: str, options: dict):
@@ -603,9 +607,7 @@ class FoveatedProcessor:
                    if method in INFO and INFO[method]["runner"] is not None else "")
             raise ValueError(f"method must be a registered cascade of one fixation "
                              f"({', '.join(one_look)}), got {method!r}{why}")
-        if "patch" in method_options:
-            raise ValueError(f"patch is fixed to the merged cell ({self.cell_px} px for "
-                             f"{self.family}); leave it out")
+        self._check_options(method_options)
         n = _int_in("budget", budget, 2, None)
         n1 = _int_in("first_budget", max(1, round(GROUNDING_FIRST_SHARE * n))
                      if first_budget is None
@@ -805,9 +807,10 @@ def _check_box(raw: tuple[float, ...], h: float, w: float, coords: str):
 class SecondFixationMap:
     """Fixation 2's localiser: a callable ``(gist, question) -> [B, Gh, Gw]`` for the cascade.
 
-    With a ``box`` (pixels of the page): the share of each level-0 cell's area inside it,
-    as :class:`~fovea_core.cascade.localisers.OracleLocaliser` makes its map from answer
-    boxes (:func:`~fovea_core.cascade.localisers.answer_mass`); the question is not read.
+    With a ``box`` (pixels of the page): the share of each level-0 cell's area inside it
+    (:func:`~fovea_core.cascade.localisers.answer_mass`, as the book's
+    :class:`~fovea_book.eval.localisation.OracleLocaliser` maps answer boxes); the question
+    is not read.
     Without (``None``): the ``fallback`` localiser's map (a name of
     :data:`~fovea_core.cascade.localisers.LOCALISERS` or a callable). Either is discounted
     by the one rule for what an earlier fixation read

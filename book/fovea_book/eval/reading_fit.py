@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["PAIR_CLASSES", "X_EDGES", "Y_EDGES", "pair_offsets", "fit_geometry",
            "SHARES", "RECEIPTS", "FORMS", "SYNTHETIC", "transcription", "receipt_pairs",
            "form_pairs", "training_pairs", "share_curve", "choose_share", "default_record_path",
-           "read_fit_record", "fit_table", "fit_line", "main"]
+           "read_fit_record", "fit_table", "fit_line", "geometry_to_dict", "main"]
 
 # ----------------------------------------------------------------------------- the geometry
 #: the two frames a key-answer pair is measured in, by the vertical centre ``c`` of the
@@ -393,14 +393,20 @@ def read_fit_record(path: str | Path | None = None) -> dict:
     return json.loads(p.read_text())
 
 
+def geometry_to_dict(g: AnswerGeometry) -> dict:
+    """``g`` as the record's JSON-able ``geometry``
+    (:func:`fovea_core.cascade.reading.geometry_from_dict` reads it back)."""
+    return dict(rects=[[r.anchor, r.x0, r.x1, r.y0, r.y1, r.weight] for r in g.rects],
+                presence_floor=g.presence_floor, pattern_pad=g.pattern_pad)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Fit the geometry and the share (see the module docstring) and write the record."""
     from fovea_book.eval.cascade import Method, cascade_method, evaluate
     from fovea_book.eval.reader import Reader
     from fovea_book.eval.fitting import fit_provenance, start_fit, write_fit_record
     from fovea_core.cascade.allocator import DEFAULT_GIST
-    from fovea_core.cascade.reading import (PRIOR_FIRST_SHARE, PRIOR_GEOMETRY,
-                                            geometry_to_dict)
+    from fovea_core.cascade.reading import PRIOR_FIRST_SHARE, PRIOR_GEOMETRY
 
     args, record, sets, t0 = start_fit("reading_fit", __doc__, default_record_path(), argv,
                                        receipts=RECEIPTS, forms=FORMS, synthetic=SYNTHETIC)
