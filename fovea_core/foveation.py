@@ -9,7 +9,7 @@ wiring as a single function, for a researcher's own pages::
     TokenSet --sample--> patches [1, N, C, p, p] --render--> view [C, H, W]
 
 ``method`` is any name of :data:`fovea_core.allocators.ALLOCATORS`; the default,
-``"cascade_glance"`` (:data:`DEFAULT_METHOD`), is chapter 14.5's read-then-look cascade under
+``"cascade_glance"`` (:data:`DEFAULT_METHOD`), is chapter 14.7's read-then-look cascade under
 the glance rule: the whole page at 0.9 N, read by the core's OCR, and the rest of N where
 the reading points; ``"cascade"`` is the one-fixation learned cascade (a gist of the page,
 a learned localiser that reads the gist and the question, a fovea). Both spend every token
@@ -52,7 +52,7 @@ __all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "ImageDe
 
 #: the method :func:`foveate` runs by default: the read-then-look cascade under the glance
 #: rule (:func:`~fovea_core.cascade.reading.cascade_glance`), the one budgeted method of
-#: chapter 14.5 whose carry-over target on the WildReceipt photographs is met under both
+#: chapter 14.8 whose carry-over target on the WildReceipt photographs is met under both
 #: readers; ``"cascade"`` (one fixation, no reading) keeps more on pages like the training
 #: pages and less on the photographs
 DEFAULT_METHOD = "cascade_glance"

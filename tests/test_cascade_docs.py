@@ -21,7 +21,7 @@ MODULES = ["fovea_core.cascade", "fovea_core.cascade.core", "fovea_core.cascade.
            "fovea_core.cascade.allocator", "fovea_core.cascade.reading",
            "fovea_core.cascade.side", "fovea_core.cascade.raster", "fovea_core.vlm.processor",
            "fovea_core.cost", "fovea_core.cache", "fovea_core.methods", "fovea_book.train",
-           "fovea_book.eval.pseudo_labeller"]
+           "fovea_core.cascade.pseudo_labels"]
 _REF = re.compile(r":(?:mod|func|class|data|meth|attr|exc):`~?([\w.]+)`")
 
 

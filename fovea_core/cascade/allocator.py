@@ -466,7 +466,7 @@ def page_legibility(g: Gist, budget: int, *, legible_px: float = LEGIBLE_PX,
     the median text is ``legible_px`` high in ``resize``'s view; at -1, half of that.
     Read from the gist alone (inside N: budgeted). The estimate is the learned size head's,
     fitted on scans: on pages unlike them it is a signal to fit a rule on, not a
-    measurement (:mod:`fovea_book.eval.safe_rule`)."""
+    measurement (:mod:`fovea_book.eval.tried.safe_rule`)."""
     level = resize_grid(g.image_size, budget, patch)[2]
     median = text_heights(g).flatten(1).median(1).values                   # [B]
     return median - math.log2(legible_px) - float(level)
@@ -604,7 +604,7 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     ``resize_within`` (a number >= 0, default ``None``: never): on a page whose level-0 grid
     holds at most ``resize_within * budget`` cells the budget is spent as
     :func:`~fovea_core.allocators.grid.resize` spends it (a small page, which a resize
-    already reads near its native resolution). :mod:`fovea_book.eval.resize_rule` fits it
+    already reads near its native resolution). :mod:`fovea_book.eval.tried.resize_rule` fits it
     on training pages; its fit chose 0 (the cascade read at least as well as ``resize`` at
     every page size there).
 
@@ -612,14 +612,14 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     localiser map is unsure -- :func:`map_confidence`, the share of its mass on its top
     :data:`CONFIDENCE_TOP` of cells, below ``resize_below`` -- is given ``resize``'s tokens
     instead (the map was computed from the gist, inside N: still budgeted).
-    :mod:`fovea_book.eval.confidence_rule` fits it on photograph-like training pages.
+    :mod:`fovea_book.eval.tried.confidence_rule` fits it on photograph-like training pages.
 
     ``resize_legible`` (a number of octaves, default ``None``: never): an image whose
     page's median text, estimated from the gist, would be at least ``legible_px /
     2**resize_legible`` pixels high in ``resize``'s view (:func:`page_legibility` >=
     ``-resize_legible``) is given ``resize``'s tokens too: a fovea pays where the text is
     too small for a resize, not where a resize already reads it.
-    :mod:`fovea_book.eval.safe_rule` fits it with ``resize_below``.
+    :mod:`fovea_book.eval.tried.safe_rule` fits it with ``resize_below``.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -675,7 +675,7 @@ for _name, _loc, _learned in (("cascade", "learned", True),
              localiser=_loc)(cascade)
 #: the safe cascade's switches to ``resize`` (``cascade_safe``): the pair the fit on
 #: photograph-like training pages chose, objective "never below resize on any variant"
-#: (``python -m fovea_book.eval.safe_rule``, record ``data/models/safe_rule.json``)
+#: (``python -m fovea_book.eval.tried.safe_rule``, record ``data/models/safe_rule.json``)
 SAFE_RESIZE_BELOW = 0.95
 SAFE_RESIZE_LEGIBLE = 1.0
 register("cascade_safe", family="cascade", version="cascade", content=True, learned=True,

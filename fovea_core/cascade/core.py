@@ -26,7 +26,7 @@ exactly ``N`` and ``TokenSet.stage`` says where every token came from
 ``"cascade"`` (:mod:`fovea_core.cascade.allocator`). The second look decides *where* to read
 finely from what the first look showed (ink or blank paper), never from what the text says:
 the cascade does not read, so it cannot tell which of the lines it found answers the
-question (chapter 14.5).
+question (chapter 14.7).
 
 The idea is the seeds' "saccade" Homunculus (look coarsely, decide, look again) and the
 classic coarse-to-fine search of active vision [Ballard 1991, Animate vision]; the

@@ -2,7 +2,7 @@
 
 The one-fixation cascade (:func:`~fovea_core.cascade.allocator.cascade`) decides where to
 look from the gist alone and never reads: it cannot tell which of the lines it found
-answers the question (chapter 14.5). A reader does better by reading first: it fixates
+answers the question (chapter 14.7). A reader does better by reading first: it fixates
 where the answer probably is, reads what it sees there ("TOTAL", a date, the item the
 question names) and looks again where the answer lies *relative to* what it read. This
 module spends the N tokens that way, registered as the allocator ``"cascade_read"``:
@@ -1000,8 +1000,8 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
 #: before the fit: every variant at least ``resize``'s mean ANLS, else the rule whose worst
 #: variant loses least). No rule met the bar there; the one that lost least glances at
 #: 0.9 N on every page (no map's confidence reached 1), reads the glance and spends the
-#: last tenth where the reading points. Chapter 14.5 measures it on the photographs, the
-#: receipts and the forms.
+#: last tenth where the reading points. Chapter 14.8 measures it on the photographs,
+#: chapter 14.5 on the receipts and the forms.
 GLANCE_NAME = "cascade_glance"
 GLANCE_BELOW = 1.0
 GLANCE_SHARE = 0.9
