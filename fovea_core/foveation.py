@@ -298,8 +298,8 @@ def _pil_to_array(img: Any) -> np.ndarray:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return np.array(Image.alpha_composite(white, rgba).convert("RGB"))
     if img.mode in ("L", "1"):
-        return np.array(img.convert("L"))
-    return np.array(img.convert("RGB"))
+        return np.array(img if img.mode == "L" else img.convert("L"))
+    return np.array(img if img.mode == "RGB" else img.convert("RGB"))   # no extra copy
 
 
 def _pixels_in(err: BaseException) -> str:

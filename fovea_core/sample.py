@@ -39,7 +39,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from fovea_core.pyramid import Pyramid, ReducedPyramid
+from fovea_core.pyramid import Pyramid, ReducedPyramid, integer_page
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
 __all__ = ["FILTERS", "PAINTERS", "check_sample_args", "render", "sample", "sample_area",
@@ -171,20 +171,6 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
 _EXACT_F32 = 2.0**24
 
 
-def _integer_page(pyramid: Pyramid) -> torch.Tensor | None:
-    """``255 x`` the pyramid's finest stored level, ``[B, H, W, C]`` float32 with integer
-    values, when every value there is ``k / 255`` for an integer ``k`` (an 8-bit page as
-    :func:`~fovea_core.pyramid.as_image_batch` stores it, ``float32(k / 255)``: a file, a
-    PIL image, a ``uint8`` array or such values as floats), else ``None``; made once per
-    pyramid (kept with it, like its other read caches)."""
-    cache = pyramid.__dict__
-    if "_integer_page" not in cache:
-        base = pyramid.levels[0].permute(0, 2, 3, 1)
-        z = base.mul(255.0).round_()
-        cache["_integer_page"] = z.contiguous() if torch.equal(z / 255.0, base) else None
-    return cache["_integer_page"]
-
-
 def _segment_sums(x: torch.Tensor, dim: int, corners: torch.Tensor, offset: int, n: int
                   ) -> torch.Tensor:
     """Sums of the replicate-padded axis ``dim`` of ``x`` between consecutive padded
@@ -218,23 +204,24 @@ def _corner_table(pyramid: Pyramid, rows: torch.Tensor, cols: torch.Tensor
     cols[0])``: ``([B, R, K, C] float64, scale)``, the sums of ``scale`` x the pixels. Box
     sums, second differences of the table, do not depend on the origin. Only the pixels
     inside the corners' box are summed, once: into the blocks between consecutive corners,
-    then the small table of blocks is cumulated. An 8-bit page (:func:`_integer_page`,
-    scale 255) is summed as integers, exactly (float32 while a block column's sum stays
-    below ``2**24``, then float64): its box sums do not depend on the machine or the order
-    of the sums. Another page is summed in float64."""
+    then the small table of blocks is cumulated. An 8-bit page
+    (:func:`~fovea_core.pyramid.integer_page`, scale 255) is summed as integers, exactly
+    (float32 while a block column's sum stays below ``2**24``, then float64): its box sums
+    do not depend on the machine or the order of the sums. Another page is summed in
+    float64."""
     h, w = pyramid.levels[0].shape[-2:]
     r0 = int((rows[0] - 1).clamp(0, h - 1))
     r1 = int((rows[-1] - 2).clamp(0, h - 1)) + 1
     c0 = int((cols[0] - 1).clamp(0, w - 1))
     c1 = int((cols[-1] - 2).clamp(0, w - 1)) + 1
-    z = _integer_page(pyramid)
+    z = integer_page(pyramid)
     if z is None:
         box = pyramid.levels[0][..., r0:r1, c0:c1].permute(0, 2, 3, 1)   # [B, h', w', C]
         scale, part = 1.0, _segment_sums(box.double(), 1, rows, r0, h)
     else:
-        scale, box = 255.0, z[:, r0:r1, c0:c1]
-        exact32 = (r1 - r0 + 2) * scale < _EXACT_F32
-        part = _segment_sums(box if exact32 else box.double(), 1, rows, r0, h).double()
+        exact32 = (r1 - r0 + 2) * 255.0 < _EXACT_F32
+        box = z[:, r0:r1, c0:c1] if exact32 else z[:, r0:r1, c0:c1].double()
+        scale, part = 255.0, _segment_sums(box, 1, rows, r0, h).double()
     blocks = _segment_sums(part, 2, cols, c0, w)                           # [B, R-1, K-1, C]
     return F.pad(blocks.cumsum(1).cumsum(2), (0, 0, 1, 0, 1, 0)), scale
 
