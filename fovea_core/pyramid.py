@@ -443,9 +443,11 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     _zero_borders(nhwc, origins, sizes)
     atlas = nhwc.permute(0, 3, 1, 2)
     levels = [atlas[..., y:y + hh, xx:xx + ww] for (y, xx), (hh, ww) in zip(origins, sizes)]
-    nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))          # rows of W*C floats: fast copies
-    if u8:
-        nhwc[:, :h, :w].div_(255.0)
+    if u8:              # the page's integers once as floats (integer_page), then / 255
+        ints = x.permute(0, 2, 3, 1).to(torch.float32, memory_format=torch.contiguous_format)
+        torch.div(ints, 255.0, out=nhwc[:, :h, :w])
+    else:
+        nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))      # rows of W*C floats: fast copies
     fast = _PYR_DOWN_STEPS.get(x.device.type) if min(h, w) >= 3 else None
     for m in range(1, num_levels):
         if fast is not None and fast(levels[m - 1], levels[m]):
@@ -454,8 +456,7 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
             pyr_down(levels[m - 1], out=levels[m])
     pyr = Pyramid(tuple(levels))
     if u8:                              # the 8-bit page, known without a look (integer_page)
-        pyr.__dict__[_INTEGER_PAGE] = x.permute(0, 2, 3, 1).to(
-            torch.float32, memory_format=torch.contiguous_format)
+        pyr.__dict__[_INTEGER_PAGE] = ints
     return pyr
 
 

@@ -206,9 +206,9 @@ def _corner_table(pyramid: Pyramid, rows: torch.Tensor, cols: torch.Tensor
     inside the corners' box are summed, once: into the blocks between consecutive corners,
     then the small table of blocks is cumulated. An 8-bit page
     (:func:`~fovea_core.pyramid.integer_page`, scale 255) is summed as integers, exactly
-    (float32 while a block column's sum stays below ``2**24``, then float64): its box sums
-    do not depend on the machine or the order of the sums. Another page is summed in
-    float64."""
+    (float32 while a block's sum stays below ``2**24``, float64 beyond and for the table of
+    blocks): its box sums do not depend on the machine or the order of the sums. Another
+    page is summed in float64."""
     h, w = pyramid.levels[0].shape[-2:]
     r0 = int((rows[0] - 1).clamp(0, h - 1))
     r1 = int((rows[-1] - 2).clamp(0, h - 1)) + 1
@@ -218,11 +218,15 @@ def _corner_table(pyramid: Pyramid, rows: torch.Tensor, cols: torch.Tensor
     if z is None:
         box = pyramid.levels[0][..., r0:r1, c0:c1].permute(0, 2, 3, 1)   # [B, h', w', C]
         scale, part = 1.0, _segment_sums(box.double(), 1, rows, r0, h)
+        blocks = _segment_sums(part, 2, cols, c0, w)                       # [B, R-1, K-1, C]
     else:
-        exact32 = (r1 - r0 + 2) * 255.0 < _EXACT_F32
-        box = z[:, r0:r1, c0:c1] if exact32 else z[:, r0:r1, c0:c1].double()
-        scale, part = 255.0, _segment_sums(box, 1, rows, r0, h).double()
-    blocks = _segment_sums(part, 2, cols, c0, w)                           # [B, R-1, K-1, C]
+        # a block's partial sums stay below its total, at most (its lines) x 255: exact in
+        # float32 while that is below 2**24 (always, but for corners far apart)
+        lr, lc = int((rows[1:] - rows[:-1]).max()), int((cols[1:] - cols[:-1]).max())
+        rows32, blocks32 = lr * 255.0 < _EXACT_F32, lr * lc * 255.0 < _EXACT_F32
+        box = z[:, r0:r1, c0:c1]
+        scale, part = 255.0, _segment_sums(box if rows32 else box.double(), 1, rows, r0, h)
+        blocks = _segment_sums(part if blocks32 else part.double(), 2, cols, c0, w).double()
     return F.pad(blocks.cumsum(1).cumsum(2), (0, 0, 1, 0, 1, 0)), scale
 
 

@@ -484,12 +484,18 @@ def _textbook_table(base: torch.Tensor) -> torch.Tensor:
     return ref
 
 
-@pytest.mark.parametrize("eight_bit", [True, False])
-def test_corner_table_is_the_padded_summed_area_table_at_its_corners(eight_bit):
+@pytest.mark.parametrize("eight_bit,float32_sums", [(True, True), (True, False), (False, False)])
+def test_corner_table_is_the_padded_summed_area_table_at_its_corners(eight_bit, float32_sums,
+                                                                     monkeypatch):
     """The table sample_area reads is the textbook one at the corners it asks for (relative
-    to the first corner): exactly for an 8-bit page (integer sums, scale 255), to float64
-    rounding for another; corners on the padding and beyond it included."""
+    to the first corner): exactly for an 8-bit page (integer sums, scale 255; in float32 or,
+    past its exact range, float64), to float64 rounding for another; corners on the padding
+    and beyond it included."""
+    import fovea_core.sample as S
     from fovea_core.sample import _corner_table
+
+    if not float32_sums:
+        monkeypatch.setattr(S, "_EXACT_F32", 1.0)             # every sum past float32's range
 
     g = torch.Generator().manual_seed(3)
     x = torch.randint(0, 256, (2, 3, 40, 56), generator=g) / 255.0 if eight_bit else \
