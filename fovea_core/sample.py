@@ -343,11 +343,21 @@ def _area_reads(table: torch.Tensor, ry: torch.Tensor, fy: torch.Tensor, rx: tor
     flat = table.view(b * hs * ws, c)
     wy = torch.stack([1 - fy, fy])[..., :, None, None]                     # [2, B, n, p+1, 1, 1]
     wx = torch.stack([1 - fx, fx])[..., None, :, None]                     # [2, B, n, 1, p+1, 1]
+    def read(idx: torch.Tensor) -> torch.Tensor:                          # [B, n, i, j, C]
+        return flat.index_select(0, idx.reshape(-1)).view(*idx.shape, c)
+
+    # each token's table relative to its own first corner (i0, j0): S - S[:, j0] - S[i0] +
+    # S[i0, j0], exact for an 8-bit page (integers), so a token reads the same values
+    # whatever else is read with it (the shared table's origin drops out)
+    i0, j0 = rows[..., :1, None], rx[..., None, :1]                       # [B, n, 1, 1]
+    at_j0 = [read(rows[..., :, None] + dy * ws + j0) for dy in (0, 1)]   # [B, n, e, 1, C]
+    at_i0 = [read(i0 + rx[..., None, :] + dx) for dx in (0, 1)]          # [B, n, 1, e, C]
+    origin = read(i0 + j0)                                                # [B, n, 1, 1, C]
     corner = None                                   # the integral at every box corner
     for dy in (0, 1):
         for dx in (0, 1):
-            idx = (rows[..., :, None] + dy * ws) + (rx[..., None, :] + dx)  # [B, n, p+1, p+1]
-            tap = flat.index_select(0, idx.reshape(-1)).view(b, n, e, e, c)
+            tap = read((rows[..., :, None] + dy * ws) + (rx[..., None, :] + dx))
+            tap = (tap - at_j0[dy]) - (at_i0[dx] - origin)
             term = tap * (wy[dy] * wx[dx])
             corner = term if corner is None else corner.add_(term)
     box = corner[:, :, 1:, 1:] - corner[:, :, :-1, 1:] - corner[:, :, 1:, :-1] \
