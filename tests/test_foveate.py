@@ -346,6 +346,10 @@ def test_a_file_and_its_pixels_as_floats_give_the_same_cascade_patches(pages):
     assert torch.equal(a.tokens.centers, b.tokens.centers)
     assert torch.equal(a.tokens.levels, b.tokens.levels)
     assert torch.equal(a.patches, b.patches)
+    # the gist's patches, kept from the cascade's own read, are those a new read gives
+    from fovea_core.pyramid import build_pyramid
+    from fovea_core.sample import sample
+    assert torch.equal(a.patches, sample(build_pyramid(load_image(path)), a.tokens))
 
 
 def test_save_foveation_writes_three_files(pages, tmp_path):
