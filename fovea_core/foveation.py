@@ -33,7 +33,7 @@ import math
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -298,8 +298,8 @@ def _pil_to_array(img: Any) -> np.ndarray:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return np.array(Image.alpha_composite(white, rgba).convert("RGB"))
     if img.mode in ("L", "1"):
-        return np.array(img.convert("L"))
-    return np.array(img.convert("RGB"))
+        return np.array(img if img.mode == "L" else img.convert("L"))
+    return np.array(img if img.mode == "RGB" else img.convert("RGB"))   # no extra copy
 
 
 def _pixels_in(err: BaseException) -> str:
@@ -976,6 +976,37 @@ def _decode_for(image: str | Path, tokens: TokenSet, num_levels: int) -> Pyramid
     return ReducedPyramid(stored.levels, k, (h, w))
 
 
+def _read_patches(pyr: Pyramid, tokens: TokenSet, gist: Any = None) -> torch.Tensor:
+    """The tokens' patches ``[1, N, C, p, p]`` (:func:`fovea_core.sample.sample`), the
+    gist's taken as the cascade read them when ``tokens`` hold ``gist``'s tokens (stage 0,
+    same centres, levels and patch, in order) and the page is 8-bit: its area reads are
+    exact sums, so a token's patch does not depend on what else is read with it
+    (:func:`~fovea_core.pyramid.integer_page`), and the whole page is not read twice."""
+    from fovea_core.pyramid import integer_page
+    from fovea_core.sample import sample
+
+    g = getattr(gist, "tokens", None)
+    if not isinstance(g, TokenSet) or tokens.stage is None or tokens.batch_size != 1 \
+            or g.batch_size != 1 or g.patch != tokens.patch or integer_page(pyr) is None:
+        return sample(pyr, tokens)
+    mine = torch.nonzero(tokens.stage[0] == 0).squeeze(1)                 # [G]
+    if mine.numel() != g.budget or mine.numel() == tokens.budget \
+            or not torch.equal(tokens.centers[0, mine], g.centers[0]) \
+            or not torch.equal(tokens.levels[0, mine], g.levels[0]):
+        return sample(pyr, tokens)
+    p, (r, c) = g.patch, (gist.rows, gist.cols)
+    ch = gist.image.shape[1]
+    gp = gist.image.reshape(1, ch, r, p, c, p).permute(0, 2, 4, 1, 3, 5).reshape(1, r * c, ch,
+                                                                               p, p)
+    rest = torch.nonzero(tokens.stage[0] != 0).squeeze(1)                # [N - G]
+    others = replace(tokens, centers=tokens.centers[:, rest], levels=tokens.levels[:, rest],
+                     scores=tokens.scores[:, rest], stage=tokens.stage[:, rest])
+    out = gp.new_empty(1, tokens.budget, ch, p, p)
+    out[:, mine] = gp
+    out[:, rest] = sample(pyr, others)
+    return out
+
+
 def foveate(image: Any, question: str | None = None, *, budget: int | None = DEFAULT_BUDGET,
             method: str = DEFAULT_METHOD, **method_options: Any) -> Foveation:
     """Foveate one page: exactly ``budget`` tokens, their patches, the view and the cost.
@@ -1052,7 +1083,7 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = DEF
     call = dict(opts, patch=patch)
     if question is not None and q_used:
         call["query"] = question
-    side = None                         # a cascade's side cost, from the run that allocated
+    side = parts = None                 # a cascade's side cost, from the run that allocated
     try:
         if INFO[method]["runner"] is not None:        # a method with stages: its parts
             # a method that reads no map gets none (the budget is not checked again with it)
@@ -1078,7 +1109,7 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = DEF
                          "foveate needs exactly N")
     if reduced is not None:
         pyr = _decode_for(image, tokens, pyr.num_levels)
-    patches = sample(pyr, tokens)
+    patches = _read_patches(pyr, tokens, getattr(parts, "gist", None))
     cost = _cost(method, scorer, pyr, budget, side_ms, side)
     return Foveation(tokens=tokens, patches=patches, cost=cost, method=method,
                      background=pyr.levels[-1].clone(),

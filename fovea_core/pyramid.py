@@ -443,16 +443,42 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     _zero_borders(nhwc, origins, sizes)
     atlas = nhwc.permute(0, 3, 1, 2)
     levels = [atlas[..., y:y + hh, xx:xx + ww] for (y, xx), (hh, ww) in zip(origins, sizes)]
-    nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))          # rows of W*C floats: fast copies
-    if u8:
-        nhwc[:, :h, :w].div_(255.0)
+    if u8:              # the page's integers once as floats (integer_page), then / 255
+        ints = x.permute(0, 2, 3, 1).to(torch.float32, memory_format=torch.contiguous_format)
+        torch.div(ints, 255.0, out=nhwc[:, :h, :w])
+    else:
+        nhwc[:, :h, :w].copy_(x.permute(0, 2, 3, 1))      # rows of W*C floats: fast copies
     fast = _PYR_DOWN_STEPS.get(x.device.type) if min(h, w) >= 3 else None
     for m in range(1, num_levels):
         if fast is not None and fast(levels[m - 1], levels[m]):
             continue
         if not _pyr_down_cv2(levels[m - 1], levels[m]):
             pyr_down(levels[m - 1], out=levels[m])
-    return Pyramid(tuple(levels))
+    pyr = Pyramid(tuple(levels))
+    if u8:                              # the 8-bit page, known without a look (integer_page)
+        pyr.__dict__[_INTEGER_PAGE] = ints
+    return pyr
+
+
+_INTEGER_PAGE = "_integer_page"
+
+
+def integer_page(pyramid: Pyramid) -> torch.Tensor | None:
+    """The pyramid's finest stored level as 8-bit integers, ``[B, H, W, C]`` float32 holding
+    the integers ``0..255`` (summed as they are: exact while a sum stays below ``2**24``), when
+    it is an 8-bit page (every value ``k / 255`` for an integer ``k``, as
+    :func:`as_image_batch` stores one: a file, a PIL image, a ``uint8`` array or tensor,
+    or such values given as floats), else ``None``. Sums of these integers are exact in
+    any order, so a reader of the page's pixels that sums them
+    (:func:`fovea_core.sample.sample_area`) gives the same result on any machine. Known
+    from the build for a ``uint8`` input, else found once by comparing the level with its
+    values rounded to 8 bits; kept with the pyramid."""
+    cache = pyramid.__dict__
+    if _INTEGER_PAGE not in cache:
+        base = pyramid.levels[0].permute(0, 2, 3, 1)
+        z = base.mul(255.0).round_()
+        cache[_INTEGER_PAGE] = z.contiguous() if torch.equal(z / 255.0, base) else None
+    return cache[_INTEGER_PAGE]
 
 
 #: device type -> a faster :func:`pyr_down` step for :func:`build_pyramid`:

@@ -39,7 +39,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from fovea_core.pyramid import Pyramid, ReducedPyramid
+from fovea_core.pyramid import Pyramid, ReducedPyramid, integer_page
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
 __all__ = ["FILTERS", "PAINTERS", "check_sample_args", "render", "sample", "sample_area",
@@ -167,28 +167,67 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
 
 
 # --------------------------------------------------------------------------- area read
-def _summed_area(pyramid: Pyramid, device: torch.device) -> torch.Tensor:
-    """Summed-area table of the base image padded by one replicated pixel on every side,
-    channels last: ``[B, H + 3, W + 3, C]`` float64, ``S[b, i, j]`` = sum of padded pixels
-    above-left of corner ``(i, j)`` (cached on the pyramid per device). float64 keeps a box
-    sum exact to ~1e-9 on any page size (float32 would lose ~0.5 / area); channels last, so
-    a table read gathers one contiguous ``C``-vector."""
-    cache = pyramid.__dict__.setdefault("_summed_area", {})
-    if device not in cache:
-        # built in place in the one float64 table: a 35-Mpixel scan's table is 0.8 GB, and
-        # padding and cumulating out of place held four of them at once
-        base = pyramid.levels[0].to(device)          # the finest stored level
-        b, c, h, w = base.shape
-        sat = torch.empty(b, h + 3, w + 3, c, dtype=torch.float64, device=device)
-        sat[:, 0], sat[:, :, 0] = 0.0, 0.0     # the table's zero row and column; the rest is
-        img = sat[:, 1:, 1:]                   # written: the padded image, [B, H+2, W+2, C]
-        img[:, 1:-1, 1:-1] = base.permute(0, 2, 3, 1)
-        img[:, 0], img[:, -1] = img[:, 1], img[:, -2]                    # replicate rows
-        img[:, :, 0], img[:, :, -1] = img[:, :, 1], img[:, :, -2]        # then columns
-        img.cumsum_(2)
-        img.cumsum_(1)
-        cache[device] = sat
-    return cache[device]
+#: 8-bit pages are summed as integers in float32 while no partial sum can reach 2**24 (exact)
+_EXACT_F32 = 2.0**24
+
+
+def _segment_sums(x: torch.Tensor, dim: int, corners: torch.Tensor, offset: int, n: int
+                  ) -> torch.Tensor:
+    """Sums of the replicate-padded axis ``dim`` of ``x`` between consecutive padded
+    corners: entry ``t`` along ``dim`` sums padded lines ``[corners[t], corners[t + 1])``
+    (padded line ``r`` is base line ``clamp(r - 1, 0, n - 1)``; base line ``i`` is ``x``'s
+    line ``i - offset``). ``corners``: sorted distinct padded corners (long, at least two,
+    in ``[0, n + 2]``); ``x`` holds every base line they span. Returns ``x``'s shape with
+    ``len(corners) - 1`` along ``dim``, summed in ``x``'s dtype."""
+    shape = list(x.shape)
+    shape[dim] = corners.numel() - 1
+    out = x.new_zeros(shape)
+    pr = torch.arange(int(corners[0]), int(corners[-1]), device=x.device)  # padded lines
+    seg = torch.searchsorted(corners, pr, right=True) - 1                 # their segment
+    inner = (pr >= 1) & (pr <= n)                     # base line pr - 1, each once, in order
+    count = int(inner.sum())
+    if count:
+        start = max(int(corners[0]), 1) - 1 - offset
+        out.index_add_(dim, seg[inner], x.narrow(dim, start, count))
+    edge = ~inner                                     # padded lines 0 and n + 1: repeats
+    if bool(edge.any()):
+        out.index_add_(dim, seg[edge], x.index_select(dim, (pr[edge] - 1).clamp(0, n - 1)
+                                                      - offset))
+    return out
+
+
+def _corner_table(pyramid: Pyramid, rows: torch.Tensor, cols: torch.Tensor
+                  ) -> tuple[torch.Tensor, float]:
+    """The summed-area table of the pyramid's finest stored level ``[B, C, H, W]`` (padded
+    by one replicated pixel on every side) at the padded corners ``rows`` x ``cols`` only
+    (sorted, distinct, long, at least two each), relative to the corner ``(rows[0],
+    cols[0])``: ``([B, R, K, C] float64, scale)``, the sums of ``scale`` x the pixels. Box
+    sums, second differences of the table, do not depend on the origin. Only the pixels
+    inside the corners' box are summed, once: into the blocks between consecutive corners,
+    then the small table of blocks is cumulated. An 8-bit page
+    (:func:`~fovea_core.pyramid.integer_page`, scale 255) is summed as integers, exactly
+    (float32 while a block's sum stays below ``2**24``, float64 beyond and for the table of
+    blocks): its box sums do not depend on the machine or the order of the sums. Another
+    page is summed in float64."""
+    h, w = pyramid.levels[0].shape[-2:]
+    r0 = int((rows[0] - 1).clamp(0, h - 1))
+    r1 = int((rows[-1] - 2).clamp(0, h - 1)) + 1
+    c0 = int((cols[0] - 1).clamp(0, w - 1))
+    c1 = int((cols[-1] - 2).clamp(0, w - 1)) + 1
+    z = integer_page(pyramid)
+    if z is None:
+        box = pyramid.levels[0][..., r0:r1, c0:c1].permute(0, 2, 3, 1)   # [B, h', w', C]
+        scale, part = 1.0, _segment_sums(box.double(), 1, rows, r0, h)
+        blocks = _segment_sums(part, 2, cols, c0, w)                       # [B, R-1, K-1, C]
+    else:
+        # a block's partial sums stay below its total, at most (its lines) x 255: exact in
+        # float32 while that is below 2**24 (always, but for corners far apart)
+        lr, lc = int((rows[1:] - rows[:-1]).max()), int((cols[1:] - cols[:-1]).max())
+        rows32, blocks32 = lr * 255.0 < _EXACT_F32, lr * lc * 255.0 < _EXACT_F32
+        box = z[:, r0:r1, c0:c1]
+        scale, part = 255.0, _segment_sums(box if rows32 else box.double(), 1, rows, r0, h)
+        blocks = _segment_sums(part if blocks32 else part.double(), 2, cols, c0, w).double()
+    return F.pad(blocks.cumsum(1).cumsum(2), (0, 0, 1, 0, 1, 0)), scale
 
 
 #: sub-pixel resolution of :func:`sample_area`'s box edges (1/1024 base pixel)
@@ -220,8 +259,12 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
     mapping", SIGGRAPH 1984] of the replicate-padded base image, bilinearly (the integral of
     a piecewise-constant image is bilinear between pixel corners, so the read is exact),
     and the box sums are the table's second differences: ``4 (p + 1)**2`` reads per token
-    and channel, a fixed number of tensor operations for any mix of levels. float64 table,
-    float32 result.
+    and channel, a fixed number of tensor operations for any mix of levels. The table is
+    made only at the pixel corners the boxes touch and only over the pixels inside them
+    (:func:`_corner_table`): a few coarse tokens over a whole page sum its pixels once into
+    a small table, a fovea reads only its own region. An 8-bit page is summed exactly as
+    integers (every box sum on the pixel grid is exact, the same on any machine); another
+    page in float64. float32 result.
 
     Args:
         pyramid: the :class:`~fovea_core.pyramid.Pyramid` whose base (level 0) is read; its
@@ -230,19 +273,28 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
         patch: samples per side; default ``tokens.patch``.
     """
     p = check_sample_args(pyramid, tokens, patch)
-    dev = pyramid.levels[0].device
+    base = pyramid.levels[0]                                  # the finest stored level
+    dev = base.device
     k = pyramid.base_level if isinstance(pyramid, ReducedPyramid) else 0
     if k and float(tokens.levels.min()) < k:
         raise ValueError(f"tokens.levels must be >= {k} on a pyramid stored from level {k} "
                          f"(a reduced decode), got a level {float(tokens.levels.min()):g}")
-    sat = _summed_area(pyramid, dev)                                       # [B, H+3, W+3, C]
-    n = tokens.levels.shape[1]
+    b, n = tokens.levels.shape
+    hs, ws = base.shape[-2:]
+    ex, ey, step = _box_edges(tokens.centers.to(dev), tokens.levels.to(dev), tokens.image_size,
+                              p, k, (hs, ws))
+    x0, fx = _table_weights(ex, ws)                                        # [B, N, p+1]
+    y0, fy = _table_weights(ey, hs)
+    rows = torch.unique(torch.cat([y0.reshape(-1), y0.reshape(-1) + 1]))   # sorted corners
+    cols = torch.unique(torch.cat([x0.reshape(-1), x0.reshape(-1) + 1]))
+    table, scale = _corner_table(pyramid, rows, cols)                         # [B, R, K, C]
+    ry, rx = torch.searchsorted(rows, y0), torch.searchsorted(cols, x0)    # y0 + 1: ry + 1
     # tokens in chunks: the reads hold ~30 KB of float64 a token (16 px), so a page read
     # whole at level 0 (136k tokens on a 35-Mpixel scan) would need ~4 GB at once
-    chunk = max(1, AREA_CHUNK // max(1, tokens.batch_size))
-    out = [_area_reads(sat, tokens.centers[:, i:i + chunk], tokens.levels[:, i:i + chunk],
-                       tokens.image_size, p, k).to(pyramid.levels[0].dtype)
-           for i in range(0, n, chunk)]
+    chunk = max(1, AREA_CHUNK // max(1, b))
+    norm = step * step * scale                                             # [B, N, 1]
+    out = [_area_reads(table, ry[:, s], fy[:, s], rx[:, s], fx[:, s], norm[:, s]).to(base.dtype)
+           for s in (slice(i, i + chunk) for i in range(0, n, chunk))]
     out = out[0] if len(out) == 1 else torch.cat(out, 1)                   # [B, N, p, p, C]
     return out.permute(0, 1, 4, 2, 3).contiguous()
 
@@ -251,46 +303,66 @@ def sample_area(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) ->
 AREA_CHUNK = 4096
 
 
-def _area_reads(sat: torch.Tensor, centers: torch.Tensor, levels: torch.Tensor,
-                image_size: tuple[int, int], p: int, base_level: int = 0) -> torch.Tensor:
-    """:func:`sample_area`'s box means of the tokens ``centers [B, n, 2]``, ``levels [B, n]``
-    from the summed-area table ``sat``: ``[B, n, p, p, C]`` float64. ``sat`` is the table of
-    page level ``base_level`` (a reduced decode), whose pixel ``i`` covers page pixels
-    ``[i 2**base_level, (i + 1) 2**base_level)``: positions and box sides are read in its
-    pixels."""
-    dev = sat.device
-    b, hs, ws, c = sat.shape
+def _box_edges(centers: torch.Tensor, levels: torch.Tensor, image_size: tuple[int, int],
+               p: int, base_level: int, stored_size: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The box edges of :func:`sample_area`'s samples in padded pixels of the stored level
+    (page level ``base_level``, ``stored_size`` pixels, whose pixel ``i`` covers page pixels
+    ``[i 2**base_level, (i + 1) 2**base_level)``): ``(ex, ey)`` ``[B, N, p + 1]`` float64,
+    snapped to 1/1024 px, and the box side ``[B, N, 1]`` in stored pixels."""
+    dev = centers.device
+    hs, ws = stored_size
+    lev = levels.to(torch.float64)
+    cen = centers.to(torch.float64)
     h, w = image_size
-    n = levels.shape[1]
-    lev = levels.to(dev, torch.float64)
-    cen = centers.to(dev, torch.float64)
     if base_level:                          # page coordinates -> the stored level's pixels
         lev = lev - base_level
         cen = cen * cen.new_tensor([w / 2.0**base_level, h / 2.0**base_level]) \
-            / cen.new_tensor([ws - 3, hs - 3])
-        h, w = hs - 3, ws - 3
-    step = torch.exp2(lev)[..., None]                                      # [B, n, 1]
+            / cen.new_tensor([ws, hs])
+        h, w = hs, ws
+    step = torch.exp2(lev)[..., None]                                      # [B, N, 1]
     e = torch.arange(p + 1, device=dev, dtype=torch.float64) - p / 2       # box edges
     # padded coordinates, snapped to 1/1024 px: float32 centres carry ~1e-5 px of rounding,
     # which would blend ~1e-6 of a neighbour into a grid-aligned read
     ex = torch.round((cen[..., 0:1] * w + e * step + 1.0) * _SNAP) / _SNAP  # [B, N, p+1]
     ey = torch.round((cen[..., 1:2] * h + e * step + 1.0) * _SNAP) / _SNAP
-    x0, fx = _table_weights(ex, w)
-    y0, fy = _table_weights(ey, h)
-    rows = (torch.arange(b, device=dev).view(b, 1, 1) * hs + y0) * ws      # [B, N, p+1]
-    flat = sat.view(b * hs * ws, c)
-    wy = torch.stack([1 - fy, fy])[..., :, None, None]                     # [2, B, N, p+1, 1, 1]
-    wx = torch.stack([1 - fx, fx])[..., None, :, None]                     # [2, B, N, 1, p+1, 1]
+    return ex, ey, step
+
+
+def _area_reads(table: torch.Tensor, ry: torch.Tensor, fy: torch.Tensor, rx: torch.Tensor,
+                fx: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_area`'s box means from the corner table ``table`` ``[B, R, K, C]``
+    (:func:`_corner_table`): box edge ``j`` of a token lies between table rows ``ry[..., j]``
+    and ``ry[..., j] + 1`` at fraction ``fy[..., j]`` (``[B, n, p + 1]``; columns alike),
+    each box sum is divided by ``norm`` ``[B, n, 1]`` (its area times the table's scale):
+    ``[B, n, p, p, C]`` float64."""
+    b, hs, ws, c = table.shape
+    n, e = ry.shape[1:]
+    dev = table.device
+    rows = (torch.arange(b, device=dev).view(b, 1, 1) * hs + ry) * ws      # [B, n, p+1]
+    flat = table.view(b * hs * ws, c)
+    wy = torch.stack([1 - fy, fy])[..., :, None, None]                     # [2, B, n, p+1, 1, 1]
+    wx = torch.stack([1 - fx, fx])[..., None, :, None]                     # [2, B, n, 1, p+1, 1]
+    def read(idx: torch.Tensor) -> torch.Tensor:                          # [B, n, i, j, C]
+        return flat.index_select(0, idx.reshape(-1)).view(*idx.shape, c)
+
+    # each token's table relative to its own first corner (i0, j0): S - S[:, j0] - S[i0] +
+    # S[i0, j0], exact for an 8-bit page (integers), so a token reads the same values
+    # whatever else is read with it (the shared table's origin drops out)
+    i0, j0 = rows[..., :1, None], rx[..., None, :1]                       # [B, n, 1, 1]
+    at_j0 = [read(rows[..., :, None] + dy * ws + j0) for dy in (0, 1)]   # [B, n, e, 1, C]
+    at_i0 = [read(i0 + rx[..., None, :] + dx) for dx in (0, 1)]          # [B, n, 1, e, C]
+    origin = read(i0 + j0)                                                # [B, n, 1, 1, C]
     corner = None                                   # the integral at every box corner
     for dy in (0, 1):
         for dx in (0, 1):
-            idx = (rows[..., :, None] + dy * ws) + (x0[..., None, :] + dx)  # [B, N, p+1, p+1]
-            tap = flat.index_select(0, idx.reshape(-1)).view(b, n, p + 1, p + 1, c)
+            tap = read((rows[..., :, None] + dy * ws) + (rx[..., None, :] + dx))
+            tap = (tap - at_j0[dy]) - (at_i0[dx] - origin)
             term = tap * (wy[dy] * wx[dx])
             corner = term if corner is None else corner.add_(term)
     box = corner[:, :, 1:, 1:] - corner[:, :, :-1, 1:] - corner[:, :, 1:, :-1] \
-        + corner[:, :, :-1, :-1]                                           # [B, N, p, p, C]
-    return box / (step * step)[..., None, None]
+        + corner[:, :, :-1, :-1]                                           # [B, n, p, p, C]
+    return box / norm[..., None, None]
 
 
 def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device

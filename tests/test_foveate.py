@@ -334,6 +334,24 @@ def test_default_cascade_reads_the_question_inside_the_budget(pages):
     assert tuple(f.patches.shape) == (1, 273, 3, 16, 16) and f.view.shape == (3, SIDE, SIDE)
 
 
+def test_a_file_and_its_pixels_as_floats_give_the_same_cascade_patches(pages):
+    """The cascade reads a page file (decoded as 8-bit integers) and the same page given as
+    float values k / 255 identically: the same tokens and bit-identical patches (both are
+    summed as the exact 8-bit integers, pyramid.integer_page)."""
+    path = pages / "page1.png"
+    arr = np.array(Image.open(path))
+    as_float = torch.from_numpy(arr).permute(2, 0, 1).float() / 255            # [3, H, W]
+    a = foveate(path, "What is the total?", budget=96, method="cascade")
+    b = foveate(as_float, "What is the total?", budget=96, method="cascade")
+    assert torch.equal(a.tokens.centers, b.tokens.centers)
+    assert torch.equal(a.tokens.levels, b.tokens.levels)
+    assert torch.equal(a.patches, b.patches)
+    # the gist's patches, kept from the cascade's own read, are those a new read gives
+    from fovea_core.pyramid import build_pyramid
+    from fovea_core.sample import sample
+    assert torch.equal(a.patches, sample(build_pyramid(load_image(path)), a.tokens))
+
+
 def test_save_foveation_writes_three_files(pages, tmp_path):
     img = load_image(pages / "page1.png")
     f = foveate(img, budget=24, method="random", seed=3)

@@ -94,3 +94,25 @@ def test_bad_inputs_raise():
         default_num_levels(8, 8, 16)
     with pytest.raises(TypeError):
         as_image_batch([[0.0]])
+
+
+def test_integer_page_is_the_8bit_page_whatever_its_form():
+    """An 8-bit page is known as one from a uint8 input (kept apart from the caller's
+    tensor) and found from its float values k / 255; a page of other values has none."""
+    from fovea_core.pyramid import integer_page
+
+    g = torch.Generator().manual_seed(2)
+    u8 = torch.randint(0, 256, (1, 3, 33, 47), generator=g).to(torch.uint8)
+    want = u8.permute(0, 2, 3, 1).float()
+    from_u8 = build_pyramid(u8.clone())
+    assert torch.equal(integer_page(from_u8), want)
+    from_float = build_pyramid(u8.float() / 255.0)
+    assert torch.equal(integer_page(from_float), want)
+    src = u8.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)   # channels last, as a file
+    pyr = build_pyramid(src)
+    src.zero_()                                              # the caller reuses its tensor
+    assert torch.equal(integer_page(pyr), want)
+    noisy = u8.float() / 255.0
+    noisy[0, 1, 5, 7] += 1e-3
+    assert integer_page(build_pyramid(noisy)) is None
+    assert integer_page(build_pyramid(torch.rand(1, 3, 33, 47, generator=g))) is None

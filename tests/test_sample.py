@@ -474,16 +474,95 @@ def test_smooth_windows_of_the_same_tokens_reuse_their_canvases(monkeypatch):
     assert len(calls) == 3
 
 
-def test_summed_area_table_is_the_padded_cumulative_sum_bit_for_bit():
-    """The table built in place (one float64 buffer) equals the textbook construction."""
-    from fovea_core.sample import _summed_area
-
-    x = torch.rand(2, 3, 40, 56, generator=torch.Generator().manual_seed(3))
-    pyr = build_pyramid(x)
-    pad = F.pad(pyr.base.double(), (1, 1, 1, 1), mode="replicate").permute(0, 2, 3, 1)
-    ref = torch.zeros(2, 43, 59, 3, dtype=torch.float64)
+def _textbook_table(base: torch.Tensor) -> torch.Tensor:
+    """The summed-area table of ``base`` ``[B, C, H, W]`` padded by one replicated pixel,
+    ``[B, H + 3, W + 3, C]`` float64, built the obvious way."""
+    pad = F.pad(base.double(), (1, 1, 1, 1), mode="replicate").permute(0, 2, 3, 1)
+    ref = torch.zeros(base.shape[0], base.shape[2] + 3, base.shape[3] + 3, base.shape[1],
+                      dtype=torch.float64)
     ref[:, 1:, 1:] = pad.cumsum(2).cumsum(1)
-    assert torch.equal(_summed_area(pyr, torch.device("cpu")), ref)
+    return ref
+
+
+@pytest.mark.parametrize("eight_bit,float32_sums", [(True, True), (True, False), (False, False)])
+def test_corner_table_is_the_padded_summed_area_table_at_its_corners(eight_bit, float32_sums,
+                                                                     monkeypatch):
+    """The table sample_area reads is the textbook one at the corners it asks for (relative
+    to the first corner): exactly for an 8-bit page (integer sums, scale 255; in float32 or,
+    past its exact range, float64), to float64 rounding for another; corners on the padding
+    and beyond it included."""
+    import fovea_core.sample as S
+    from fovea_core.sample import _corner_table
+
+    if not float32_sums:
+        monkeypatch.setattr(S, "_EXACT_F32", 1.0)             # every sum past float32's range
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (2, 3, 40, 56), generator=g) / 255.0 if eight_bit else \
+        torch.rand(2, 3, 40, 56, generator=g)
+    pyr = build_pyramid(x)
+    ref = _textbook_table(pyr.base)
+    for rows, cols in [(torch.arange(43), torch.arange(59)),
+                       (torch.tensor([0, 1, 7, 8, 30, 42]), torch.tensor([2, 3, 57, 58])),
+                       (torch.tensor([5, 6, 11]), torch.tensor([40, 41]))]:
+        table, scale = _corner_table(pyr, rows, cols)
+        want = ref[:, rows][:, :, cols]
+        want = want - want[:, :1] - want[:, :, :1] + want[:, :1, :1]
+        assert scale == (255.0 if eight_bit else 1.0)
+        if eight_bit:
+            assert torch.equal(table, torch.round(want * 255))
+        else:
+            torch.testing.assert_close(table, want, rtol=0, atol=1e-12)
+
+
+def test_area_read_of_an_8bit_page_is_its_exact_block_mean():
+    """On an 8-bit page a grid-aligned token at level l reads the mean of its 2**l-pixel
+    blocks rounded once to float32 (exact integer sums): the same value on any machine,
+    whatever else is read in the same call."""
+    from fovea_core.tokens import TokenSet
+
+    g = torch.Generator().manual_seed(8)
+    u8 = torch.randint(0, 256, (1, 3, 64, 96), generator=g)
+    pyr = build_pyramid(u8.to(torch.uint8))
+    p = 4
+    for lv in (0, 1, 2):
+        side = p * 2**lv
+        gy, gx = torch.meshgrid(torch.arange(64 // side), torch.arange(96 // side),
+                                indexing="ij")
+        cen = torch.stack([(gx.reshape(-1) + 0.5) * side / 96,
+                           (gy.reshape(-1) + 0.5) * side / 64], -1)[None]
+        n = cen.shape[1]
+        t = TokenSet(cen, torch.full((1, n), float(lv)), torch.zeros(1, n),
+                     torch.full((1, 1, 2), 0.5), (64, 96), p)
+        k = 2**lv
+        sums = F.avg_pool2d(u8.double(), k) * (k * k)                   # exact integers
+        want = (sums / (255.0 * k * k)).float()                        # [1, 3, 64/k, 96/k]
+        want = want.unfold(2, p, p).unfold(3, p, p)                    # [1, 3, gh, gw, p, p]
+        want = want.permute(0, 2, 3, 1, 4, 5).reshape(1, n, 3, p, p)
+        got = sample(pyr, t)
+        assert torch.equal(got, want), lv
+        assert torch.equal(sample(pyr, TokenSet(cen[:, :1], t.levels[:, :1], t.scores[:, :1],
+                                                t.fixations, (64, 96), p)), want[:, :1])
+
+
+def test_an_8bit_page_token_reads_the_same_patch_alone_or_with_others():
+    """Off the pixel grid and at fractional levels too, a token of an 8-bit page reads the
+    same patch, bit for bit, alone or with any other tokens (each token's table is taken
+    relative to its own corner, exactly; a shared table's large values would round the
+    bilinear reads differently): a cascade may keep the patches its gist read."""
+    from fovea_core.tokens import TokenSet
+
+    g = torch.Generator().manual_seed(12)
+    h, w = 600, 800                        # the shared table's values grow with the page
+    pyr = build_pyramid(torch.randint(0, 256, (1, 3, h, w), generator=g).to(torch.uint8))
+    n = 120
+    cen = 0.6 + 0.4 * torch.rand(1, n, 2, generator=g)                  # far from the origin
+    cen[0, 0] = 0.01                                                    # and one near it
+    t = TokenSet(cen, torch.rand(1, n, generator=g), torch.zeros(1, n),
+                 torch.full((1, 1, 2), 0.5), (h, w), 16)
+    together = sample(pyr, t)
+    rest = TokenSet(t.centers[:, 1:], t.levels[:, 1:], t.scores[:, 1:], t.fixations, (h, w), 16)
+    assert torch.equal(sample(pyr, rest), together[:, 1:])
 
 
 def test_area_reads_in_chunks_equal_one_read(monkeypatch):
