@@ -63,8 +63,9 @@ LAYERS: dict[str, int] = {
     "methods": 4, "cost": 4,
     # 5: the one-call entry point
     "foveation": 5,
-    # 6: what a user runs on top: the VLM processor (foveates), the command, the facade
-    "vlm": 6, "__main__": 6, "": 6,
+    # 6: what a user runs on top: the VLM processor (foveates), the command, the facade, the
+    # adaptation to a folder of pages (reads pages with load_image, as foveate does)
+    "vlm": 6, "__main__": 6, "": 6, "adapt": 6,
 }
 #: the layer of every module of the book's package: above all of the method
 BOOK_LAYER = 10

@@ -311,6 +311,9 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     must not silently run on other weights than the ones its text describes.
     """
     p = Path(path) if path else weights_path()
+    committed = p.resolve() == weights_path().resolve()
+    if not p.exists() and not committed:
+        raise FileNotFoundError(f"no localiser weights at {p}")
     if not p.exists():
         raise FileNotFoundError(f"no localiser weights at {p}; restore the committed ones "
                                 "(`git checkout fovea_core/weights/gist_localiser.*`, or reinstall fovea_core) or retrain "
@@ -322,6 +325,13 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     if verify:
         want = meta.get("sha256")
         have = file_sha256(p)
+        if want != have and not committed:
+            raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., "
+                             + (f"the record {meta_path.name} says {str(want)[:12]}..."
+                                if meta_path.exists() else f"and no record {meta_path.name} "
+                                "beside them vouches for them")
+                             + "; use the .pt and .json written together (by "
+                             "fovea_core.adapt or the book's training), or write them again")
         if want != have:
             raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., the record "
                              f"{meta_path.name} says {str(want)[:12]}...; restore the "
