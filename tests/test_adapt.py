@@ -257,3 +257,25 @@ def test_foveate_command_takes_the_adapted_file(tmp_path, reader, capsys):
                  "-j", "1"]) == 0
     rec = json.loads((tmp_path / "f" / "page01.foveation.json").read_text())
     assert str(loc) in json.dumps(rec)
+
+
+def test_the_processor_foveates_with_the_adapted_file(tmp_path, reader):
+    from fovea_book.qwen_models import build_qwen
+    from fovea_core.vlm.processor import FoveatedProcessor
+
+    pages = _folder(tmp_path / "pages", 12)
+    loc = tmp_path / "loc.pt"
+    adapt(pages, out=loc, config=FAST, progress=False)
+    model = build_qwen("qwen2-vl-tiny", seed=0)
+    with pytest.raises(ValueError, match="no weights file"):
+        FoveatedProcessor.from_model(model, localiser=str(tmp_path / "none.pt"))
+    mine = FoveatedProcessor.from_model(model, localiser=str(loc))
+    stock = FoveatedProcessor.from_model(model)
+    page, q = _page(5), "What is the total?"
+    a = mine(page, q, budget=120, method="cascade").foveation
+    b = stock(page, q, budget=120, method="cascade").foveation
+    c = mine(page, q, budget=120, method="cascade", localiser="learned").foveation
+    assert a.options["localiser"] == str(loc)
+    assert not torch.equal(a.tokens.centers, b.tokens.centers)
+    assert torch.equal(c.tokens.centers, b.tokens.centers)       # a call's own choice wins
+    assert mine(page, q, budget=120, method="resize", question=None).foveation.method == "resize"
