@@ -80,7 +80,7 @@ from fovea_core.cascade.learned import (GistLocaliserNet, batch_loss, collate_pa
                                         gist_features, jitter_embedding, load_model,
                                         pool_target, weights_path)
 from fovea_core.cascade.pseudo_labels import FAMILIES, PseudoLabel
-from fovea_core.pyramid import build_pyramid
+from fovea_core.pyramid import build_pyramid, default_num_levels
 
 __all__ = ["AdaptConfig", "adapt", "list_pages", "page_split", "embed_questions",
            "IMAGE_SUFFIXES", "NULL_SALT", "GIST_SALT"]
@@ -198,8 +198,14 @@ def embed_questions(texts: Sequence[str]) -> dict[str, torch.Tensor]:
 def _samples(image: torch.Tensor, labels: list[PseudoLabel], budgets: Sequence[int],
              null: bool) -> list[_Sample]:
     """One :class:`_Sample` per gist budget of a page ``image [1, C, H, W]`` and its labels
-    (plus the empty question, the union of the labels' boxes, when ``null``)."""
-    pyr = build_pyramid(image)
+    (plus the empty question, the union of the labels' boxes, when ``null``). The pyramid
+    is built only down to the level the coarsest gist reads (its levels are the same as a
+    whole pyramid's)."""
+    from fovea_core.allocators.grid import resize_grid
+
+    h, w = image.shape[-2:]
+    coarsest = max(resize_grid((h, w), int(b), 16)[2] for b in budgets)   # the smallest gist's
+    pyr = build_pyramid(image, min(default_num_levels(h, w, 16), int(math.floor(coarsest)) + 2))
     out = []
     for b in budgets:                                           # two or three budgets
         g = gist(pyr, int(b))
