@@ -415,8 +415,9 @@ def adapt(pages: str | os.PathLike | Sequence[str | os.PathLike], *, out: str | 
                          f"(first: {skipped[0]['name']}: {skipped[0]['reason']})")
     if not train_s:
         n_lab = sum(len(r["labels"]) for r in rows)
-        raise ValueError(f"pages: no pseudo-label found on the {sum(r['split'] == 'train' for r in rows)}"
-                         f" training page(s) of {len(rows)} readable page(s) ({n_lab} label(s) "
+        n_fit = sum(r["split"] == "train" for r in rows)
+        raise ValueError(f"pages: no pseudo-label found on the {n_fit} training page(s) of "
+                         f"{len(rows)} readable page(s) ({n_lab} label(s) "
                          "in all): the reading found no company, date, total or form key it "
                          "was sure of; nothing to adapt to")
 
