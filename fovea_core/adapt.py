@@ -52,7 +52,10 @@ label found raises ``ValueError`` naming the problem, and nothing is written.
 
 Use the result with ``foveate(page, question, method="cascade", localiser="<out>.pt")``,
 ``python -m fovea_core foveate ... --localiser <out>.pt`` or
-``FoveatedProcessor(processor, localiser="<out>.pt")``.
+``FoveatedProcessor(processor, localiser="<out>.pt")``. There the adapted weights give the
+map of where the answer lies; the text height that sets the fovea's level is still the
+committed weights' estimate (:func:`~fovea_core.cascade.allocator.text_size_map`), so the
+size head trained here is recorded but not yet used.
 """
 
 from __future__ import annotations
@@ -296,6 +299,21 @@ def _check_out(out: str | os.PathLike) -> Path:
     return out
 
 
+def _dumps(record: dict) -> str:
+    """The record as indented JSON, but one line per page and one line for each list of
+    per-step numbers (a folder of hundreds of pages stays a file one can read and diff)."""
+    slots = {"@PAGES@": "[\n  " + ",\n  ".join(json.dumps(r) for r in record["pages"]) + "\n ]"
+             if record["pages"] else "[]"}
+    train = dict(record["train"])
+    for key in ("loss", "l2sp_distance"):
+        slots[f"@{key}@"] = json.dumps(train[key])
+        train[key] = f"@{key}@"
+    text = json.dumps(dict(record, pages="@PAGES@", train=train), indent=1)
+    for k, v in slots.items():
+        text = text.replace(f'"{k}"', v, 1)
+    return text
+
+
 def _write(out: Path, state: dict, record: dict) -> None:
     """``out`` and ``out.json`` through temporary files in the same folder, moved into place
     (the weights first, the record that vouches for them last). The weights are serialised
@@ -312,8 +330,7 @@ def _write(out: Path, state: dict, record: dict) -> None:
         tmp_pt.write(buf.getvalue())
         tmp_pt.close()
         record = dict(sha256=file_sha256(tmp_pt.name), **record)
-        json.dump(record, tmp_js, indent=1)
-        tmp_js.write("\n")
+        tmp_js.write(_dumps(record) + "\n")
         tmp_js.close()
         os.replace(tmp_pt.name, out)
         os.replace(tmp_js.name, out.with_suffix(".json"))
