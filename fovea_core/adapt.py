@@ -324,7 +324,11 @@ def _write(out: Path, state: dict, record: dict) -> None:
                                          delete=False)
     tmp_js = tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.stem}.", suffix=".json",
                                          delete=False, mode="w")
+    mask = os.umask(0)
+    os.umask(mask)
     try:
+        for t in (tmp_pt.name, tmp_js.name):   # a temporary file is private; the result is not
+            os.chmod(t, 0o666 & ~mask)
         buf = io.BytesIO()                     # the archive's inner name is then fixed, not the
         torch.save(state, buf)                 # file's: the same weights, the same bytes
         tmp_pt.write(buf.getvalue())

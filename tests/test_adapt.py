@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -114,6 +115,9 @@ def test_the_record_names_pages_labels_losses_and_the_split(tmp_path, reader):
     out = tmp_path / "models" / "loc.pt"
     rec = adapt(pages, out=out, config=FAST, progress=False)
     assert _files(out.parent) == ["loc.json", "loc.pt"]           # no temporary file left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.stat().st_mode & 0o777 for p in out.parent.iterdir()} == {0o666 & ~mask}
     assert json.loads(out.with_suffix(".json").read_text()) == rec
     assert rec["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     assert rec["start"]["sha256"] == json.loads(
