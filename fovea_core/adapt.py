@@ -399,8 +399,15 @@ def adapt(pages: str | os.PathLike | Sequence[str | os.PathLike], *, out: str | 
                 update(1)
                 continue
             t = time.perf_counter()
-            labels = [p for p in P.page_labels(image) if p.family in config.families]
-            ocr_s += time.perf_counter() - t
+            try:
+                labels = [p for p in P.page_labels(image) if p.family in config.families]
+            except ValueError as err:                          # e.g. a page too small to read
+                skipped.append(dict(name=name, reason=f"not read: {err}"))
+                write(f"skipped {name}: not read: {err}")
+                update(1)
+                continue
+            finally:
+                ocr_s += time.perf_counter() - t
             split = page_split(name, config.valid_mod)
             rng = np.random.default_rng([config.seed, index, GIST_SALT])
             if split == "train":
