@@ -30,15 +30,11 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     """``fovea_core.foveate`` (a function), ``fovea_core.Foveation`` and ``fovea_core.adapt``,
     imported on first use so that ``import fovea_core`` stays light
-    (:mod:`fovea_core.foveation`, :mod:`fovea_core.adapt`)."""
-    if name == "adapt":                 # the module, callable as its function adapt()
-        import fovea_core.adapt as module
+    (:mod:`fovea_core.foveation`, :mod:`fovea_core.adaptation`)."""
+    if name in ("foveate", "Foveation", "adapt"):
+        from fovea_core import adaptation, foveation
 
-        return module
-    if name in ("foveate", "Foveation"):
-        from fovea_core import foveation
-
-        value = getattr(foveation, name)
+        value = getattr(adaptation if name == "adapt" else foveation, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'fovea_core' has no attribute {name!r}")

@@ -40,6 +40,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from fovea_core.progress import progress_bar
+
 DEFAULT_BUDGET = 273
 
 
@@ -244,24 +246,6 @@ def _make_out(out: Path) -> str:
     return ""
 
 
-def _progress(total: int):
-    """``(update, write, close)``: a tqdm bar on stderr (hidden when stderr is not a terminal)
-    or a plain counter; ``write`` prints a page's line on stderr above the bar."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:                                            # pragma: no cover
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, desc="pages", unit="page", disable=None, file=sys.stderr)
-        return bar.update, lambda s: bar.write(s, file=sys.stderr), bar.close
-    state = {"k": 0}
-
-    def update(n: int = 1) -> None:
-        state["k"] += n
-        print(f"[{state['k']}/{total}]", file=sys.stderr, flush=True)
-    return update, lambda s: print(s, file=sys.stderr), lambda: None
-
-
 def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fovea_core.allocators.base import check_budget
     from fovea_core.foveation import DEFAULT_METHOD, check_options, run_page, worker_init
@@ -351,7 +335,7 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                  method=method, options=options)
             for p, s in zip(images, output_stems(images))]
     workers = min(args.workers or os.cpu_count() or 1, len(jobs))
-    update, write, close = _progress(len(jobs))
+    update, write, close = progress_bar(len(jobs))
     results = []
 
     def report(r: dict) -> None:
@@ -393,7 +377,7 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 def adapt_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``python -m fovea_core adapt``: check the arguments (exit 2 naming each bad one), then
     :func:`fovea_core.adapt` with a progress bar on stderr; one summary line on stdout."""
-    from fovea_core.adapt import AdaptConfig, adapt, list_pages
+    from fovea_core.adaptation import AdaptConfig, adapt, list_pages
 
     errors = []
     cfg = AdaptConfig(**{k: v for k, v in (("seed", args.seed), ("epochs", args.epochs))

@@ -1,4 +1,4 @@
-"""Adapting the learned localiser to a folder of unlabelled pages (:mod:`fovea_core.adapt`).
+"""Adapting the learned localiser to a folder of unlabelled pages (:mod:`fovea_core.adaptation`).
 
 No OCR runs: the pages are synthetic (dark bars where a receipt's lines are) and the page
 reader of :mod:`fovea_core.cascade.pseudo_labels` is replaced by one that returns those
@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 import fovea_core
-from fovea_core.adapt import AdaptConfig, adapt, page_split
+from fovea_core.adaptation import AdaptConfig, adapt, page_split
 from fovea_core.cascade import pseudo_labels as pl
 from fovea_core.cascade.learned import load_model, weights_path
 from fovea_core.importance.text import TextRead

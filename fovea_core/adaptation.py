@@ -69,7 +69,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -83,6 +82,7 @@ from fovea_core.cascade.learned import (GistLocaliserNet, batch_loss, collate_pa
                                         gist_features, jitter_embedding, load_model,
                                         pool_target, weights_path)
 from fovea_core.cascade.pseudo_labels import FAMILIES, PseudoLabel
+from fovea_core.progress import progress_bar
 from fovea_core.pyramid import build_pyramid, default_num_levels
 
 __all__ = ["AdaptConfig", "adapt", "list_pages", "page_split", "embed_questions",
@@ -263,17 +263,6 @@ def _evaluate(net: GistLocaliserNet, samples: list[_Sample], emb: dict[str, torc
                 top1=float(np.mean(top1)) if n else float("nan"), fields=per)
 
 
-def _progress(total: int):
-    """``(update, write, close)``: a tqdm bar of the pages on stderr (hidden when stderr is
-    not a terminal), as ``python -m fovea_core foveate`` shows one; without tqdm, nothing."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:                                            # pragma: no cover
-        return (lambda n=1: None), (lambda s: print(s, file=sys.stderr)), (lambda: None)
-    bar = tqdm(total=total, desc="reading pages", unit="page", disable=None, file=sys.stderr)
-    return bar.update, lambda s: bar.write(s, file=sys.stderr), bar.close
-
-
 def _commit() -> str | None:
     """The git commit of the checkout this module runs from, or ``None`` (an installed
     package, no git)."""
@@ -380,7 +369,7 @@ def adapt(pages: str | os.PathLike | Sequence[str | os.PathLike], *, out: str | 
     net0 = load_model(str(start_path), verify=True)
     start_meta = json.loads(start_path.with_suffix(".json").read_text())
     if progress is True:
-        update, write, close = _progress(len(files))
+        update, write, close = progress_bar(len(files), "reading pages")
     elif progress:
         update, write, close = progress(len(files))
     else:
@@ -523,15 +512,3 @@ def adapt(pages: str | os.PathLike | Sequence[str | os.PathLike], *, out: str | 
                          threads=threads, cpus=os.cpu_count()))
     _write(out, state, record)
     return json.loads(out.with_suffix(".json").read_text())
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as its :func:`adapt`: ``fovea_core.adapt(pages, out=...)`` works
-    whether ``fovea_core.adapt`` was reached as the package's attribute or imported as a
-    module first (an import sets the package's attribute to the module)."""
-
-    def __call__(self, *args, **kwargs) -> dict:
-        return adapt(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
