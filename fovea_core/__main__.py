@@ -1,4 +1,12 @@
-"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M] --out DIR``.
+"""``python -m fovea_core foveate PAGE_OR_DIR [--question Q] [--budget N] [--method M]
+[--localiser FILE] --out DIR`` and ``python -m fovea_core adapt PAGES_DIR --out FILE``.
+
+``adapt`` (:func:`fovea_core.adapt`): read every page of a folder once (OCR, cached), take
+the answers it is sure of as labels and fine-tune the cascade's learned localiser on them;
+writes ``FILE`` (``.pt``) and its record ``FILE`` ``.json``; ``foveate --localiser FILE``
+then uses it. Exit status 0 when written, 2 for bad arguments or when nothing could be
+adapted to (a bad folder, no readable page, no label found), each said in one line, nothing
+written.
 
 Per page (:func:`fovea_core.foveation.save_foveation`): ``<name>.foveated.png`` (what the
 model sees), ``<name>.tokens.png`` (the tokens by level and by stage over the page, and the
@@ -31,6 +39,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+from fovea_core.progress import progress_bar
 
 DEFAULT_BUDGET = 273
 
@@ -86,10 +96,40 @@ def build_parser() -> argparse.ArgumentParser:
                                              "-o localiser=uniform (a cascade), "
                                              "-o scorer=text_saliency (a method that ranks a "
                                              "map, e.g. topk)")
+    p.add_argument("--localiser", default=None, metavar="FILE",
+                   help="a cascade's localiser: weights written by `python -m fovea_core adapt` "
+                        "(a .pt file, its .json record beside it), or a localiser's name "
+                        "(default: the method's, the committed learned localiser)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (created)")
     p.add_argument("--workers", "-j", type=int, default=None,
                    help="processes for a folder (default: the CPU count)")
     p.set_defaults(subparser=p, run=foveate_command)
+    a = sub.add_parser(
+        "adapt", help="adapt the learned localiser to a folder of your own (unlabelled) pages",
+        description=textwrap.fill(
+            "Read every page of a folder once at full resolution (OCR, cached on disk, so a "
+            "second run is fast), take the answers the reading is sure of as labels (a "
+            "company at the head of a receipt, a date, a total, a form's value beside its "
+            "key), and fine-tune the cascade's learned localiser on them, starting from the "
+            "committed weights. Pages whose name hashes to 0 modulo 5 are held out for "
+            "validation. Writes FILE (.pt) and its record FILE.json (pages, labels, losses, "
+            "validation before and after, seconds); foveate --localiser FILE uses it.", 88),
+        epilog="Example:\n  python -m fovea_core adapt my_receipts/ --out my_localiser.pt\n"
+               "  python -m fovea_core foveate page.jpg -q 'What is the total?' -m cascade "
+               "--localiser my_localiser.pt --out foveated/",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    a.add_argument("pages", metavar="PAGES_DIR", help="a folder of page images (not recursive)")
+    a.add_argument("--out", required=True, metavar="FILE",
+                   help="the weights to write (.pt; the record goes beside it as .json)")
+    a.add_argument("--start", default=None, metavar="FILE",
+                   help="weights to start from (default: the committed localiser)")
+    a.add_argument("--seed", type=int, default=None, help="seed of the gist budgets, batches "
+                   "and augmentation (default 0)")
+    a.add_argument("--epochs", type=int, default=None,
+                   help="passes over the training pages (default 3)")
+    a.add_argument("--threads", type=int, default=1,
+                   help="torch threads while training (default %(default)s: deterministic)")
+    a.set_defaults(subparser=a, run=adapt_command)
     return parser
 
 
@@ -206,24 +246,6 @@ def _make_out(out: Path) -> str:
     return ""
 
 
-def _progress(total: int):
-    """``(update, write, close)``: a tqdm bar on stderr (hidden when stderr is not a terminal)
-    or a plain counter; ``write`` prints a page's line on stderr above the bar."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:                                            # pragma: no cover
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(total=total, desc="pages", unit="page", disable=None, file=sys.stderr)
-        return bar.update, lambda s: bar.write(s, file=sys.stderr), bar.close
-    state = {"k": 0}
-
-    def update(n: int = 1) -> None:
-        state["k"] += n
-        print(f"[{state['k']}/{total}]", file=sys.stderr, flush=True)
-    return update, lambda s: print(s, file=sys.stderr), lambda: None
-
-
 def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fovea_core.allocators.base import check_budget
     from fovea_core.foveation import DEFAULT_METHOD, check_options, run_page, worker_init
@@ -240,13 +262,19 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         if key in options:
             errors.append(f"--option {key}=...: the {key} is given with {flag}, not as an option")
             del options[key]
+    if args.localiser is not None:
+        if "localiser" in options:
+            errors.append("--option localiser=...: the localiser is given with --localiser, "
+                          "not as an option")
+        options["localiser"] = args.localiser
     budget = args.budget if args.budget is not None else (None if method == "full"
                                                           else DEFAULT_BUDGET)
     try:
         notes = check_options(method, args.question, budget=budget, **options)
     except (ValueError, TypeError) as err:
         notes = []
-        errors.append(str(err))
+        errors.append(f"--localiser {args.localiser}: {err}" if args.localiser is not None
+                      and "localiser" in str(err) else str(err))
     try:
         disk_cache_enabled()
     except ValueError as err:
@@ -307,7 +335,7 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                  method=method, options=options)
             for p, s in zip(images, output_stems(images))]
     workers = min(args.workers or os.cpu_count() or 1, len(jobs))
-    update, write, close = _progress(len(jobs))
+    update, write, close = progress_bar(len(jobs))
     results = []
 
     def report(r: dict) -> None:
@@ -344,6 +372,52 @@ def foveate_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     print(f"foveate: {done} done, {skip} skipped, {failed} failed of {len(files)} files "
           f"in {time.perf_counter() - t0:.1f} s ({method}, N = {budget or 'all'}) -> {out}")
     return 1 if failed or not done else 0
+
+
+def adapt_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``python -m fovea_core adapt``: check the arguments (exit 2 naming each bad one), then
+    :func:`fovea_core.adapt` with a progress bar on stderr; one summary line on stdout."""
+    from fovea_core.adaptation import AdaptConfig, adapt, list_pages
+
+    errors = []
+    cfg = AdaptConfig(**{k: v for k, v in (("seed", args.seed), ("epochs", args.epochs))
+                         if v is not None})
+    if args.epochs is not None and args.epochs < 1:
+        errors.append(f"--epochs must be >= 1, got {args.epochs}")
+    if args.threads < 1:
+        errors.append(f"--threads must be >= 1, got {args.threads}")
+    if not args.out.strip():
+        errors.append("--out must name a .pt file, got an empty string")
+    elif not args.out.endswith(".pt"):
+        errors.append(f"--out must name a .pt file (the record goes beside it as .json), got "
+                      f"{args.out}")
+    elif Path(args.out).is_dir():
+        errors.append(f"--out {args.out} is a folder; name the .pt file to write")
+    if args.start is not None and not Path(args.start).is_file():
+        errors.append(f"--start {args.start}: no such weights file")
+    try:
+        list_pages(args.pages)
+    except ValueError as err:
+        errors.append(str(err).replace("pages: ", "PAGES_DIR: ", 1))
+    if errors:
+        _refuse(parser, *errors)
+    print(f"adapting the learned localiser to {args.pages} -> {args.out}", file=sys.stderr)
+    try:
+        rec = adapt(args.pages, out=args.out, start=args.start, config=cfg,
+                    threads=args.threads)
+    except ValueError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    v = rec["validation"]
+    lab = rec["labels"]["train"]
+    shown = (f"; validation hit mass {v['before']['hit_mass']:.3f} -> "
+             f"{v['after']['hit_mass']:.3f} on {v['after']['questions']} pseudo-labelled "
+             "questions" if v["after"] else "; no validation page had a label")
+    print(f"adapt: {len(rec['pages'])} pages read ({len(rec['skipped'])} skipped), "
+          f"{sum(lab.values())} training labels ({', '.join(f'{k} {n}' for k, n in lab.items())}),"
+          f" {rec['train']['steps']} steps in {rec['seconds']['total']:.0f} s (reading "
+          f"{rec['seconds']['ocr']:.0f} s){shown} -> {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

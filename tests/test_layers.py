@@ -52,7 +52,7 @@ REPO_ROOT = ROOTS[PACKAGE]
 #: folder or module must be placed here.
 LAYERS: dict[str, int] = {
     # 0: the data every layer shares
-    "cache": 0, "paths": 0, "tokens": 0, "pyramid": 0,
+    "cache": 0, "paths": 0, "progress": 0, "tokens": 0, "pyramid": 0,
     # 1: reading pixels (reference sampler, kernels), drawing tokens
     "sample": 1, "kernels": 1, "draw": 1,
     # 2: deciding: importance scorers and the allocators (one registry of methods)
@@ -63,8 +63,9 @@ LAYERS: dict[str, int] = {
     "methods": 4, "cost": 4,
     # 5: the one-call entry point
     "foveation": 5,
-    # 6: what a user runs on top: the VLM processor (foveates), the command, the facade
-    "vlm": 6, "__main__": 6, "": 6,
+    # 6: what a user runs on top: the VLM processor (foveates), the command, the facade, the
+    # adaptation to a folder of pages (reads pages with load_image, as foveate does)
+    "vlm": 6, "__main__": 6, "": 6, "adaptation": 6,
 }
 #: the layer of every module of the book's package: above all of the method
 BOOK_LAYER = 10

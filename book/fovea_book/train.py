@@ -44,7 +44,9 @@ are tuning numbers on pages the run never trained on, not results: the book repo
 
 Model and loss: :class:`~fovea_core.cascade.learned.GistLocaliserNet`, cross-entropy
 between the softmax over the page's gist pixels and the answer boxes' area on them
-(:func:`answer_targets`, the one definition), Adam with a
+(:func:`~fovea_core.cascade.learned.answer_targets`, the one definition, with the loss
+:func:`~fovea_core.cascade.learned.batch_loss` and the ink augmentation shared with
+:func:`fovea_core.adapt`), Adam with a
 cosine learning-rate decay over the run (``cfg.epochs`` epochs, or exactly
 :attr:`TrainConfig.steps` steps: :mod:`fovea_book.learning_curve` gives every point the
 same count).
@@ -102,7 +104,10 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core.cascade.core import Gist, gist
-from fovea_core.cascade.learned import GistLocaliserNet, file_sha256, gist_features, weights_path
+from fovea_core.cascade.learned import (EMBED_NOISE, SIZE_WEIGHT, GistLocaliserNet,  # noqa: F401
+                                        answer_targets, batch_loss, collate_pages,
+                                        file_sha256, gist_features, jitter_embedding,
+                                        pool_target, target_map, weights_path)
 from fovea_book.eval.documents import FORM_FIELD, Document, Question, make_document
 from fovea_book.paths import DatasetNotFound, dataset_path, project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
@@ -746,10 +751,6 @@ def epoch_batches(cfg: TrainConfig, gen: torch.Generator, data: TrainingSet
     return [batches[k] for k in order]
 
 
-#: standard deviation of the Gaussian noise added to each embedding coordinate in training
-EMBED_NOISE = 0.01
-
-
 def _pool(field_: str, wording: str) -> tuple[str, ...]:
     """The templates of a wording key: :data:`~fovea_book.eval.documents.FORM_WORDINGS` for
     a form's question, else :data:`~fovea_book.eval.documents.WORDINGS`."""
@@ -777,118 +778,19 @@ def phrase_embedding(key: tuple[str, str] | None, emb: dict, wording: str,
         return emb[pool[key[2] % len(pool)] if len(key) > 2 else pool[0]]
     i, j = torch.randint(len(pool), (2,), generator=gen).tolist()
     lam = float(torch.rand((), generator=gen))
-    v = lam * emb[pool[i]] + (1 - lam) * emb[pool[j]]
-    v = v + EMBED_NOISE * torch.randn(v.shape, generator=gen)
-    return v / v.norm().clamp(min=1e-6)
-
-
-# ----------------------------------------------------------------------------- the target
-def pool_target(t: torch.Tensor) -> torch.Tensor:
-    """Sum a target ``[..., h, w]`` over 2 x 2 blocks (the network's output pixels)."""
-    return F.avg_pool2d(t[:, None] if t.ndim == 3 else t[None, None], 2, ceil_mode=True,
-                        divisor_override=1).squeeze(-3).reshape(*t.shape[:-2], *(
-                            (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
-
-
-def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torch.Tensor,
-                   boxes) -> torch.Tensor:
-    """The localiser's training target, one map per question: ``[Q, h, w]`` float32.
-
-    Each map is the area (base px^2) of the question's answer boxes on each gist pixel --
-    the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
-    y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
-    distribution over locations, the cross-entropy's target; all zeros when the boxes
-    miss the page). This is the one definition: :func:`target_map` (one question on a
-    :class:`~fovea_core.cascade.core.Gist`) and the training batches (:func:`collate`)
-    both call it, and the committed weights were trained on exactly these values
-    (``tests/test_cascade_train.py``).
-
-    Parameters
-    ----------
-    ys, xs : Tensor
-        ``[h]`` and ``[w]`` base-pixel centres of the gist pixels (float64,
-        :meth:`~fovea_core.cascade.core.Gist.pixel_centres`).
-    half : float
-        Half a gist pixel in base px (``gist.pixel / 2``), > 0.
-    inside : Tensor
-        ``[h, w]`` bool, gist pixels on the page (:meth:`~fovea_core.cascade.core.Gist.inside`).
-    boxes : sequence of array-like
-        Per question, its answer boxes ``[K, 4]`` ``(x0, y0, x1, y1)`` in base px.
-    """
-    if not half > 0:
-        raise ValueError(f"answer_targets: half must be > 0 (half a gist pixel), got {half!r}")
-    if inside.shape != (len(ys), len(xs)):
-        raise ValueError(f"answer_targets: inside has shape {tuple(inside.shape)}, the pixel "
-                         f"centres give ({len(ys)}, {len(xs)})")
-    if len(boxes) == 0:
-        raise ValueError("answer_targets: boxes is empty (give one [K, 4] array per question)")
-    out = []
-    for b in boxes:                                     # a handful of questions per page
-        bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1, 4))
-        oy = (torch.minimum(ys[None] + half, bt[:, 3:4]) -
-              torch.maximum(ys[None] - half, bt[:, 1:2])).clamp(min=0)   # [K, h]
-        ox = (torch.minimum(xs[None] + half, bt[:, 2:3]) -
-              torch.maximum(xs[None] - half, bt[:, 0:1])).clamp(min=0)   # [K, w]
-        t = torch.einsum("ky,kx->yx", oy, ox) * inside
-        out.append(t / t.sum().clamp(min=1e-12))
-    return torch.stack(out).float()
-
-
-def target_map(g: Gist, boxes: list[tuple[int, int, int, int]] | np.ndarray) -> torch.Tensor:
-    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
-    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
-    ys, xs = g.pixel_centres()
-    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
+    return jitter_embedding(lam * emb[pool[i]] + (1 - lam) * emb[pool[j]], gen)
 
 
 def collate(samples: list[Sample], emb: dict, *, augment: torch.Generator | None = None,
             wording: str = "train"):
-    """Pad a list of pages to one batch: ``x [B, 7, H, W]``, ``mask [B, H, W]``,
-    ``q [Q, 384]``, ``page [Q]``, ``target [Q, H, W]``, ``size [Q]`` (log2 text height in
-    gist pixels). Questions are phrased from the ``wording`` pool
+    """Pad a list of pages to one batch (:func:`~fovea_core.cascade.learned.collate_pages`:
+    ``x [B, 7, H, W]``, ``mask [B, H, W]``, ``q [Q, 384]``, ``page [Q]``, ``target [Q, H,
+    W]``, ``size [Q]``). Questions are phrased from the ``wording`` pool
     (:func:`phrase_embedding`). With ``augment`` (a generator), the phrasing is random, and
-    the ink channel is given a random gamma and gain and a little noise."""
-    hmax = max(s.x.shape[1] for s in samples)
-    wmax = max(s.x.shape[2] for s in samples)
-    b = len(samples)
-    x = torch.zeros(b, 7, hmax, wmax)
-    mask = torch.zeros(b, hmax, wmax, dtype=torch.bool)
-    tg, qs, page, size = [], [], [], []
-    for i, s in enumerate(samples):                     # pages of one batch
-        h, w = s.x.shape[1:]
-        x[i, :, :h, :w] = s.x.float()
-        mask[i, :h, :w] = s.inside
-        t = answer_targets(s.ys, s.xs, s.half, s.inside, s.boxes)
-        tg.append(torch.nn.functional.pad(t, (0, wmax - w, 0, hmax - h)))
-        qs += [phrase_embedding(q, emb, wording, augment) for q in s.queries]
-        page += [i] * len(s.queries)
-        size += s.sizes
-    if augment is not None:
-        gamma = torch.exp(torch.randn(b, 1, 1, generator=augment) * 0.25)
-        gain = torch.exp(torch.randn(b, 1, 1, generator=augment) * 0.15)
-        noise = torch.randn(b, hmax, wmax, generator=augment) * 0.03
-        ink = (x[:, 0].clamp(min=0) ** gamma * gain + noise).clamp(0, 1)
-        x[:, 0] = ink * mask
-    return x, mask, torch.stack(qs), torch.tensor(page), torch.cat(tg), torch.tensor(size)
-
-
-#: weight of the text-size loss (squared error in octaves) beside the location loss
-SIZE_WEIGHT = 0.5
-
-
-def batch_loss(net: GistLocaliserNet, batch, *, parts: bool = False):
-    """Mean cross-entropy ``-sum_pixels target * log_softmax(logits)`` over the questions,
-    plus :data:`SIZE_WEIGHT` x the squared error (octaves) of the size map averaged over the
-    answer's pixels. ``parts``: return ``(total, location, size)``."""
-    x, mask, q, page, target, size = batch
-    logit, smap = net(x, mask, q, page)
-    logp = torch.log_softmax(logit.flatten(1), 1)
-    t = pool_target(target).flatten(1)
-    loc = -(t * torch.where(t > 0, logp, torch.zeros_like(logp))).sum(1).mean()
-    pred = (t * smap[page].flatten(1)).sum(1)
-    err = ((pred - size) ** 2).mean()
-    total = loc + SIZE_WEIGHT * err
-    return (total, loc, err) if parts else total
+    the ink channel is augmented (:func:`~fovea_core.cascade.learned.augment_ink`), in that
+    order of draws."""
+    qs = [phrase_embedding(q, emb, wording, augment) for s in samples for q in s.queries]
+    return collate_pages(samples, torch.stack(qs), augment=augment)
 
 
 def _rotate(s: Sample, wording: str, k: int) -> Sample:

@@ -21,7 +21,7 @@ giving a logit per gist pixel. The softmax over the page's gist pixels is a prob
 answer's location; :func:`~fovea_core.cascade.core.gist_to_grid` moves its mass to the
 level-0 patch grid.
 
-Training target (:func:`fovea_book.train.answer_targets`): the answer boxes' area on each
+Training target (:func:`answer_targets`): the answer boxes' area on each
 gist pixel, normalised to sum 1 (the cross-entropy of a distribution over locations). Without a question, the union of every
 answer on the page (a question-agnostic prior of where answers sit). A second output, a
 map of the text height (log2, in gist pixels, so the prediction scales with the page's
@@ -48,7 +48,9 @@ from fovea_core.paths import resource
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "paper_region", "PAPER_MIN", "PAPER_MAX",
            "GistLocaliserNet", "question_embedding", "weights_path", "load_model", "file_sha256",
-           "LearnedLocaliser", "encode_gist"]
+           "LearnedLocaliser", "encode_gist", "answer_targets", "target_map", "pool_target",
+           "collate_pages", "augment_ink", "jitter_embedding", "batch_loss", "SIZE_WEIGHT",
+           "EMBED_NOISE"]
 
 IN_CHANNELS = 7
 EMBED_DIM = 384
@@ -309,6 +311,9 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     must not silently run on other weights than the ones its text describes.
     """
     p = Path(path) if path else weights_path()
+    committed = p.resolve() == weights_path().resolve()
+    if not p.exists() and not committed:
+        raise FileNotFoundError(f"no localiser weights at {p}")
     if not p.exists():
         raise FileNotFoundError(f"no localiser weights at {p}; restore the committed ones "
                                 "(`git checkout fovea_core/weights/gist_localiser.*`, or reinstall fovea_core) or retrain "
@@ -320,6 +325,13 @@ def load_model(path: str | None = None, *, verify: bool = True) -> GistLocaliser
     if verify:
         want = meta.get("sha256")
         have = file_sha256(p)
+        if want != have and not committed:
+            raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., "
+                             + (f"the record {meta_path.name} says {str(want)[:12]}..."
+                                if meta_path.exists() else f"and no record {meta_path.name} "
+                                "beside them vouches for them")
+                             + "; use the .pt and .json written together (by "
+                             "fovea_core.adapt or the book's training), or write them again")
         if want != have:
             raise ValueError(f"localiser weights {p} have SHA-256 {have[:12]}..., the record "
                              f"{meta_path.name} says {str(want)[:12]}...; restore the "
@@ -396,3 +408,141 @@ class LearnedLocaliser:
     def text_px(self, g: Gist, query: str | None) -> torch.Tensor:
         """Expected text height of the answer ``[B]`` in base pixels."""
         return self.predict(g, query)[1]
+
+
+# ----------------------------------------------------------------------------- training
+#: weight of the text-size loss (squared error in octaves) beside the location loss
+SIZE_WEIGHT = 0.5
+#: standard deviation of the Gaussian noise added to each embedding coordinate in training
+EMBED_NOISE = 0.01
+
+
+def pool_target(t: torch.Tensor) -> torch.Tensor:
+    """Sum a target ``[..., h, w]`` over 2 x 2 blocks (the network's output pixels)."""
+    return F.avg_pool2d(t[:, None] if t.ndim == 3 else t[None, None], 2, ceil_mode=True,
+                        divisor_override=1).squeeze(-3).reshape(*t.shape[:-2], *(
+                            (t.shape[-2] + 1) // 2, (t.shape[-1] + 1) // 2))
+
+
+def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torch.Tensor,
+                   boxes) -> torch.Tensor:
+    """The localiser's training target, one map per question: ``[Q, h, w]`` float32.
+
+    Each map is the area (base px^2) of the question's answer boxes on each gist pixel --
+    the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
+    y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
+    distribution over locations, the cross-entropy's target; all zeros when the boxes
+    miss the page). This is the one definition: :func:`target_map` (one question on a
+    :class:`~fovea_core.cascade.core.Gist`), the training batches (:func:`collate_pages`)
+    and the adaptation (:func:`fovea_core.adapt`) call it, and the committed weights were
+    trained on exactly these values (``tests/test_cascade_train.py``).
+
+    Parameters
+    ----------
+    ys, xs : Tensor
+        ``[h]`` and ``[w]`` base-pixel centres of the gist pixels (float64,
+        :meth:`~fovea_core.cascade.core.Gist.pixel_centres`).
+    half : float
+        Half a gist pixel in base px (``gist.pixel / 2``), > 0.
+    inside : Tensor
+        ``[h, w]`` bool, gist pixels on the page (:meth:`~fovea_core.cascade.core.Gist.inside`).
+    boxes : sequence of array-like
+        Per question, its answer boxes ``[K, 4]`` ``(x0, y0, x1, y1)`` in base px.
+    """
+    if not half > 0:
+        raise ValueError(f"answer_targets: half must be > 0 (half a gist pixel), got {half!r}")
+    if inside.shape != (len(ys), len(xs)):
+        raise ValueError(f"answer_targets: inside has shape {tuple(inside.shape)}, the pixel "
+                         f"centres give ({len(ys)}, {len(xs)})")
+    if len(boxes) == 0:
+        raise ValueError("answer_targets: boxes is empty (give one [K, 4] array per question)")
+    out = []
+    for b in boxes:                                     # a handful of questions per page
+        bt = torch.as_tensor(np.asarray(b, dtype=np.float64).reshape(-1, 4))
+        oy = (torch.minimum(ys[None] + half, bt[:, 3:4]) -
+              torch.maximum(ys[None] - half, bt[:, 1:2])).clamp(min=0)   # [K, h]
+        ox = (torch.minimum(xs[None] + half, bt[:, 2:3]) -
+              torch.maximum(xs[None] - half, bt[:, 0:1])).clamp(min=0)   # [K, w]
+        t = torch.einsum("ky,kx->yx", oy, ox) * inside
+        out.append(t / t.sum().clamp(min=1e-12))
+    return torch.stack(out).float()
+
+
+def target_map(g: Gist, boxes) -> torch.Tensor:
+    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
+    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
+    ys, xs = g.pixel_centres()
+    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
+
+
+def jitter_embedding(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A question embedding ``[384]`` as training sees it: plus Gaussian noise of standard
+    deviation :data:`EMBED_NOISE` per coordinate (drawn from ``gen``), renormalised, so the
+    network does not learn a handful of exact sentence vectors."""
+    v = v + EMBED_NOISE * torch.randn(v.shape, generator=gen)
+    return v / v.norm().clamp(min=1e-6)
+
+
+def augment_ink(x: torch.Tensor, mask: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The training augmentation of a batch's ink channel, in place on ``x [B, 7, H, W]``
+    (``mask [B, H, W]`` bool, the pages' pixels): per page a random gamma
+    (``exp(0.25 z)``) and gain (``exp(0.15 z)``), plus Gaussian noise of 0.03 per pixel,
+    clipped to ``[0, 1]`` and zero off the page. Draws from ``gen`` in that order; returns
+    ``x``."""
+    b, _, hmax, wmax = x.shape
+    gamma = torch.exp(torch.randn(b, 1, 1, generator=gen) * 0.25)
+    gain = torch.exp(torch.randn(b, 1, 1, generator=gen) * 0.15)
+    noise = torch.randn(b, hmax, wmax, generator=gen) * 0.03
+    ink = (x[:, 0].clamp(min=0) ** gamma * gain + noise).clamp(0, 1)
+    x[:, 0] = ink * mask
+    return x
+
+
+def collate_pages(samples, q: torch.Tensor, *, augment: torch.Generator | None = None):
+    """Pad pages to one training batch.
+
+    ``samples``: pages with ``x [7, h, w]`` (gist features), ``inside [h, w]`` bool,
+    ``ys [h]``, ``xs [w]`` (gist pixel centres, base px), ``half`` (half a gist pixel),
+    ``boxes`` (per question ``[K, 4]`` base px), ``sizes`` (per question, log2 text height
+    in gist pixels) and ``queries`` (one entry per question); ``q [Q, 384]``: the question
+    embeddings, page by page in order. With ``augment`` (a generator) the ink channel is
+    augmented (:func:`augment_ink`).
+
+    Returns ``(x [B, 7, H, W], mask [B, H, W], q [Q, 384], page [Q], target [Q, H, W],
+    size [Q])`` (``H``, ``W`` the largest page's; ``page``: each question's page index).
+    """
+    hmax = max(s.x.shape[1] for s in samples)
+    wmax = max(s.x.shape[2] for s in samples)
+    b = len(samples)
+    x = torch.zeros(b, 7, hmax, wmax)
+    mask = torch.zeros(b, hmax, wmax, dtype=torch.bool)
+    tg, page, size = [], [], []
+    for i, s in enumerate(samples):                     # pages of one batch
+        h, w = s.x.shape[1:]
+        x[i, :, :h, :w] = s.x.float()
+        mask[i, :h, :w] = s.inside
+        t = answer_targets(s.ys, s.xs, s.half, s.inside, s.boxes)
+        tg.append(F.pad(t, (0, wmax - w, 0, hmax - h)))
+        page += [i] * len(s.queries)
+        size += s.sizes
+    if q.shape[0] != len(page):
+        raise ValueError(f"collate_pages: q has {q.shape[0]} embeddings for {len(page)} questions")
+    if augment is not None:
+        augment_ink(x, mask, augment)
+    return x, mask, q, torch.tensor(page), torch.cat(tg), torch.tensor(size)
+
+
+def batch_loss(net: GistLocaliserNet, batch, *, parts: bool = False):
+    """Mean cross-entropy ``-sum_pixels target * log_softmax(logits)`` over the questions,
+    plus :data:`SIZE_WEIGHT` x the squared error (octaves) of the size map averaged over the
+    answer's pixels. ``batch``: :func:`collate_pages`' tuple. ``parts``: return ``(total,
+    location, size)``."""
+    x, mask, q, page, target, size = batch
+    logit, smap = net(x, mask, q, page)
+    logp = torch.log_softmax(logit.flatten(1), 1)
+    t = pool_target(target).flatten(1)
+    loc = -(t * torch.where(t > 0, logp, torch.zeros_like(logp))).sum(1).mean()
+    pred = (t * smap[page].flatten(1)).sum(1)
+    err = ((pred - size) ** 2).mean()
+    total = loc + SIZE_WEIGHT * err
+    return (total, loc, err) if parts else total

@@ -11,6 +11,10 @@ Compared on the same footing in the cascade chapter (same gist, same fovea, same
   so that the OCR's detector sees text at a usual scale (upsampling adds no information);
 * ``"uniform"`` -- every cell equal (the fovea then reads the page's top-left corner:
   the floor a localiser must beat);
+* a path to weights of the learned network (``"my_pages.pt"``, e.g. written by
+  :func:`fovea_core.adapt` from a folder of a user's pages; its JSON record beside it is
+  verified as the committed weights' is): :class:`~fovea_core.cascade.learned.
+  LearnedLocaliser` with those weights (:func:`weights_localiser`);
 * the oracle (:class:`fovea_book.eval.localisation.OracleLocaliser`, the book's) -- the
   answer boxes, given: the upper bound of perfect localisation at this budget. It is the
   only localiser that knows anything but the gist and the question, and it is labelled
@@ -19,8 +23,11 @@ Compared on the same footing in the cascade chapter (same gist, same fovea, same
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections import OrderedDict
+from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,7 +36,8 @@ import torch.nn.functional as F
 
 from fovea_core.cascade.core import Gist
 
-__all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "answer_mass"]
+__all__ = ["LOCALISERS", "get_localiser", "gist_query", "uniform", "answer_mass",
+           "weights_localiser", "is_weights_path"]
 
 
 def _grid(g: Gist, patch: int | None = None) -> tuple[int, int]:
@@ -137,11 +145,49 @@ LOCALISERS: dict[str, Callable[[Gist, "str | None"], torch.Tensor]] = {
 }
 
 
-def get_localiser(localiser: str | Callable) -> Callable[[Gist, "str | None"], torch.Tensor]:
-    """A localiser by name (:data:`LOCALISERS`) or the callable itself."""
+def is_weights_path(localiser: object) -> bool:
+    """Whether ``localiser`` names a weights file rather than a localiser: a
+    :class:`os.PathLike`, or a string ending in ``.pt`` that is no name of
+    :data:`LOCALISERS`."""
+    return isinstance(localiser, os.PathLike) or (
+        isinstance(localiser, str) and localiser not in LOCALISERS
+        and localiser.lower().endswith(".pt"))
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_localiser(path: str, mtime_ns: int, size: int):
+    from fovea_core.cascade.learned import LearnedLocaliser, load_model
+
+    return LearnedLocaliser(net=load_model.__wrapped__(path, verify=True))   # this version
+
+
+def weights_localiser(path: str | os.PathLike) -> Callable[[Gist, "str | None"], torch.Tensor]:
+    """The learned localiser with the weights at ``path`` (a ``.pt`` file whose JSON record
+    beside it gives their SHA-256 and architecture, as :func:`fovea_core.adapt` and the
+    book's training write them), verified on first use and loaded once per file version
+    (a rewritten file is loaded again).
+
+    Raises ``ValueError`` naming the path when there is no such file or its record is
+    missing or does not vouch for it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"localiser: no weights file at {p} (a .pt file written by "
+                         "fovea_core.adapt or the book's training, its .json record beside it)")
+    st = p.stat()
+    return _weights_localiser(str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def get_localiser(localiser: str | os.PathLike | Callable
+                  ) -> Callable[[Gist, "str | None"], torch.Tensor]:
+    """A localiser by name (:data:`LOCALISERS`), the learned localiser with the weights at a
+    path (:func:`weights_localiser`: a ``.pt`` file, e.g. :func:`fovea_core.adapt`'s), or
+    the callable itself."""
     if callable(localiser):
         return localiser
+    if is_weights_path(localiser):
+        return weights_localiser(localiser)
     if localiser not in LOCALISERS:
-        raise ValueError(f"unknown localiser {localiser!r}; choose one of {sorted(LOCALISERS)} "
-                         "or pass a callable (gist, query) -> [B, Gh, Gw]")
+        raise ValueError(f"unknown localiser {localiser!r}; choose one of {sorted(LOCALISERS)}, "
+                         "a path to a .pt file of localiser weights (fovea_core.adapt writes "
+                         "one), or pass a callable (gist, query) -> [B, Gh, Gw]")
     return LOCALISERS[localiser]

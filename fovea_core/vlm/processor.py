@@ -279,6 +279,10 @@ class FoveatedProcessor:
             ``Qwen3VLProcessor`` (e.g. ``AutoProcessor.from_pretrained(...)``, or
             :func:`stock_processor`). Its image processor must keep Qwen's patch and merge
             sizes and the family's normalisation.
+        localiser: the localiser that replaces the committed learned one in every cascade
+            that would use it, unless a call names its own: a path to weights written by
+            :func:`fovea_core.adapt` (a ``.pt`` file, its record beside it, verified here),
+            a localiser's name, or ``None`` (the committed weights).
 
     Example::
 
@@ -288,7 +292,12 @@ class FoveatedProcessor:
         inputs.foveation        # the fovea_core.Foveation: tokens, patches, view, cost
     """
 
-    def __init__(self, processor: Any):
+    def __init__(self, processor: Any, *, localiser: Any = None):
+        if localiser is not None:
+            from fovea_core.cascade.localisers import get_localiser
+
+            get_localiser(localiser)              # a missing or unvouched file: ValueError now
+        self.localiser = localiser
         self.family = processor_family(processor)
         self.processor = processor
         ip = processor.image_processor
@@ -312,10 +321,24 @@ class FoveatedProcessor:
         self.vision_end = getattr(processor, "vision_end_token", "<|vision_end|>")
 
     @classmethod
-    def from_model(cls, config_or_model: Any, tokenizer: Any = None) -> FoveatedProcessor:
+    def from_model(cls, config_or_model: Any, tokenizer: Any = None, *,
+                   localiser: Any = None) -> FoveatedProcessor:
         """Wrap :func:`stock_processor` of a Qwen-VL config or model (``tokenizer``: its
-        tokenizer, or ``None`` for :func:`offline_tokenizer`, random-weight configs only)."""
-        return cls(stock_processor(config_or_model, tokenizer))
+        tokenizer, or ``None`` for :func:`offline_tokenizer`, random-weight configs only;
+        ``localiser``: as the constructor's)."""
+        return cls(stock_processor(config_or_model, tokenizer), localiser=localiser)
+
+    def _with_localiser(self, method: str, options: dict) -> dict:
+        """``options`` with this processor's :attr:`localiser` in place of the committed
+        learned localiser, for a cascade that would use that one and was given none (a
+        cascade bound to another localiser, e.g. ``cascade_prior``, keeps its own)."""
+        from fovea_core.foveation import _registry
+
+        info = _registry()[1].get(method)
+        if self.localiser is None or "localiser" in options or info is None \
+                or info["params"].get("localiser") != "learned":
+            return options
+        return {**options, "localiser": self.localiser}
 
     @property
     def cell_px(self) -> int:
@@ -415,6 +438,7 @@ class FoveatedProcessor:
         prompt, templated = self._prompt(text)
         if isinstance(question, _FromText):
             question = text if not templated and text.strip() else None
+        method_options = self._with_localiser(method, method_options)
         fov = self._foveate(self.resized_page(images), question, budget, method, method_options)
         return self.encode(fov, prompt)
 
@@ -608,6 +632,7 @@ class FoveatedProcessor:
             raise ValueError(f"method must be a registered cascade of one fixation "
                              f"({', '.join(one_look)}), got {method!r}{why}")
         self._check_options(method_options)
+        method_options = self._with_localiser(method, method_options)
         n = _int_in("budget", budget, 2, None)
         n1 = _int_in("first_budget", max(1, round(GROUNDING_FIRST_SHARE * n))
                      if first_budget is None
