@@ -47,18 +47,8 @@ def remap(image: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
 def remap_fast(image: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     """:func:`remap` with one ``F.grid_sample`` call (float rounding of the coordinates).
 
-    Args:
-        image: ``[B, C, H, W]`` float tensor (any strides; channels-last memory, e.g. a
-            permuted ``[B, H, W, C]`` array, is read fastest).
-        lut: ``[B or 1, Ho, Wo, 2]`` float; ``lut[..., 0]`` is x (column), ``lut[..., 1]`` y
-            (row), in OpenCV pixel coordinates (pixel ``i``'s centre at coordinate ``i``).
-
-    Returns:
-        ``[B, C, Ho, Wo]``: ``out[b, c, i, j] = sum_taps w * image[b, c, yi, xi]`` over the
-        four neighbours of ``lut[b, i, j]`` with bilinear weights; a tap outside the image
-        contributes zero (``cv2.BORDER_CONSTANT`` with value 0), so the output fades to 0 over
-        the half pixel beyond the border. Unlike ``cv2.remap`` (5-bit fixed-point weights),
-        the weights are float32.
+    Arguments and result as :func:`remap_reference` (``image [B, C, H, W]``, any strides;
+    channels-last memory is read fastest; ``lut [B or 1, Ho, Wo, 2]`` -> ``[B, C, Ho, Wo]``).
 
     Implementation: one ``F.grid_sample`` call (zero padding, ``align_corners=False``, the
     LUT mapped to normalised coordinates), the path torch users get on any device. Equal to
