@@ -329,7 +329,7 @@ class FoveatedProcessor:
         return cls(stock_processor(config_or_model, tokenizer), localiser=localiser)
 
     def _with_localiser(self, method: str, options: dict) -> dict:
-        """``options`` with this processor's :attr:`localiser` in place of the committed
+        """``options`` with this processor's ``localiser`` in place of the committed
         learned localiser, for a cascade that would use that one and was given none (a
         cascade bound to another localiser, e.g. ``cascade_prior``, keeps its own)."""
         from fovea_core.foveation import _registry
