@@ -65,7 +65,7 @@ CHECKED: tuple[str, ...] = (
     "07_v1_grid_topk", "08_v2_pyramid", "09_v2_5_foveated_pyramid", "10_v3_atlas",
     "11_v4_lod_dag", "12_v5_frequency", "13_v6_logpolar", "14_multi_fixation",
     "14_5_receipts_and_forms", "14_6_where_the_tokens_went", "14_7_reading_before_looking",
-    "14_8_unseen_pages", "15_vlm_integration", "16_biological_fidelity", "17_results",
+    "14_8_unseen_pages", "14_9_adapting", "15_vlm_integration", "16_biological_fidelity", "17_results",
     "97_tried_rules", "98_tried_maps", "99_environment",
 )
 #: Notebooks not yet cleaned by their owners (reported, not failed); none left.
