@@ -53,6 +53,7 @@ def test_the_total_is_the_amount_right_of_total_not_the_cash():
     assert total.question == "What is the total?"
     assert _inside(total.box, (240, 230, 280, 242))
     assert "total key" in total.evidence and "largest" in total.evidence
+    assert total.answer == "80.90"                        # the text read in its box
 
 
 def test_the_cash_just_below_the_total_is_not_the_total():
@@ -72,12 +73,14 @@ def test_a_date_is_found_by_its_pattern_with_or_without_a_key():
     alone = _one(labels_from_read(bare, SIZE, families="date", keep=None), "date")
     assert _inside(alone.box, (10, 40, 110, 52))
     assert date.confidence > alone.confidence             # a key beside it makes it surer
+    assert (date.answer, alone.answer) == ("25/12/2018", "12/03/2019")
 
 
 def test_the_company_is_the_head_line_with_a_company_word():
     company = _one(labels_from_read(RECEIPT, SIZE, families="company", keep=None), "company")
     assert company.question == "What is the company?"
     assert company.box == (40.0, 40.0, 260.0, 64.0)     # not the person's name above it
+    assert company.answer == "YONGFATT ENTERPRISE"
     plain = _lines(("corner shop", (60, 10, 240, 22)), ("TAX INVOICE", (60, 30, 240, 42)),
                    ("TEL 07-3523888", (60, 50, 240, 62)))
     first = _one(labels_from_read(plain, SIZE, families="company", keep=None), "company")
@@ -99,6 +102,8 @@ def test_a_form_value_right_of_or_below_its_key():
     assert by_q["What is the NAME?"].box == (80.0, 100.0, 180.0, 112.0)
     assert by_q["What is the REMARKS?"].box == (10.0, 216.0, 200.0, 228.0)
     assert "below" in by_q["What is the REMARKS?"].evidence
+    assert [by_q[f"What is the {k}?"].answer for k in ("NAME", "REMARKS", "DATE")] == [
+        "John Smith", "to be sent on Monday", "12/10/98"]
     date = by_q["What is the DATE?"]                     # the value after the colon
     assert date.box[0] > 60 and _inside(date.box, (10, 300, 150, 312))
     # a value on the key's own line is surer than one below, and labels come best first

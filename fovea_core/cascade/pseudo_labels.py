@@ -102,6 +102,8 @@ class PseudoLabel:
         box: ``(x0, y0, x1, y1)`` page pixels of the answer.
         confidence: in ``[0, 1]``; orders labels (compare with :data:`KEEP`).
         evidence: what it rests on, in words ("amount beside 'TOTAL' ...").
+        answer: the text read in ``box`` (the answer as the full-resolution reading gives
+            it: the date or amount itself, a form's value, the company's line).
     """
 
     family: str
@@ -109,6 +111,7 @@ class PseudoLabel:
     box: tuple[float, float, float, float]
     confidence: float
     evidence: str
+    answer: str = ""
 
 
 def read_full_page(image) -> tuple[TextRead, tuple[int, int]]:
@@ -175,7 +178,7 @@ def _company(read: TextRead, boxes: np.ndarray, ok: np.ndarray) -> list[PseudoLa
     why = (f"line {best + 1} from the top" + (", a company word" if word[best] else "")
            + (f", type {1 + tall[best]:.1f}x the median" if tall[best] > 0 else ""))
     return [PseudoLabel("company", QUESTIONS["company"], tuple(map(float, boxes[head[best]])),
-                        conf, why)]
+                        conf, why, texts[best].strip())]
 
 
 def _date(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[PseudoLabel]:
@@ -185,7 +188,8 @@ def _date(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[Pseu
     if not found:
         return []
     keyed = any(m.kind == "key" for m in ms)
-    values = [re.sub(r"\W", "", _pattern_text(m, DATE_RE, boxes[m.line]).lower()) for m in found]
+    printed = [_pattern_text(m, DATE_RE, boxes[m.line]) for m in found]
+    values = [re.sub(r"\W", "", v.lower()) for v in printed]
     score = np.array([m.score for m in found]) * (1.0 if keyed else 0.5)
     agree = np.array([values.count(v) / len(values) for v in values])
     top = np.array([m.span[1] for m in found]) <= min(m.span[1] for m in found)
@@ -194,7 +198,7 @@ def _date(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[Pseu
     why = ("beside a 'DATE' key" if keyed and score[best] >= 1.0 else "a date pattern") + \
         f", {agree[best]:.0%} of the page's dates agree"
     return [PseudoLabel("date", QUESTIONS["date"], found[best].span,
-                        float(np.clip(conf[best], 0, 1)), why)]
+                        float(np.clip(conf[best], 0, 1)), why, printed[best].strip())]
 
 
 def _total(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[PseudoLabel]:
@@ -228,7 +232,7 @@ def _total(read: TextRead, size: tuple[int, int], boxes: np.ndarray) -> list[Pse
             "an amount") + (", the largest such" if largest[best] else "")
            + (", printed twice" if twice[best] else ""))
     return [PseudoLabel("total", QUESTIONS["total"], found[best].span,
-                        float(np.clip(conf[best], 0, 1)), why)]
+                        float(np.clip(conf[best], 0, 1)), why, text[best].strip())]
 
 
 _KEY = re.compile(r"^\s*([A-Za-z][^:]{0,38}?)\s*:\s*(.*)$")
@@ -271,7 +275,7 @@ def _form(read: TextRead, boxes: np.ndarray, ok: np.ndarray,
                 continue
             box = char_span(boxes[i], text, m.start(2), len(text.rstrip()))
             out.append(PseudoLabel("form", q, box, AFTER_COLON * like,
-                                   f"after '{key}:' on its line"))
+                                   f"after '{key}:' on its line", value))
             continue
         span = np.array(char_span(boxes[i], text, m.start(1), m.end(1)))
         h = max(span[3] - span[1], 1.0)
@@ -285,7 +289,8 @@ def _form(read: TextRead, boxes: np.ndarray, ok: np.ndarray,
         conf = (0.7 * s[j] + 0.3 * (1.0 - second / s[j])) * like
         where = "beside" if boxes[j, 1] < span[3] - 0.5 * h else "below"
         out.append(PseudoLabel("form", q, tuple(map(float, boxes[j])), float(np.clip(conf, 0, 1)),
-                               f"line {where} '{key}:' (geometry density {s[j]:.2f})"))
+                               f"line {where} '{key}:' (geometry density {s[j]:.2f})",
+                               read.texts[j].strip()))
     return out
 
 

@@ -33,9 +33,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fovea_book.eval.document_types import Document
+
 __all__ = ["ADAPTED", "LOCO_ADAPTED", "CURVE_PAGES", "CURVE_SEED", "curve_weights",
            "curve_pages", "adapt_curve", "recovery_share", "label_quality", "labels_figure",
-           "moved_question", "main"]
+           "moved_question", "RECEIPT_FAMILIES", "FIT_PAGES", "pseudo_documents", "fit_pages",
+           "fit_real_glance", "main"]
 
 #: the committed localiser adapted to the 649 unlabelled WildReceipt photographs
 #: (``python -m fovea_core adapt data/external/wildreceipt-unlabelled/img --out
@@ -192,18 +195,118 @@ def moved_question(table: pd.DataFrame, before: str, after: str) -> dict:
     return dict(zip(key, at), before=float(a.loc[at]), after=float(b.loc[at]))
 
 
+#: the receipt families a photograph's pseudo-documents ask (the book's receipt questions)
+RECEIPT_FAMILIES = ("company", "date", "total")
+#: unlabelled photographs the default's path is fitted on (:func:`fit_pages`)
+FIT_PAGES = 40
+
+
+def pseudo_documents(files: Sequence[str | Path], *, families: Sequence[str] = RECEIPT_FAMILIES,
+                     source: str = "pseudo", variant: str = "real") -> list[Document]:
+    """Documents made of unlabelled pages and their pseudo-labels: for each page of ``files``
+    the labels of ``families`` the labeller keeps
+    (:func:`~fovea_core.cascade.pseudo_labels.page_labels`, its OCR cached on disk) as
+    questions, each answered by the text read in its box at full resolution
+    (:attr:`~fovea_core.cascade.pseudo_labels.PseudoLabel.answer`). Kept is the share of
+    the full page's reading a method keeps, so these pages score a method as the book's
+    labelled pages do, without anyone's labels (the reading's own mistakes are the
+    answer). Ids ``"<source><stem>-<variant>@1"`` (the fits' variant column); pages with
+    no label are left out."""
+    import cv2
+
+    from fovea_core.cascade.pseudo_labels import page_labels
+    from fovea_core.foveation import load_image
+    from fovea_book.eval.document_types import Question
+
+    docs = []
+    for path in map(Path, files):                            # tens of pages, read once each
+        labels = [p for p in page_labels(load_image(path)) if p.family in families and p.answer]
+        if not labels:
+            continue
+        image = cv2.cvtColor(cv2.imread(str(path), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION),
+                             cv2.COLOR_BGR2RGB)
+        qs = tuple(Question(p.family, p.question, (p.answer,),
+                            (tuple(int(round(v)) for v in p.box),), p.family) for p in labels)
+        docs.append(Document(f"{source}{path.stem}-{variant}@1", image, qs, (), source))
+    return docs
+
+
+def fit_pages(folder: str | Path, n: int = FIT_PAGES) -> list[Path]:
+    """The ``n`` unlabelled pages of ``folder`` the default's path is fitted on: pages of the
+    adaptation's validation split (``crc32(name) % 5 == 0``,
+    :func:`fovea_core.adaptation.page_split`: never trained on by the adapted localiser,
+    never seen by the committed one), first by name."""
+    from fovea_core.adaptation import list_pages, page_split
+
+    return [p for p in list_pages(folder) if page_split(p.name) == "validation"][:n]
+
+
+def fit_real_glance(folder: str | Path, *, localiser: str | None = None, n: int = FIT_PAGES,
+                    out: str | Path | None = None, workers: int | None = None) -> dict:
+    """Fit the default's path (:mod:`fovea_book.eval.glance_rule`: glance first with a share
+    of N when the map's confidence is below a threshold) on real photographs: the
+    :func:`pseudo_documents` of :func:`fit_pages`, read by ``resize`` and the glance fit's
+    methods with the committed localiser or ``localiser`` (weights), rapidocr at N = 273;
+    the objective is the glance fit's, with the photographs as its one variant. Writes the
+    record (default ``data/models/glance_rule_real[_<weights>].json``) and returns it."""
+    import time
+
+    from fovea_book.eval.cascade import Method
+    from fovea_book.eval.fitting import (fit_provenance, localiser_record, models_record_path,
+                                         read_variants, weights_record, with_localiser,
+                                         write_fit_record)
+    from fovea_book.eval.glance_rule import (GLANCE_SHARES, THRESHOLDS, choose_rule,
+                                             glance_curve, glance_methods)
+    from fovea_book.eval.unseen import WeightsLocaliser
+
+    t0 = time.perf_counter()
+    loc = "learned" if localiser is None else WeightsLocaliser(localiser)
+    record = localiser_record() if localiser is None else weights_record(localiser)
+    docs = pseudo_documents(fit_pages(folder, n))
+    if not docs:
+        raise ValueError(f"folder {folder}: no page with a pseudo-label to fit on")
+    sets = {"photographs": docs}
+    table = read_variants(sets, [Method("resize", "resize", scorer="none", query_aware=False),
+                                 *glance_methods(loc)], workers)
+    curve = glance_curve(table, GLANCE_SHARES)
+    chosen = choose_rule(curve)
+    means = table.groupby("allocator").anls.mean()
+    rec = dict(rule="the glance rule's (fovea_book.eval.glance_rule), fitted on real "
+                    "photographs and their pseudo-labels",
+               chosen=chosen, glance_share=chosen["share"], glance_below=chosen["threshold"],
+               localiser="learned" if localiser is None else localiser,
+               shares=list(GLANCE_SHARES), thresholds=list(THRESHOLDS),
+               questions=int(sum(len(d.questions) for d in docs)),
+               curve=curve.astype(object).where(curve.notna(), None).to_dict("list"),
+               resize=curve.attrs["resize"], anls=means.to_dict(),
+               **fit_provenance(record, sets, t0))
+    path = Path(out) if out is not None else with_localiser(
+        models_record_path("glance_rule_real"), localiser)
+    write_fit_record(rec, path)
+    return rec
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fovea_book.eval.adapting curve [PAGES_DIR]``: the learning curve's runs."""
+    """``python -m fovea_book.eval.adapting curve|fit [PAGES_DIR]``: the learning curve's
+    runs, or the default's path fitted on real photographs."""
     from fovea_book.paths import dataset_path
 
     p = argparse.ArgumentParser(prog="python -m fovea_book.eval.adapting",
                                 description=main.__doc__)
-    p.add_argument("what", choices=["curve"])
+    p.add_argument("what", choices=["curve", "fit"],
+                   help="curve: the learning curve's runs; fit: the default's path fitted on "
+                        "real photographs (with --localiser: with those weights)")
     p.add_argument("pages", nargs="?", default=None,
                    help="the unlabelled pages (default: wildreceipt-unlabelled/img of the data root)")
     p.add_argument("--force", action="store_true", help="adapt again where weights exist")
+    p.add_argument("--localiser", default=None, metavar="WEIGHTS",
+                   help="fit: the localiser's weights (default: the committed localiser)")
     args = p.parse_args(argv)
     folder = Path(args.pages) if args.pages else dataset_path("wildreceipt-unlabelled") / "img"
+    if args.what == "fit":
+        rec = fit_real_glance(folder, localiser=args.localiser)
+        print(f"chosen: {rec['chosen']} ({rec['questions']} questions, {rec['seconds']:.0f} s)")
+        return 0
     for n, rec in zip(CURVE_PAGES, adapt_curve(folder, force=args.force)):
         v = rec["validation"]
         print(f"{n} pages: {rec['labels']['train']} labels; validation hit mass "
