@@ -82,3 +82,36 @@ def test_labels_figure_draws_one_box_per_label():
               dict(family="total", box=[3, 3, 8, 9], confidence=1.0)]
     fig = labels_figure(np.zeros((20, 10, 3), dtype=np.uint8), labels)
     assert len(fig.axes[0].patches) == 2 and len(fig.axes[0].texts) == 2
+
+
+def test_pseudo_documents_ask_the_kept_labels_answered_by_their_reading(tmp_path, monkeypatch):
+    import cv2
+    import numpy as np
+
+    from fovea_core.cascade import pseudo_labels as P
+    from fovea_book.eval.adapting import pseudo_documents
+
+    for name in ("a.png", "b.png"):
+        cv2.imwrite(str(tmp_path / name), np.full((40, 30, 3), 255, np.uint8))
+    labels = {40 * 30: [P.PseudoLabel("total", "What is the total?", (1.4, 2.0, 9.6, 8.0), 0.9,
+                                      "x", "12.50"),
+                        P.PseudoLabel("form", "What is the NAME?", (0, 0, 5, 5), 0.9, "y", "Ann"),
+                        P.PseudoLabel("date", "What is the date?", (0, 0, 5, 5), 0.9, "z", "")]}
+    monkeypatch.setattr(P, "page_labels",
+                        lambda image: labels[image.shape[-1] * image.shape[-2]])
+    docs = pseudo_documents([tmp_path / "a.png", tmp_path / "b.png"], source="wr")
+    assert [d.doc_id for d in docs] == ["wra-real@1", "wrb-real@1"]
+    (q,) = docs[0].questions                  # the form family is not asked; no text, no question
+    assert (q.qid, q.answers, q.boxes, q.field) == ("total", ("12.50",), ((1, 2, 10, 8),), "total")
+    assert docs[0].image.shape == (40, 30, 3)
+
+
+def test_fit_pages_are_the_adaptations_validation_pages(tmp_path):
+    from fovea_core.adaptation import page_split
+    from fovea_book.eval.adapting import fit_pages
+
+    for i in range(30):
+        (tmp_path / f"p{i:02d}.png").write_bytes(b"")
+    held = [p.name for p in fit_pages(tmp_path, 100)]
+    assert held and all(page_split(n) == "validation" for n in held)
+    assert held == sorted(held) and [p.name for p in fit_pages(tmp_path, 2)] == held[:2]
