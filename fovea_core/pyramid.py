@@ -408,8 +408,8 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     available and imported (:mod:`fovea_core.kernels` registers it,
     :func:`register_pyr_down`), else by :func:`pyr_down`; all three compute the
     same filter (equal up to float rounding). ``levels[l]`` is the ``[B, C, H_l, W_l]`` view
-    of its rectangle. Samplers read every level of every token through the one atlas: one
-    ``grid_sample`` call in :func:`fovea_core.sample.sample`, one level table in
+    of its rectangle. The Gaussian-pyramid samplers read every level of every token through
+    the one atlas: one ``grid_sample`` call in the book's ``sample_mip``, one level table in
     :mod:`fovea_core.kernels` (:meth:`Pyramid.atlas` gives the whole image).
 
     Args:

@@ -19,8 +19,7 @@ from fovea_core import kernels as K
 from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical, v1_layout
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid
-from fovea_book.reference_samplers import remap, remap_reference, sample_reference
-from fovea_core.sample import sample
+from fovea_book.reference_samplers import remap, remap_reference, sample_mip, sample_reference
 from fovea_core.tokens import TokenSet
 
 HAS_NVCC = shutil.which("nvcc") is not None
@@ -129,7 +128,7 @@ def test_cpu_gather_equals_torch_reference(seed, b, c, h, w, n, patch, levels, t
     assert torch.equal(K.gather_patches(sep, ts, backend="cpu"), ref)
     assert torch.equal(sample_reference(sep, ts), ref)
     # the fast torch path (one grid_sample) equals the reference up to coordinate rounding
-    assert (sample(pyr, ts, filter="mip") - ref).abs().max() <= 1e-4
+    assert (sample_mip(pyr, ts) - ref).abs().max() <= 1e-4
 
 
 @needs_gxx
@@ -254,7 +253,7 @@ def test_gpu_gather_equals_torch_reference(binding):
     tri = replace(gt, levels=torch.rand(3, 273, generator=g).cuda() * 3)
     assert torch.equal(K.gather_patches(gp, tri, binding=binding), sample_reference(gp, tri))
     assert (got.cpu() - sample_reference(pyr, ts)).abs().max() <= 1e-5
-    assert (sample(gp, gt, filter="mip") - ref).abs().max() <= 1e-4      # grid_sample path on the GPU
+    assert (sample_mip(gp, gt) - ref).abs().max() <= 1e-4      # grid_sample path on the GPU
 
 
 @gpu

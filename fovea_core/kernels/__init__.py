@@ -29,7 +29,7 @@ from fovea_core.kernels.layout import MAX_LEVELS, LevelTable, level_table
 from fovea_core.kernels.ops import (available_backends, backend_status, device_pyramid,
                                     divprune_greedy, gather_patches, gather_tokens,
                                     nhwc4_pyramid, pyr_down_into, remap,
-                                    render_into, sample_image, select_candidates_kernel,
+                                    sample_image, select_candidates_kernel,
                                     v1_candidates_kernel, v1_layout)
 from fovea_core.kernels.pyramids import build_pyramid_cv2, levels_needed
 
@@ -38,5 +38,5 @@ __all__ = ["available_backends", "backend_status", "build_cpu_library",
            "pyr_down_into", "gather_patches", "gather_tokens", "nhwc4_pyramid",
            "sample_image", "remap",
            "v1_layout", "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
-           "render_into", "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS",
+           "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS",
            "CUDA_DIR", "SOURCES"]

@@ -1,5 +1,5 @@
 """The public kernels: backend choice (:mod:`fovea_core.kernels`) and the operations
-(gather, pyramid, remap, painter, DivPrune, V1 candidates and selection). This layer
+(gather, pyramid, remap, DivPrune, V1 candidates and selection). This layer
 decides nothing: what to sample comes in as a :class:`~fovea_core.tokens.TokenSet`,
 what the V1 allocator plans comes in as its plan (:func:`v1_layout`).
 """
@@ -24,7 +24,7 @@ from fovea_core.tokens import TokenSet
 
 __all__ = ["backend_status", "available_backends", "gather_patches", "gather_tokens",
            "nhwc4_pyramid", "device_pyramid",
-           "pyr_down_into", "sample_image", "remap", "divprune_greedy", "render_into",
+           "pyr_down_into", "sample_image", "remap", "divprune_greedy",
            "v1_candidates_kernel", "select_candidates_kernel", "v1_layout"]
 
 
@@ -75,8 +75,8 @@ def _choose(backend: str | None, on_cuda: bool) -> str:
 def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                    patch: int | None = None, backend: str | None = None, *,
                    binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Kernel version of :func:`fovea_core.sample.sample`'s ``"mip"`` read: ``[B, N, C, p, p]``
-    float32.
+    """Kernel version of the Gaussian-pyramid (``"mip"``) read of
+    ``fovea_book.reference_samplers.sample_mip``: ``[B, N, C, p, p]`` float32.
 
     Same convention (bilinear, clamp-to-edge, spacing one level-``l`` pixel; fractional
     ``tokens.levels`` trilinear) and, with the sample spacing ``2**level`` taken from
@@ -492,23 +492,6 @@ def divprune_greedy(features: torch.Tensor, first: torch.Tensor, budget: int) ->
     scratch = torch.empty(b * 2 * m, dtype=torch.float32)
     _cpu_lib().divprune_cpu(b, m, d, budget, _ptr(ft), _ptr(fst), _ptr(chosen), _ptr(scratch))
     return chosen
-
-
-def render_into(out: torch.Tensor, tokens: TokenSet, patches: torch.Tensor) -> None:
-    """The CPU painter of :func:`fovea_core.sample.render` (same pixels, same priority):
-    paints ``patches [B, N, C, p, p]`` over ``out [B, C, Ho, Wo]`` (contiguous float32,
-    holding the background), in place. Raises ``RuntimeError`` when no CPU build exists."""
-    _choose("cpu", False)
-    b, n, c, p, _ = patches.shape
-    ho, wo = out.shape[-2:]
-    h, w = tokens.image_size
-    cen = tokens.centers.detach().cpu().float().contiguous()
-    lv = tokens.levels.detach().cpu().float().contiguous()
-    steps = torch.exp2(lv)
-    pat = patches.detach().cpu().float().contiguous()
-    zbuf = torch.empty(ho * wo, dtype=torch.int64)
-    _cpu_lib().render_cpu(b, n, c, p, h, w, ho, wo, ctypes.c_float(wo / w), ctypes.c_float(ho / h),
-                          _ptr(cen), _ptr(lv), _ptr(steps), _ptr(pat), _ptr(out), _ptr(zbuf))
 
 
 def v1_candidates_kernel(plan, backend: str | None = None, *, binding: str | None = None

@@ -14,7 +14,7 @@ all paths interleaved round by round, :func:`~fovea_book.bench.common.time_round
   ``pyramid_cv2_needed_levels`` and ``gather_kernel``, are timed too;
 * ``grid_sample_one_call``: one ``F.grid_sample`` call gathering all 273 patches from
   level 0: what the torch path is measured against;
-* ``sample_torch``: :func:`fovea_core.sample.sample` with ``filter="mip"`` (what the kernels
+* ``sample_torch``: :func:`fovea_book.reference_samplers.sample_mip` (what the kernels
   compute) on the packed mip atlas of :func:`fovea_core.pyramid.build_pyramid` (one
   ``grid_sample`` call); ``sample_area``: the default area filter (summed-area table of the
   base image, the book's reading of every token); ``sample_reference``
@@ -57,7 +57,8 @@ from fovea_core.allocators.cortical import v1_cortical, v1_layout
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
-from fovea_book.reference_samplers import remap, remap_fast, remap_reference, sample_reference
+from fovea_book.reference_samplers import (remap, remap_fast, remap_reference, sample_mip,
+                                           sample_reference)
 from fovea_core.sample import sample
 from fovea_core.tokens import TokenSet
 
@@ -206,7 +207,7 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
             "fused_bf16_exact": bool(torch.equal(fused[torch.bfloat16],
                                                  ref4.to(torch.bfloat16).expand_as(
                                                      fused[torch.bfloat16]))),
-            "torch_vs_reference": float((sample(pyr, tri, filter="mip") - sample_reference(pyr, tri))
+            "torch_vs_reference": float((sample_mip(pyr, tri) - sample_reference(pyr, tri))
                                         .abs().max()),
             "reference_vs_grid_sample": float((exact - grid_sample_by_level(pyr, ts))
                                               .abs().max()),
@@ -243,7 +244,7 @@ def cpu_section(rounds: int) -> dict:
                                                     K.sample_image(img, tokens, onepass=False))),
         "kernel_e2e_vs_torch_pyramid_max_abs": float((K.sample_image(img, tokens) - exact)
                                                      .abs().max()),
-        "torch_vs_reference_max_abs": float((sample(pyr, tokens, filter="mip") - exact)
+        "torch_vs_reference_max_abs": float((sample_mip(pyr, tokens) - exact)
                                             .abs().max()),
         "loop_vs_reference_max_abs": float((loop_sample(pyr, tokens) - exact).abs().max()),
         "remap_torch_vs_reference_max_abs": float((remap(base_hwc, lut)
@@ -262,7 +263,7 @@ def cpu_section(rounds: int) -> dict:
         "grid_sample_one_call": lambda: F.grid_sample(base_hwc, grid, mode="bilinear",
                                                       padding_mode="border",
                                                       align_corners=False),
-        "sample_torch": lambda: sample(pyr, tokens, filter="mip"),
+        "sample_torch": lambda: sample_mip(pyr, tokens),
         "sample_area": lambda: sample(pyr, tokens),
         "remap_cv2": lambda: cv2.remap(img, mx, my, cv2.INTER_LINEAR,
                                        borderMode=cv2.BORDER_CONSTANT),
@@ -273,7 +274,7 @@ def cpu_section(rounds: int) -> dict:
     t = time_rounds(fns, rounds=rounds, warmup=3)
     slow = {
         "pyramid_torch_all_levels": lambda: build_pyramid(img),
-        "e2e_torch": lambda: sample(build_pyramid(img), tokens, filter="mip"),
+        "e2e_torch": lambda: sample_mip(build_pyramid(img), tokens),
         "sample_reference": lambda: sample_reference(pyr, tokens),
         "loop": lambda: loop_sample(pyr, tokens),
     }
@@ -423,7 +424,7 @@ def gpu_section(batch: int) -> dict:
         "e2e_kernel_nhwc": lambda: K.sample_image(x_cl, tokens),
         "pyramid_kernel": lambda: K.device_pyramid(x),
         "e2e_kernel": lambda: K.sample_image(x, tokens),
-        "sample_torch": lambda: sample(apyr, tokens, filter="mip"),
+        "sample_torch": lambda: sample_mip(apyr, tokens),
         "pyramid_torch_atlas": lambda: build_pyramid(x),
         "grid_sample_one_call": lambda: F.grid_sample(x, grid, mode="bilinear",
                                                       padding_mode="border",
