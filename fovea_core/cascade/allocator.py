@@ -609,17 +609,14 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     every page size there).
 
     ``resize_below`` (a number in ``[0, 1]``, default ``None``: never): an image whose
-    localiser map is unsure -- :func:`map_confidence`, the share of its mass on its top
-    :data:`CONFIDENCE_TOP` of cells, below ``resize_below`` -- is given ``resize``'s tokens
-    instead (the map was computed from the gist, inside N: still budgeted).
-    :mod:`fovea_book.eval.tried.confidence_rule` fits it on photograph-like training pages.
+    localiser map is unsure (:func:`map_confidence` below ``resize_below``) is given
+    ``resize``'s tokens instead (the map was computed from the gist, inside N: still
+    budgeted). :mod:`fovea_book.eval.tried.confidence_rule` fits it.
 
     ``resize_legible`` (a number of octaves, default ``None``: never): an image whose
-    page's median text, estimated from the gist, would be at least ``legible_px /
-    2**resize_legible`` pixels high in ``resize``'s view (:func:`page_legibility` >=
-    ``-resize_legible``) is given ``resize``'s tokens too: a fovea pays where the text is
-    too small for a resize, not where a resize already reads it.
-    :mod:`fovea_book.eval.tried.safe_rule` fits it with ``resize_below``.
+    :func:`page_legibility` is at least ``-resize_legible`` (its median text already legible
+    to a resize) is given ``resize``'s tokens too. :mod:`fovea_book.eval.tried.safe_rule`
+    fits it with ``resize_below``.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -627,16 +624,13 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     in ``[0, 1]``). Returns a :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens
     and 1 for the fovea's.
 
-    A localiser map with nothing above 0 (a blank page under the ``gist_query`` localiser:
-    nothing stands out) is read as the ``uniform`` localiser's flat map, so every
-    registered cascade accepts the pages the others accept; a NaN / inf map is refused.
+    The localiser's map is read by :func:`localiser_map` (a map with no mass as flat, a
+    NaN / inf map refused).
 
     Raises:
         ValueError: naming the argument, for a ``budget`` outside the page's range
-            (:func:`budget_range`: the gist plus at least one fovea token, at most
-            ``Gh * Gw``; the message states the range, or that no budget fits a page too
-            small for the cascade), a ``gist_budget`` that is not an int (numpy integers
-            are accepted) or leaves no fovea token, a ``level`` that is
+            (:func:`budget_range`; the message states it), a ``gist_budget`` that is not an
+            int (numpy integers are accepted) or leaves no fovea token, a ``level`` that is
             neither ``"auto"`` nor a finite number, ``legible_px <= 0``, ``surround``
             outside ``[0, 1)``, ``context`` not two ints >= 0, ``context_weight`` outside
             ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.
