@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_book.kernel_source import KERNEL_NAMES, compile_cuda
-from fovea_core import kernels as K
+from fovea_book import kernels as K
 from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical, v1_layout
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid

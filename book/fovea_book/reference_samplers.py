@@ -7,7 +7,7 @@ and the block painter.
   the same read by one ``grid_sample`` call;
 * :func:`remap` / :func:`remap_reference`: bilinear look-up-table sampling with
   ``cv2.remap``'s semantics (zero border), the operations of the ``remap_lut`` kernel
-  (:func:`fovea_core.kernels.remap`) in its order; :func:`remap_fast` is one
+  (:func:`fovea_book.kernels.remap`) in its order; :func:`remap_fast` is one
   ``grid_sample`` call. The log-polar transform (:mod:`fovea_book.logpolar`) builds on them.
 
 Coordinates as in :mod:`fovea_core.sample`.

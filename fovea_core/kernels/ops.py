@@ -1,5 +1,5 @@
 """The public kernels: backend choice (:mod:`fovea_core.kernels`) and the operations
-(gather, pyramid, remap, DivPrune, V1 candidates and selection). This layer
+(gather, pyramid, DivPrune, V1 candidates and selection). This layer
 decides nothing: what to sample comes in as a :class:`~fovea_core.tokens.TokenSet`,
 what the V1 allocator plans comes in as its plan (:func:`v1_layout`).
 """
@@ -10,22 +10,19 @@ import ctypes
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from fovea_core.kernels.build import _compiler
 from fovea_core.kernels.cpu import CPU_PARALLEL_TOKENS, _cpu_lib, _ptr
 from fovea_core.kernels.cuda import _cuda_missing, _grid, _launch_cuda, _pycuda_missing, _u64
 from fovea_core.kernels.layout import MAX_LEVELS, _levels_of, _table_of, level_table
-from fovea_core.kernels.pyramids import (_hwc_float_batch, _layout, _layout_lists, _workspace,
-                                         build_pyramid_cv2, levels_needed)
+from fovea_core.kernels.pyramids import _layout
 from fovea_core.pyramid import Pyramid, default_num_levels, register_pyr_down
 from fovea_core.tokens import TokenSet
 
-__all__ = ["backend_status", "available_backends", "gather_patches", "gather_tokens",
-           "nhwc4_pyramid", "device_pyramid",
-           "pyr_down_into", "sample_image", "remap", "divprune_greedy",
-           "v1_candidates_kernel", "select_candidates_kernel", "v1_layout"]
+__all__ = ["backend_status", "available_backends", "gather_patches", "device_pyramid",
+           "pyr_down_into", "divprune_greedy", "v1_candidates_kernel",
+           "select_candidates_kernel", "v1_layout"]
 
 
 def backend_status() -> dict[str, str | None]:
@@ -122,138 +119,6 @@ def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet
         _launch_cuda("gather_patches", dev, min(b * n, 2**31 - 1), 32 * math.ceil(min(p * p, 1024) / 32),
                      [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
                       ctypes.c_int(p), _u64(cen), _u64(lods), _u64(steps), _u64(res)], binding)
-    return res
-
-
-#: threads per block of the ``gather_tokens`` kernel (``GATHER_TOKENS_BLOCK`` in the source;
-#: its ``__launch_bounds__`` promise 2 blocks of this size an SM: the persistent grid's size)
-GATHER_TOKENS_BLOCK = 256
-GATHER_TOKENS_BLOCKS_PER_SM = 2
-
-
-def nhwc4_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch: int = 16,
-                  backend: str | None = None, binding: str | None = None) -> Pyramid:
-    """The pyramid :func:`gather_tokens` reads: channels last, channels padded with zeros to a
-    multiple of 4 (RGB -> RGB0), so that one tap of four channels is one 128-bit load.
-
-    ``image [B, C, H, W]`` float32 (any strides) is copied once into the padded channels-last
-    level 0, and :func:`device_pyramid` builds the levels above it (each channel on its own,
-    so the first ``C`` channels of every level equal :func:`device_pyramid` of ``image``
-    bit for bit and the padding stays 0). Returns levels ``[B, C4, H_m, W_m]`` with
-    ``stride(1) == 1`` and ``C4 = 4 * ceil(C / 4)``.
-    """
-    if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.dtype != torch.float32:
-        raise ValueError("image must be a float32 tensor [B, C, H, W]; convert it with "
-                         "fovea_core.pyramid.as_image_batch")
-    b, c, h, w = image.shape
-    c4 = 4 * -(-c // 4)
-    base = torch.zeros(b, h, w, c4, dtype=torch.float32, device=image.device)
-    base[..., :c] = image.permute(0, 2, 3, 1)
-    return device_pyramid(base.permute(0, 3, 1, 2), num_levels, patch=patch, backend=backend,
-                          binding=binding)
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (cached by torch)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_properties(idx).multi_processor_count
-
-
-def gather_tokens(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet, *,
-                  channels: int | None = None, temporal: int = 1, merge: int = 1,
-                  dtype: torch.dtype = torch.float32, backend: str | None = None,
-                  binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The fused gather: the tokens' patches straight in a VLM patch embedding's layout.
-
-    Returns ``[B, N, M*M, C, T, q, q]`` in ``dtype`` (float32 or bfloat16), ``M = merge``,
-    ``q = p / M``: each token's ``p x p`` samples as ``M x M`` blocks (row-major), each block
-    channel, then temporal copy, then row, then column. With ``merge=2, temporal=2``,
-    ``.view(B * N * 4, C * 2 * q * q)`` are the ``pixel_values`` rows of a Qwen2-VL-style
-    processor (``fovea_core.vlm.qwen.pixel_values``: a merged token is a 2 x 2 block of ViT
-    patches, a still image is repeated over ``temporal_patch_size = 2``), before its
-    normalisation. Values: those of :func:`gather_patches` bit for bit (its first ``C``
-    channels, rearranged and repeated; rounded to nearest even for bfloat16, as
-    ``.to(torch.bfloat16)`` rounds).
-
-    How it reads and writes (``cuda/fovea_kernels.cuh``, ``gather_token_quad``): the pyramid
-    is channels last with a multiple of 4 channels (:func:`nhwc4_pyramid`), so one tap of four
-    channels is one 128-bit load; one thread computes four consecutive samples of a token and
-    writes each output channel as one 128-bit store (64-bit in bfloat16); a block holds
-    several tokens; the grid is persistent (sized to fill the GPU once). On ``"cuda"`` it is
-    queued on the current torch stream with no host round trip; ``"cpu"`` runs the same
-    per-quad code in the g++ build (the parity path).
-
-    Args:
-        pyramid: levels ``[B, C4, H_m, W_m]`` float32 with ``stride(1) == 1``, ``C4 % 4 == 0``
-            and 16-byte aligned level images (what :func:`nhwc4_pyramid` returns).
-        tokens: ``[B, N]`` tokens of the pyramid's image size.
-        channels: how many leading channels to write (default: all ``C4``).
-        temporal: copies of each patch along T (``>= 1``).
-        merge: blocks per side (``>= 1``, dividing ``tokens.patch``).
-        dtype: ``torch.float32`` or ``torch.bfloat16``.
-        out: optional contiguous result buffer of the returned shape, dtype and device.
-
-    Raises:
-        ValueError: a pyramid not in that layout, ``channels`` outside ``[1, C4]``,
-            ``temporal < 1``, a ``merge`` that does not divide the patch, another dtype, or
-            a size mismatch with ``tokens``.
-    """
-    levels = _levels_of(pyramid)
-    b, n = tokens.levels.shape
-    c4 = levels[0].shape[1]
-    _check_match(levels[0].shape[0], tuple(levels[0].shape[-2:]), tokens)
-    for m, lv in enumerate(levels):
-        if c4 % 4 or lv.stride(1) != 1 or lv.stride(3) != c4 or lv.data_ptr() % 16:
-            raise ValueError(f"pyramid level {m}: gather_tokens reads channels-last levels "
-                             f"with a multiple of 4 channels, 16-byte aligned (got shape "
-                             f"{tuple(lv.shape)}, strides {lv.stride()}); build it with "
-                             "nhwc4_pyramid")
-    c = c4 if channels is None else channels
-    if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= c4:
-        raise ValueError(f"channels must be an int in [1, {c4}], got {channels!r}")
-    if isinstance(temporal, bool) or not isinstance(temporal, int) or temporal < 1:
-        raise ValueError(f"temporal must be an int >= 1, got {temporal!r}")
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
-    p = tokens.patch
-    if isinstance(merge, bool) or not isinstance(merge, int) or merge < 1 or p % merge:
-        raise ValueError(f"merge must be an int >= 1 dividing the patch ({p}), got {merge!r}")
-    q = p // merge
-    dev = levels[0].device
-    be = _choose(backend, dev.type == "cuda")
-    nl = len(levels)
-    h, w = tokens.image_size
-    shape = (b, n, merge * merge, c, temporal, q, q)
-    run_dev = dev if be == "cuda" else torch.device("cpu")
-    res = out if out is not None else torch.empty(shape, dtype=dtype, device=run_dev)
-    if tuple(res.shape) != shape or res.dtype != dtype or not res.is_contiguous() \
-            or res.device.type != run_dev.type or res.data_ptr() % 16:
-        raise ValueError(f"out must be a contiguous, 16-byte aligned {dtype} tensor "
-                         f"{list(shape)} on {run_dev}, got {res.dtype} {list(res.shape)} on "
-                         f"{res.device}")
-    bf16 = int(dtype == torch.bfloat16)
-    if be == "cpu":
-        if b * n:
-            _check_levels(tokens, nl)
-        levels = [lv.cpu() for lv in levels]
-        table = level_table(levels)
-        cen, lods, steps = _token_arrays(tokens, torch.device("cpu"), nl)
-        _cpu_lib().gather_tokens_cpu(ctypes.byref(table), b, n, h, w, p, merge, c, temporal,
-                                     bf16, _ptr(cen), _ptr(lods), _ptr(steps), _ptr(res),
-                                     CPU_PARALLEL_TOKENS)
-        return res
-    levels, table = _table_of(pyramid)
-    cen, lods, steps = _token_arrays(tokens, dev, nl)
-    if b * n:
-        quads = merge * merge * -(-q * q // 4)                      # threads a token wants
-        tpb = max(1, GATHER_TOKENS_BLOCK // min(quads, GATHER_TOKENS_BLOCK))
-        grid = min(-(-b * n // tpb), GATHER_TOKENS_BLOCKS_PER_SM * _sm_count(dev))
-        _launch_cuda("gather_tokens", dev, grid, GATHER_TOKENS_BLOCK,
-                     [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
-                      ctypes.c_int(p), ctypes.c_int(merge), ctypes.c_int(c),
-                      ctypes.c_int(temporal),
-                      ctypes.c_int(bf16), _u64(cen), _u64(lods), _u64(steps), _u64(res)],
-                     binding)
     return res
 
 
@@ -357,127 +222,6 @@ def pyr_down_into(src: torch.Tensor, dst: torch.Tensor, *, backend: str | None =
     else:
         _launch_cuda("pyr_down", src.device, _grid(b * hm * wm), 256,
                      [table, ctypes.c_int(0), table, ctypes.c_int(1), ctypes.c_int(b)], binding)
-
-
-def sample_image(image: np.ndarray | torch.Tensor, tokens: TokenSet, *,
-                 backend: str | None = None, binding: str | None = None,
-                 onepass: bool = True) -> torch.Tensor:
-    """End to end: image -> the tokens' patches ``[B, N, C, p, p]``, building only the
-    pyramid levels the tokens read.
-
-    * CPU (a numpy image, or a CPU tensor), ``onepass=True`` (the default, 1-4 channels):
-      one C++ call (``sample_image_onepass_cpu``) streams over the image rows once, blurring
-      each row once and building levels ``1..levels_needed(tokens)-1`` row by row (each
-      deeper level from the rows of the one above while they are in cache), with
-      ``cv2.pyrDown``'s float arithmetic (so its bits), then gathers every token with the
-      gather kernel's arithmetic. Equal, bit for bit, to ``onepass=False``.
-    * CPU, ``onepass=False``: level 0 is the image itself, levels ``1..`` are written by
-      ``cv2.pyrDown`` into one channels-last buffer (:func:`build_pyramid_cv2`), then one
-      fused gather pass (g++ kernel, :func:`gather_patches`).
-    * CUDA (a CUDA float32 tensor ``[B, C, H, W]``): :func:`device_pyramid` then the gather
-      kernel, both on the current stream, no host round trip (the level count comes from the
-      image size, not from the tokens, which would need a read from the device).
-    """
-    if isinstance(image, torch.Tensor) and image.is_cuda:
-        pyr = device_pyramid(image, patch=tokens.patch, backend=backend, binding=binding)
-        return gather_patches(pyr, tokens, backend=backend, binding=binding)
-    arr = _hwc_float_batch(image)
-    b, h, w, c = arr.shape
-    if onepass and backend in (None, "cpu") and 1 <= c <= 4 and tokens.levels.numel():
-        return _sample_image_onepass(arr, tokens, min(h, w).bit_length())
-    nl = levels_needed(tokens, min(h, w).bit_length())          # every level >= 1 px
-    ws = _workspace(4 * _layout(b, c, h, w, nl, first=1)[2])   # the pyramid does not escape
-    return gather_patches(build_pyramid_cv2(arr, nl, _buffer=ws), tokens,
-                          backend=backend or "cpu")
-
-
-def _cpu_f32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a contiguous float32 CPU tensor (itself when it is one already)."""
-    if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
-        return t
-    return t.detach().cpu().to(torch.float32).contiguous()
-
-
-def _sample_image_onepass(arr: np.ndarray, tokens: TokenSet, max_levels: int) -> torch.Tensor:
-    """:func:`sample_image`'s CPU path: ``arr [B, H, W, C]`` float32 (1-4 channels) ->
-    ``[B, N, C, p, p]`` by one ``sample_image_onepass_cpu`` call (two when a level is
-    fractional), which builds ``levels_needed(tokens, max_levels)`` levels. The same checks
-    (and messages) as :func:`gather_patches` on the CPU. Lean on purpose: each Python or
-    torch step costs tens of microseconds when the caches are cold (as they are between
-    images), so the level count and the integer steps ``2**level`` are found in C."""
-    try:
-        lib = _cpu_lib()
-    except (RuntimeError, OSError):
-        _choose("cpu", False)                            # raises naming what is missing
-        raise
-    b, h, w, c = arr.shape
-    p = tokens.patch
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"patch must be an int >= 1, got {p!r}")
-    if p > 256:
-        raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
-    n = tokens.levels.shape[1]
-    _check_match(b, (h, w), tokens)
-    if h * w * c >= 2**31:
-        raise ValueError(f"image {(h, w, c)} is too large for 32-bit indexing inside one image")
-    lods = _cpu_f32(tokens.levels)
-    cen = _cpu_f32(tokens.centers)
-    if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    ws = _workspace(4 * _layout_lists(b, c, h, w, max_levels, first=1)[2])
-    out = torch.empty(b, n, c, p, p, dtype=torch.float32)
-    args = [arr.__array_interface__["data"][0], b, h, w, c, max_levels,
-            ws.__array_interface__["data"][0], p, n, cen.data_ptr(), lods.data_ptr(), None,
-            out.data_ptr(), CPU_PARALLEL_TOKENS]
-    rc = lib.sample_image_onepass_cpu(*args)  # the level count and 2^level (integer levels)
-    if rc == -3:                              # in C; fractional levels: torch.exp2's steps
-        steps = torch.exp2(lods)              # (the reference's own exp2)
-        args[11] = steps.data_ptr()
-        rc = lib.sample_image_onepass_cpu(*args)
-    if rc == -2:
-        _check_levels(tokens, levels_needed(tokens, max_levels))
-    if rc < 1:
-        raise RuntimeError(f"sample_image_onepass_cpu failed ({rc}): C = {c}, "
-                           f"levels <= {max_levels}")
-    return out
-
-
-def remap(image: torch.Tensor, lut: torch.Tensor, backend: str | None = None, *,
-          binding: str | None = None) -> torch.Tensor:
-    """Bilinear look-up-table sampling, ``cv2.remap`` with a zero border (the operations of
-    the torch reference ``fovea_book.reference_samplers.remap_reference`` in its order, so
-    its bits). The
-    image is read in place (any strides, e.g. channels last).
-
-    ``image [B, C, H, W]``, ``lut [B or 1, Ho, Wo, 2]`` (x, y OpenCV pixel coordinates)
-    -> ``[B, C, Ho, Wo]`` float32, on the image's device for ``"cuda"``.
-    """
-    if image.ndim != 4:
-        raise ValueError(f"image must be [B, C, H, W], got {tuple(image.shape)}")
-    b, c, h, w = image.shape
-    if lut.ndim != 4 or lut.shape[-1] != 2 or lut.shape[0] not in (1, b):
-        raise ValueError(f"lut must be [B or 1, Ho, Wo, 2] with B = {b}, got {tuple(lut.shape)}")
-    lb, ho, wo = lut.shape[:3]
-    be = _choose(backend, image.device.type == "cuda")
-    dev = image.device if be == "cuda" else torch.device("cpu")
-    img = image.detach().to(dev, torch.float32)             # read in place (any strides)
-    if img.stride(0) < 0 or min(img.stride()) < 0:
-        img = img.contiguous()
-    sb, sc, sy, sx = img.stride()
-    if sc * (c - 1) + sy * (h - 1) + sx * (w - 1) >= 2**31 or b * ho * wo >= 2**31:
-        raise ValueError("remap: image or output too large for 32-bit indexing")
-    lt = lut.detach().to(dev, torch.float32).contiguous()
-    out = torch.empty(b, c, ho, wo, dtype=torch.float32, device=dev)
-    if be == "cpu":
-        _cpu_lib().remap_lut_cpu(_ptr(img), sb, sc, sy, sx, b, c, h, w, _ptr(lt), lb, ho, wo,
-                                 _ptr(out))
-        return out
-    _launch_cuda("remap_lut", dev, _grid(b * ho * wo), 256,
-                 [_u64(img), ctypes.c_longlong(sb), ctypes.c_int(sc), ctypes.c_int(sy),
-                  ctypes.c_int(sx), ctypes.c_int(b), ctypes.c_int(c), ctypes.c_int(h),
-                  ctypes.c_int(w), _u64(lt), ctypes.c_int(lb), ctypes.c_int(ho), ctypes.c_int(wo),
-                  _u64(out)], binding)
-    return out
 
 
 def divprune_greedy(features: torch.Tensor, first: torch.Tensor, budget: int) -> torch.Tensor:

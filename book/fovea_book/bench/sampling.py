@@ -4,7 +4,7 @@
 all paths interleaved round by round, :func:`~fovea_book.bench.common.time_rounds`):
 
 * ``copy_floor``: a float32 copy of the image (touching every pixel once): the floor;
-* ``e2e_kernel``: :func:`fovea_core.kernels.sample_image`: one pass of the g++ build
+* ``e2e_kernel``: :func:`fovea_book.kernels.sample_image`: one pass of the g++ build
   (``sample_image_onepass_cpu``) that blurs each image row once, builds only the levels the
   tokens read row by row (deeper levels from the rows just written) with ``cv2.pyrDown``'s
   arithmetic, and gathers the tokens from them;
@@ -51,8 +51,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core import kernels as K
-from fovea_core.kernels.pyramids import _layout, _workspace  # sizes build_pyramid_cv2's buffer
+from fovea_book import kernels as K
+from fovea_book.kernels import _workspace  # build_pyramid_cv2's buffer
+from fovea_core.kernels.pyramids import _layout
 from fovea_core.allocators.cortical import v1_cortical, v1_layout
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
@@ -160,7 +161,7 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
     """Kernels vs torch references on ``n_cases`` random pyramids and token sets (edge
     tokens included): a DataFrame with one row per case. ``gather`` / ``trilinear`` /
     ``remap``: max abs difference kernel - exact reference (0 = bit for bit); ``fused``:
-    the same for :func:`~fovea_core.kernels.gather_tokens` (trilinear tokens, written as 2 x
+    the same for :func:`~fovea_book.kernels.gather_tokens` (trilinear tokens, written as 2 x
     2 blocks, twice along T, on its own NHWC4 pyramid) and ``fused_bf16_exact``: its
     bfloat16 output equals the reference rounded to bfloat16;
     ``torch_vs_reference``: the fast torch path :func:`sample` against the exact one;

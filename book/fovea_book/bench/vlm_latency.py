@@ -231,7 +231,7 @@ def pipeline(name: str, device: str, dtype: torch.dtype, *, budget: int = PIPELI
     ``PIPELINE_TARGET``, and the device the allocator's tokens came back on (``"cpu"`` for a
     CUDA run means a host round trip inside the allocator).
     """
-    from fovea_core import kernels as K
+    from fovea_book import kernels as K
     from fovea_core.methods import allocate
     from fovea_book.bench.common import time_it
     from fovea_core.vlm.positions import merged_cell_px
