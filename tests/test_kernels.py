@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fovea_book.kernel_source import KERNEL_NAMES, compile_cuda
 from fovea_book import kernels as K
-from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical, v1_layout
+from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid
 from fovea_book.reference_samplers import remap, remap_reference, sample_mip, sample_reference
@@ -169,7 +169,7 @@ def test_v1_kernel_equals_torch_allocator(f1, f2, budget, size, fov):
     assert torch.equal(got_c, ref_c)
     pyr = build_pyramid(torch.zeros(2, 1, h, w), num_levels=levels)
     ts = v1_cortical(pyr, torch.zeros(2, h // 16, w // 16), budget, fixation=fix, fov_deg=fov)
-    cen, lev = v1_layout(fix, size, budget, num_levels=levels, backend="cpu", fov_deg=fov)
+    cen, lev = K.v1_allocate(fix, size, budget, num_levels=levels, backend="cpu", fov_deg=fov)
     assert torch.equal(cen, ts.centers) and torch.equal(lev, ts.levels)
     assert ts.budget == budget and bool(ts.is_distinct().all())
 

@@ -1,11 +1,18 @@
-"""The kernels as the book runs them: every public operation of :mod:`fovea_core.kernels`,
-and the kernel paths only the book runs (its benchmarks, chapter 05): :func:`remap` (the
-LUT sampler of the log-polar chapter), :func:`sample_image` (image -> patches on the CPU,
-building only the levels the tokens read: :func:`build_pyramid_cv2`,
-:func:`levels_needed`) and :func:`gather_tokens` (the fused gather into a VLM patch
-embedding's layout, from :func:`nhwc4_pyramid`). No ``foveate`` call, registered method,
-command or processor runs these four; they call the same g++ / CUDA builds through the
-core's binding.
+"""The kernels as the book runs them: the core's (:mod:`fovea_core.kernels`, re-exported)
+and the operations only the book runs (chapter 05, the benchmarks), called through the
+core's binding of the same g++ / CUDA builds:
+
+* :func:`gather_patches` (the Gaussian-pyramid read of
+  :func:`fovea_book.reference_samplers.sample_mip`, bit for bit its exact definition) on a
+  pyramid from :func:`device_pyramid`, :func:`build_pyramid_cv2` or ``build_pyramid``;
+  :func:`sample_image` (image -> patches on the CPU, building only the levels the tokens
+  read, :func:`levels_needed`); :func:`gather_tokens` (the fused gather into a VLM patch
+  embedding's layout, from :func:`nhwc4_pyramid`);
+* :func:`remap` (the LUT sampler of the log-polar chapter);
+* :func:`v1_layout` (the V1 allocator's plan on the ``v1_candidates`` kernel;
+  :func:`v1_allocate` from fixations).
+
+No ``foveate`` call, registered method, command or processor runs them.
 """
 
 from __future__ import annotations
@@ -18,23 +25,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fovea_core.allocators.cortical import plan_v1
 from fovea_core.kernels import (CUDA_DIR, CXX_FLAGS, MAX_LEVELS, NVCC_FLAGS, SOURCES,
                                 LevelTable, available_backends, backend_status,
-                                build_cpu_library, device_pyramid, divprune_greedy,
-                                gather_patches, level_table, pyr_down_into,
-                                select_candidates_kernel, v1_candidates_kernel, v1_layout)
+                                build_cpu_library, divprune_greedy, level_table, pyr_down_into)
 from fovea_core.kernels.cpu import CPU_PARALLEL_TOKENS, _cpu_lib, _ptr
 from fovea_core.kernels.cuda import _grid, _launch_cuda, _u64
 from fovea_core.kernels.layout import _levels_of, _table_of
-from fovea_core.kernels.ops import _check_levels, _check_match, _choose, _token_arrays
-from fovea_core.kernels.pyramids import _layout, _layout_lists
+from fovea_core.kernels.ops import _choose
 from fovea_core.pyramid import Pyramid, as_image_batch, default_num_levels
 from fovea_core.tokens import TokenSet
 
 __all__ = ["available_backends", "backend_status", "build_cpu_library", "build_pyramid_cv2",
            "device_pyramid", "levels_needed", "pyr_down_into", "gather_patches",
-           "gather_tokens", "nhwc4_pyramid", "sample_image", "remap", "v1_layout",
-           "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
+           "gather_tokens", "nhwc4_pyramid", "sample_image", "remap", "v1_allocate",
+           "v1_layout", "v1_candidates_kernel", "select_candidates_kernel", "divprune_greedy",
            "level_table", "LevelTable", "NVCC_FLAGS", "CXX_FLAGS", "MAX_LEVELS", "CUDA_DIR",
            "SOURCES"]
 
@@ -364,3 +369,274 @@ def levels_needed(tokens: TokenSet, num_levels: int | None = None) -> int:
     also reads the next one). Reads one scalar from the tokens' device."""
     need = int(math.ceil(float(tokens.levels.max()))) + 1
     return need if num_levels is None else min(need, num_levels)
+
+
+# ----------------------------------------------------------------------------- gather, pyramid
+def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
+                   patch: int | None = None, backend: str | None = None, *,
+                   binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel version of the Gaussian-pyramid (``"mip"``) read of
+    ``fovea_book.reference_samplers.sample_mip``: ``[B, N, C, p, p]`` float32.
+
+    Same convention (bilinear, clamp-to-edge, spacing one level-``l`` pixel; fractional
+    ``tokens.levels`` trilinear) and, with the sample spacing ``2**level`` taken from
+    ``torch.exp2``, the same bits as the torch reference
+    (``fovea_book.reference_samplers.sample_reference``). The pyramid is read in place (any
+    strides; see :func:`level_table`). On ``"cuda"`` everything stays on the device and the
+    kernel is queued on the current torch stream: no host round trip (a token level beyond
+    the pyramid is read at its top level instead of raising, which would need one).
+
+    Args:
+        pyramid: a :class:`Pyramid` or a sequence of levels.
+        tokens: ``[B, N]`` tokens of the same ``image_size``.
+        out: optional ``[B, N, C, p, p]`` float32 result buffer on the right device.
+    """
+    levels = _levels_of(pyramid)
+    p = tokens.patch if patch is None else patch
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"patch must be an int >= 1, got {p!r}")
+    b, n = tokens.levels.shape
+    c = levels[0].shape[1]
+    _check_match(levels[0].shape[0], tuple(levels[0].shape[-2:]), tokens)
+    dev = levels[0].device
+    be = _choose(backend, dev.type == "cuda")
+    nl = len(levels)
+    h, w = tokens.image_size
+    if be == "cpu":
+        _check_levels(tokens, nl)
+        if p > 256:
+            raise ValueError(f"patch must be <= 256 for the CPU kernel, got {p}")
+        levels = [lv.cpu() for lv in levels]
+        table = level_table(levels)
+        cen, lods, steps = _token_arrays(tokens, torch.device("cpu"), nl)
+        res = out if out is not None else torch.empty(b, n, c, p, p, dtype=torch.float32)
+        _check_out(res, (b, n, c, p, p), torch.device("cpu"))
+        _cpu_lib().gather_patches_cpu(ctypes.byref(table), b, n, h, w, p, _ptr(cen), _ptr(lods),
+                                      _ptr(steps), _ptr(res), CPU_PARALLEL_TOKENS)
+        return res
+    levels, table = _table_of(pyramid)
+    cen, lods, steps = _token_arrays(tokens, dev, nl)
+    res = out if out is not None else torch.empty(b, n, c, p, p, dtype=torch.float32, device=dev)
+    _check_out(res, (b, n, c, p, p), dev)
+    if b * n:
+        _launch_cuda("gather_patches", dev, min(b * n, 2**31 - 1), 32 * math.ceil(min(p * p, 1024) / 32),
+                     [table, ctypes.c_int(b), ctypes.c_int(n), ctypes.c_int(h), ctypes.c_int(w),
+                      ctypes.c_int(p), _u64(cen), _u64(lods), _u64(steps), _u64(res)], binding)
+    return res
+
+
+def _check_match(batch: int, size: tuple[int, int], tokens: TokenSet) -> None:
+    """Raise ``ValueError`` unless a pyramid of ``batch`` images of ``size`` fits ``tokens``."""
+    if batch != tokens.levels.shape[0] or tuple(size) != tuple(tokens.image_size):
+        raise ValueError(f"pyramid (B={batch}, size={tuple(size)}) does not match tokens "
+                         f"(B={tokens.levels.shape[0]}, size={tokens.image_size})")
+
+
+def _check_levels(tokens: TokenSet, num_levels: int) -> None:
+    """Raise ``ValueError`` when a token's level lies beyond a pyramid of ``num_levels`` (one
+    host read: the CPU paths only)."""
+    lmax = float(tokens.levels.max())
+    if lmax > num_levels - 1:
+        raise ValueError(f"tokens.levels must lie in [0, {num_levels - 1}] (the pyramid has "
+                         f"{num_levels} levels), got a level {lmax:g}")
+
+
+def _token_arrays(tokens: TokenSet, device: torch.device, num_levels: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the gather kernels read of ``tokens``, float32 and contiguous on ``device``: the
+    centres ``[B, N, 2]``, the levels clipped to the pyramid's top ``[B, N]`` (a level beyond
+    it is read at the top, not raised: that would need a read from the device) and the sample
+    spacings ``2**level`` ``[B, N]`` from ``torch.exp2``, as the reference computes them."""
+    cen = tokens.centers.detach().to(device, torch.float32).contiguous()
+    lv = tokens.levels.detach().to(device, torch.float32).contiguous()
+    return cen, lv.clamp(max=num_levels - 1), torch.exp2(lv)
+
+
+def _check_out(out: torch.Tensor, shape: tuple, device: torch.device) -> None:
+    """Raise ``ValueError`` unless ``out`` is a contiguous float32 ``shape`` on ``device``."""
+    if tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous() \
+            or out.device.type != device.type:
+        raise ValueError(f"out must be a contiguous float32 tensor {list(shape)} on {device}, "
+                         f"got {out.dtype} {list(out.shape)} on {out.device}")
+
+
+def device_pyramid(image: torch.Tensor, num_levels: int | None = None, *, patch: int = 16,
+                   backend: str | None = None, binding: str | None = None) -> Pyramid:
+    """A pyramid built by the ``pyr_down`` kernel, packed: level 0 is ``image`` itself (no
+    copy), levels ``1..`` are views of one buffer on the image's device (channels last when
+    ``image`` is, e.g. ``x.contiguous(memory_format=torch.channels_last)``), each written
+    by one kernel launch (on the current torch stream for ``"cuda"``). Equal to
+    :func:`fovea_core.pyramid.build_pyramid` up to float rounding (``cv2.pyrDown``).
+
+    Args:
+        image: float32 tensor ``[B, C, H, W]`` (any strides) on the CPU or a CUDA device.
+    """
+    if not isinstance(image, torch.Tensor) or image.ndim != 4 or image.dtype != torch.float32:
+        raise ValueError("image must be a float32 tensor [B, C, H, W]; convert it with "
+                         "fovea_core.pyramid.as_image_batch")
+    b, c, h, w = image.shape
+    num_levels = default_num_levels(h, w, patch) if num_levels is None else int(num_levels)
+    if not 1 <= num_levels <= MAX_LEVELS:
+        raise ValueError(f"num_levels must be in [1, {MAX_LEVELS}], got {num_levels}")
+    dev = image.device
+    be = _choose(backend, dev.type == "cuda")
+    offsets, sizes, total = _layout(b, c, h, w, num_levels, first=1)
+    buf = torch.empty(total, dtype=torch.float32, device=dev if be == "cuda" else "cpu")
+    levels = [image if be == "cuda" else image.cpu()]
+    nhwc = image.stride(1) == 1 and c > 1                 # channels last in: channels last out
+    for m in range(1, num_levels):
+        hm, wm = int(sizes[m - 1, 0]), int(sizes[m - 1, 1])
+        off = int(offsets[m - 1])
+        blk = buf[off:off + b * c * hm * wm]
+        levels.append(blk.view(b, hm, wm, c).permute(0, 3, 1, 2) if nhwc
+                      else blk.view(b, c, hm, wm))
+    table = level_table(levels)
+    for m in range(1, num_levels):
+        hm, wm = levels[m].shape[-2:]
+        if levels[m - 1].shape[-1] < 3 or levels[m - 1].shape[-2] < 3:
+            raise ValueError(f"level {m - 1} is {tuple(levels[m - 1].shape[-2:])}: pyr_down "
+                             "needs H, W >= 3 (ask for fewer levels)")
+        if b * hm * wm >= 2**31:
+            raise ValueError("device_pyramid: a level holds >= 2**31 pixels")
+        if be == "cpu":
+            _cpu_lib().pyr_down_cpu(ctypes.byref(table), m - 1, ctypes.byref(table), m, b)
+        else:
+            _launch_cuda("pyr_down", dev, _grid(b * hm * wm), 256,
+                         [table, ctypes.c_int(m - 1), table, ctypes.c_int(m), ctypes.c_int(b)],
+                         binding)
+    return Pyramid(tuple(levels))
+
+
+def _layout_lists(batch: int, channels: int, h: int, w: int, num_levels: int, first: int = 0
+                  ) -> tuple[list[int], list[tuple[int, int]], int]:
+    """:func:`_layout` as plain Python (no tensors made: for a hot path that needs only the
+    total)."""
+    sizes, offsets, off = [], [], 0
+    for m in range(num_levels):
+        if m >= first:
+            sizes.append((h, w))
+            offsets.append(off)
+            off += batch * h * w * channels
+        h, w = (h + 1) // 2, (w + 1) // 2
+    return offsets, sizes, off
+
+
+def _layout(batch: int, channels: int, h: int, w: int, num_levels: int, first: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Sizes of levels ``first..num_levels-1`` and their offsets in one flat buffer."""
+    offsets, sizes, off = _layout_lists(batch, channels, h, w, num_levels, first)
+    return (torch.tensor(offsets, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int32),
+            off)
+
+
+# ----------------------------------------------------------------------------- V1 layout
+def v1_candidates_kernel(plan, backend: str | None = None, *, binding: str | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the ``v1_candidates`` kernel for a plan of the V1 allocator
+    (:class:`~fovea_core.allocators.cortical.V1Plan`, read by attribute: ``image_size``,
+    ``patch``, ``num_levels``, ``ppd``, ``e0``, ``fix_px [B, 2]``, ``fovea``, ``rays``,
+    ``rings``, ``stride``, ``ring_step [B]``, ``fs_max``, ``r_max``, ``a_max``, ``k_slots``):
+    ``cxy [B, K, 2]`` float32, ``level [B, K]`` int64, ``valid [B, K]`` bool (on the CPU;
+    the plan itself is computed on the CPU)."""
+    b, k = plan.fix_px.shape[0], plan.k_slots
+    h, w = plan.image_size
+    scal = (h, w, plan.patch, plan.num_levels, plan.fs_max, plan.r_max, plan.a_max)
+    fix = plan.fix_px.double().contiguous()
+    fovea = plan.fovea.int().contiguous()
+    rays, rings = plan.rays.int().contiguous(), plan.rings.int().contiguous()
+    stride = plan.stride.int().contiguous()
+    rstep = plan.ring_step.double().contiguous()
+    be = _choose(backend, False)
+    if be == "cpu":
+        cxy = torch.empty(b, k, 2, dtype=torch.float32)
+        lvl = torch.empty(b, k, dtype=torch.int32)
+        val = torch.empty(b, k, dtype=torch.int32)
+        _cpu_lib().v1_candidates_cpu(*scal, plan.ppd, plan.e0, b, k, _ptr(fix), _ptr(fovea),
+                                     _ptr(rays), _ptr(rings), _ptr(stride), _ptr(rstep),
+                                     _ptr(cxy), _ptr(lvl), _ptr(val))
+    else:
+        dev = torch.device("cuda", torch.cuda.current_device())
+        fix, fovea, rays, rings = (t.to(dev) for t in (fix, fovea, rays, rings))
+        stride, rstep = stride.to(dev), rstep.to(dev)
+        cxy = torch.empty(b, k, 2, dtype=torch.float32, device=dev)
+        lvl = torch.empty(b, k, dtype=torch.int32, device=dev)
+        val = torch.empty(b, k, dtype=torch.int32, device=dev)
+        _launch_cuda("v1_candidates", dev, _grid(b * k), 256,
+                     [*(ctypes.c_int(s) for s in scal), ctypes.c_double(plan.ppd),
+                      ctypes.c_double(plan.e0), ctypes.c_int(b), ctypes.c_int(k), _u64(fix),
+                      _u64(fovea), _u64(rays), _u64(rings), _u64(stride), _u64(rstep), _u64(cxy),
+                      _u64(lvl), _u64(val)], binding)
+        cxy, lvl, val = cxy.cpu(), lvl.cpu(), val.cpu()
+    return cxy, lvl.long(), val.bool()
+
+
+def select_candidates_kernel(cxy: torch.Tensor, level: torch.Tensor, valid: torch.Tensor,
+                             budget: int, image_size: tuple[int, int]) -> torch.Tensor:
+    """The V1 allocator's selection in C++ (CPU): per image the first ``budget`` valid
+    candidates of distinct cells, in candidate order; the same rule as
+    :func:`fovea_core.allocators.cortical.select_candidates` (the torch version).
+
+    Args:
+        cxy: ``[B, K, 2]`` float32 candidate centres (normalised); level: ``[B, K]`` int;
+        valid: ``[B, K]`` bool; image_size: ``(H, W)``.
+
+    Returns:
+        ``[B, budget]`` int64 candidate indices. Raises ``ValueError`` naming the image
+        that has fewer than ``budget`` distinct candidates.
+    """
+    _choose("cpu", False)
+    b, k = cxy.shape[:2]
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(f"budget must be an int >= 0, got {budget!r}")
+    chosen = torch.empty(b, budget, dtype=torch.int64)
+    c32 = cxy.detach().cpu().float().contiguous()
+    lvl32, val32 = level.detach().cpu().int().contiguous(), valid.detach().cpu().int().contiguous()
+    rc = _cpu_lib().select_candidates_cpu(b, k, budget, int(image_size[0]), int(image_size[1]),
+                                          _ptr(c32), _ptr(lvl32), _ptr(val32), _ptr(chosen))
+    if rc != 0:
+        raise ValueError(f"image {-1 - rc} has fewer than {budget} distinct candidates")
+    return chosen
+
+
+def v1_layout(plan, backend: str | None = None, *, binding: str | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The V1 allocation kernels for a plan of the V1 allocator: ``(centers [B, N, 2],
+    levels [B, N])`` with ``N = plan.budget``.
+
+    The candidates come from the ``v1_candidates`` kernel on ``backend``
+    (:func:`v1_candidates_kernel`), the selection of the first ``N`` distinct ones from
+    the C++ loop on the host, where the candidates are (:func:`select_candidates_kernel`;
+    so this needs the CPU build on either backend). The plan is the allocator's decision:
+    :func:`v1_allocate` makes it from fixations and calls
+    this; the result equals :func:`~fovea_core.allocators.cortical.v1_cortical` (the
+    torch reference).
+    """
+    if isinstance(plan, torch.Tensor) or not hasattr(plan, "k_slots"):
+        raise TypeError("v1_layout takes the V1 allocator's plan "
+                        "(fovea_core.allocators.cortical.plan_v1), got "
+                        f"{type(plan).__name__}; from fixations call "
+                        "fovea_book.kernels.v1_allocate(fixations, image_size, "
+                        "budget, num_levels=..., backend=...)")
+    be = _choose(backend, False)
+    cxy, lvl, val = v1_candidates_kernel(plan, be, binding=binding)
+    chosen = select_candidates_kernel(cxy, lvl, val, int(plan.budget), plan.image_size)
+    centers = torch.gather(cxy, 1, chosen[..., None].expand(-1, -1, 2))
+    return centers, torch.gather(lvl, 1, chosen).float()
+
+
+def v1_allocate(fixations: torch.Tensor, image_size: tuple[int, int], budget: int, *,
+              num_levels: int, patch: int = 16, backend: str | None = None,
+              binding: str | None = None, **params) -> tuple[torch.Tensor, torch.Tensor]:
+    """The V1 allocation on the kernels: ``(centers [B, N, 2], levels [B, N])`` for
+    fixations ``[B, 2]`` (``(x, y)`` in ``[0, 1]``).
+
+    The allocator plans (:func:`~fovea_core.allocators.cortical.plan_v1`; ``params`` are
+    its keywords) and the kernels execute the plan (:func:`v1_layout`: the ``v1_candidates``
+    kernel on ``backend``, ``"cpu"`` by default, then the C++ selection of the first
+    ``budget`` distinct candidates). Same result as
+    :func:`~fovea_core.allocators.cortical.v1_cortical` (the torch reference) with the
+    same fixations; raises ``RuntimeError`` naming what is missing when the CPU build (or
+    the requested backend) is unavailable.
+    """
+    plan = plan_v1(fixations, image_size, budget, patch=patch, num_levels=num_levels, **params)
+    return v1_layout(plan, backend, binding=binding)

@@ -3,7 +3,7 @@ and the block painter.
 
 * :func:`sample_reference`: the exact definition of the Gaussian-pyramid (``"mip"``) read,
   every arithmetic step in the order of the gather kernel
-  (:func:`fovea_core.kernels.gather_patches` returns the same bits), and :func:`sample_mip`,
+  (:func:`fovea_book.kernels.gather_patches` returns the same bits), and :func:`sample_mip`,
   the same read by one ``grid_sample`` call;
 * :func:`remap` / :func:`remap_reference`: bilinear look-up-table sampling with
   ``cv2.remap``'s semantics (zero border), the operations of the ``remap_lut`` kernel
@@ -208,7 +208,7 @@ def sample_reference(pyramid: Pyramid, tokens: TokenSet, patch: int | None = Non
         patch: samples per side; default ``tokens.patch``.
 
     This is the function the kernels equal **bit for bit**
-    (:func:`fovea_core.kernels.gather_patches`): every arithmetic step is one torch operation
+    (:func:`fovea_book.kernels.gather_patches`): every arithmetic step is one torch operation
     with its own rounding, in the kernels' order. :func:`sample_mip` computes the same values
     with one ``grid_sample`` call (faster; it differs by float rounding of the coordinates).
 

@@ -52,9 +52,8 @@ import torch
 import torch.nn.functional as F
 
 from fovea_book import kernels as K
-from fovea_book.kernels import _workspace  # build_pyramid_cv2's buffer
-from fovea_core.kernels.pyramids import _layout
-from fovea_core.allocators.cortical import v1_cortical, v1_layout
+from fovea_book.kernels import _layout, _workspace  # build_pyramid_cv2's buffer
+from fovea_core.allocators.cortical import v1_cortical
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
@@ -184,8 +183,8 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
         lut = torch.rand(b, 64, 48, 2, generator=g) * torch.tensor([w + 4.0, h + 4.0]) - 2
         fix = torch.rand(b, 2, generator=g).double()
         budget = min(BUDGET, (h // patch) * (w // patch))
-        cen, lev = v1_layout(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
-                             backend=backend)
+        cen, lev = K.v1_allocate(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
+                                 backend=backend)
         ref = v1_cortical(pyr, torch.zeros(b, *pyr.grid_shape(patch)), budget, fixation=fix,
                           patch=patch)
         exact = sample_reference(pyr, ts)
