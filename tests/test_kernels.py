@@ -19,7 +19,8 @@ from fovea_book import kernels as K
 from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid
-from fovea_book.reference_samplers import remap, remap_reference, sample_mip, sample_reference
+from fovea_book.reference_samplers import (pyramid_atlas, remap, remap_reference, sample_mip,
+                                           sample_reference)
 from fovea_core.tokens import TokenSet
 
 HAS_NVCC = shutil.which("nvcc") is not None
@@ -275,7 +276,7 @@ def test_gpu_path_stays_on_the_device_and_the_current_stream():
     for a, b in zip(pyr.levels, cpu.levels):
         assert a.is_cuda and (a.cpu() - b).abs().max() <= 1e-5
     atlas = build_pyramid(x)                                 # torch pyramid: kernel-built atlas
-    assert atlas.atlas() is not None and atlas.base.is_cuda
+    assert pyramid_atlas(atlas) is not None and atlas.base.is_cuda
     for a, b in zip(atlas.levels, cpu.levels):
         assert (a.cpu() - b).abs().max() <= 1e-5
 

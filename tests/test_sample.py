@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_core.pyramid import Pyramid, build_pyramid
-from fovea_book.reference_samplers import (remap, remap_fast, remap_reference, render_blocks,
-                                           sample_mip, sample_reference)
+from fovea_book.reference_samplers import (pyramid_atlas, remap, remap_fast, remap_reference,
+                                           render_blocks, sample_mip, sample_reference)
 from fovea_core.sample import render, sample, sample_positions
 from fovea_core.tokens import TokenSet
 
@@ -373,7 +373,7 @@ def test_packed_atlas_levels_and_borders():
     from fovea_core.pyramid import atlas_layout
 
     pyr = build_pyramid(torch.rand(2, 3, 70, 45), num_levels=4)
-    at = pyr.atlas()
+    at = pyramid_atlas(pyr)
     assert at is not None
     atlas, origins = at
     (ha, wa), org, sizes = atlas_layout(70, 45, 4)
@@ -385,8 +385,8 @@ def test_packed_atlas_levels_and_borders():
         below = atlas[..., y + h, x:x + w]
         assert torch.isfinite(right).all() and torch.isfinite(below).all()
     moved = pyr.to("meta")
-    assert moved.atlas() is not None                         # moved as one buffer
-    assert Pyramid(tuple(lv.contiguous() for lv in pyr.levels)).atlas() is None
+    assert pyramid_atlas(moved) is not None                  # moved as one buffer
+    assert pyramid_atlas(Pyramid(tuple(lv.contiguous() for lv in pyr.levels))) is None
 
 
 @settings(max_examples=20, deadline=None)

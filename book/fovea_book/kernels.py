@@ -31,7 +31,6 @@ from fovea_core.kernels import (CUDA_DIR, CXX_FLAGS, MAX_LEVELS, NVCC_FLAGS, SOU
                                 build_cpu_library, divprune_greedy, level_table, pyr_down_into)
 from fovea_core.kernels.cpu import CPU_PARALLEL_TOKENS, _cpu_lib, _ptr
 from fovea_core.kernels.cuda import _grid, _launch_cuda, _u64
-from fovea_core.kernels.layout import _levels_of, _table_of
 from fovea_core.kernels.ops import _choose
 from fovea_core.pyramid import Pyramid, as_image_batch, default_num_levels
 from fovea_core.tokens import TokenSet
@@ -372,6 +371,27 @@ def levels_needed(tokens: TokenSet, num_levels: int | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- gather, pyramid
+def _table_of(pyramid: "Pyramid | Sequence[torch.Tensor]"
+              ) -> tuple[list[torch.Tensor], LevelTable]:
+    """The levels and their :class:`LevelTable`, cached on a :class:`Pyramid` (immutable)."""
+    if isinstance(pyramid, Pyramid):
+        hit = pyramid.__dict__.get("_kernel_table")
+        if hit is None:
+            levels = list(pyramid.levels)
+            hit = (levels, level_table(levels))
+            pyramid.__dict__["_kernel_table"] = hit
+        return hit
+    levels = _levels_of(pyramid)
+    return levels, level_table(levels)
+
+
+def _levels_of(pyramid: "Pyramid | Sequence[torch.Tensor]") -> list[torch.Tensor]:
+    """The levels ``[B, C, H_m, W_m]`` of any pyramid form (views, no copy)."""
+    if isinstance(pyramid, Pyramid):
+        return list(pyramid.levels)
+    return list(pyramid)
+
+
 def gather_patches(pyramid: "Pyramid | Sequence[torch.Tensor]", tokens: TokenSet,
                    patch: int | None = None, backend: str | None = None, *,
                    binding: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fovea_core.pyramid import Pyramid, ReducedPyramid
+from fovea_core.pyramid import Pyramid, ReducedPyramid, _pow2
 from fovea_core.sample import check_sample_args
 from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["remap", "remap_fast", "remap_reference", "render_blocks", "sample_mip",
-           "sample_reference"]
+__all__ = ["pyramid_atlas", "remap", "remap_fast", "remap_reference", "render_blocks",
+           "sample_mip", "sample_reference"]
 
 
 def _check_remap_args(image: torch.Tensor, lut: torch.Tensor) -> None:
@@ -273,7 +273,7 @@ def sample_mip(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> 
     ``grid_sample`` call: ``[B, N, C, p, p]`` (arguments as :func:`fovea_core.sample.sample`).
 
     A pyramid from :func:`~fovea_core.pyramid.build_pyramid` is one mip atlas
-    (:meth:`~fovea_core.pyramid.Pyramid.atlas`): every token's samples are placed in its
+    (:func:`pyramid_atlas`): every token's samples are placed in its
     level's rectangle of the atlas (clamped to it, which is the clamp-to-edge border; guard
     bands hold the edge pixels) and **one** ``F.grid_sample`` call reads all of them (a
     second one for the upper level of fractional tokens). Other pyramids take one
@@ -303,7 +303,7 @@ def sample_mip(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> 
     frac = lod - lo
     lo = lo.long()
     fractional = bool((frac > 0).any())
-    at = pyramid.atlas()
+    at = pyramid_atlas(pyramid)
     if at is None:
         return _sample_by_level(pyramid, xs, ys, lo, frac, fractional, p)
     atlas, origins = at
@@ -328,6 +328,42 @@ def sample_mip(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> 
         hi = read((lo + 1).clamp(max=nl - 1))
         out = torch.lerp(out, hi, frac[:, None, :, None, None])
     return out.permute(0, 2, 1, 3, 4)
+
+
+def pyramid_atlas(pyramid: Pyramid) -> tuple[torch.Tensor, list[tuple[int, int]]] | None:
+    """``(atlas [B, C, Ha, Wa], origins [(y, x)] per level)`` when every level of
+    ``pyramid`` is a rectangle of one 2-D image whose stored extent allows reading it as
+    ``Ha x Wa`` with both sides powers of two (:func:`~fovea_core.pyramid.build_pyramid`'s
+    mip atlas; see :func:`~fovea_core.pyramid.atlas_layout`), else ``None`` (a reduced
+    pyramid too)."""
+    if isinstance(pyramid, ReducedPyramid):
+        return None
+    lv0 = pyramid.levels[0]
+    b, c = lv0.shape[:2]
+    sb, sc, sy, sx = lv0.stride()
+    st = lv0.untyped_storage()
+    if min(sb, sc, sy, sx) < 0 or any(lv.untyped_storage().data_ptr() != st.data_ptr()
+                                      or lv.stride() != (sb, sc, sy, sx)
+                                      for lv in pyramid.levels):
+        return None
+    if not ((sx == 1 and c > 1 and sc >= sy) or (sc == 1 and sx == c)):
+        return None                                   # neither NCHW nor channels last
+    base = lv0.storage_offset()
+    origins = []
+    for lv in pyramid.levels:
+        y, rem = divmod(lv.storage_offset() - base, sy)
+        x, r2 = divmod(rem, sx) if sx else (0, rem)
+        if r2 or y < 0 or x < 0:
+            return None
+        origins.append((y, x))
+    ha = _pow2(max(y + lv.shape[-2] for (y, _), lv in zip(origins, pyramid.levels)))
+    wa = _pow2(max(x + lv.shape[-1] for (_, x), lv in zip(origins, pyramid.levels)) + 1)
+    if wa * sx > sy and sx != 0 and c > 1 and sx == 1:
+        return None                                   # NCHW rows cannot overlap channels
+    last = base + (b - 1) * sb + (c - 1) * sc + (ha - 1) * sy + (wa - 1) * sx
+    if last >= st.nbytes() // lv0.element_size():
+        return None
+    return lv0.as_strided((b, c, ha, wa), (sb, sc, sy, sx), base), origins
 
 
 def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device
