@@ -586,20 +586,15 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     found no text). Its cost is :attr:`CascadeParts.side`.
 
     ``fovea="regions"`` replaces the core and its surround by a level per region
-    (:func:`~fovea_core.cascade.core.foveate_regions`): every level-0 cell is read at the
-    rung of a ladder of levels (every :data:`REGION_STEP` octaves, through the one-level
-    choice) nearest to the level at which the text height under it (:func:`text_heights`:
-    the detector's measurement with ``side="text"``, else the gist's estimate) is
-    ``legible_px``, and the tokens go to the cells with the most map mass per unit of page
-    area, so several modes of the map are read, each at its level.
+    (:func:`~fovea_core.cascade.core.foveate_regions` on a ladder of levels every
+    :data:`REGION_STEP` octaves, from :func:`text_heights`), so several modes of the map are
+    read, each at its level.
 
-    ``fovea="saccade"`` reads the surround first, as a first look at the cells with the most
-    map mass, and then the core: a cell the first look showed blank
-    (:func:`~fovea_core.cascade.core.look_ink`: no sample differs from its token's paper by
+    ``fovea="saccade"`` reads the surround first, as a first look, and then the core: a cell
+    the first look showed blank (:func:`~fovea_core.cascade.core.look_ink` below
     :data:`~fovea_core.cascade.core.INK_MIN`) keeps :data:`BLANK_FLOOR` of its mass, so the
-    fine tokens go to the marks the map points at rather than to the paper between them. The
-    token counts and levels are those of ``"core"``; where the page leaves no room for a
-    surround the saccade is the core alone.
+    fine tokens go to the marks rather than to the paper between them. The token counts and
+    levels are those of ``"core"`` (the core alone where no surround fits).
 
     ``resize_within`` (a number >= 0, default ``None``: never): on a page whose level-0 grid
     holds at most ``resize_within * budget`` cells the budget is spent as
