@@ -57,7 +57,7 @@ def sample_positions(tokens: TokenSet, patch: int | None = None) -> tuple[torch.
 
 
 def check_sample_args(pyramid: Pyramid, tokens: TokenSet, patch: int | None) -> int:
-    """Validate :func:`sample`'s arguments (shared with the kernels); return ``p``."""
+    """Validate :func:`sample`'s arguments (shared with the book's samplers); return ``p``."""
     if not isinstance(pyramid, Pyramid):
         raise TypeError(f"pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
     if not isinstance(tokens, TokenSet):
@@ -89,7 +89,7 @@ def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torc
             levels in ``[0, pyramid.num_levels - 1]``.
         patch: samples per side; default ``tokens.patch``.
     """
-    return sample_area(pyramid, tokens, check_sample_args(pyramid, tokens, patch))
+    return sample_area(pyramid, tokens, patch)
 
 
 # --------------------------------------------------------------------------- area read
