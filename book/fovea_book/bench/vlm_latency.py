@@ -419,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         **({"pipeline": pipe} if pipe is not None else {})},
         sources=("book/fovea_book/bench/vlm_latency.py", "book/fovea_book/qwen_models.py",
                  "fovea_core/vlm")
-        + (("fovea_core/kernels", "cuda", "fovea_core/allocators") if pipe else ()))
+        + (("fovea_core/kernels", "book/fovea_book/kernels.py", "cuda", "fovea_core/allocators")
+           if pipe else ()))
     return 0
 
 
