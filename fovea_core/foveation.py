@@ -109,10 +109,8 @@ class Cost:
             text detector, :func:`~fovea_core.cascade.side.detector_flops`; ``None``: not
             declared, as for the scorers).
         reads_text: the outside look recognises text (an OCR): unbudgeted whatever its size.
-        label: ``"budgeted"`` (nothing read outside N), ``"side compute"`` (a look outside N
-            that recognises no text: costs at most N tokens' worth of pixels, or a method
-            registered as side compute, costed in FLOPs and milliseconds beside N) or
-            ``"unbudgeted"``.
+        label: ``"budgeted"``, ``"side compute"`` or ``"unbudgeted"``, by the one cost rule
+            (:mod:`fovea_core.cost`).
     """
 
     tokens: int
@@ -617,12 +615,9 @@ def _accepted_options(method: str) -> list[str]:
 def _glance(method: str, options: Mapping, budget: Any) -> int | None:
     """The glance's size (tokens) when ``method`` with ``options`` glances on every page at
     ``budget``, so that the glance replaces the gist and ``gist_budget`` is read nowhere;
-    ``None`` otherwise. That is a read-then-look cascade
-    (:mod:`fovea_core.cascade.reading`) under the glance rule with ``glance_below`` >= 1
-    (every map counts as unsure; the default ``cascade_glance``'s rule) at a known int
-    ``budget`` whose glance, ``min(round(glance_share * N), N - 2)`` tokens, is finer than
-    the gist asked for (``gist_budget`` < the glance). At a smaller budget, or with a
-    larger ``gist_budget``, the gist path may run, and ``gist_budget`` counts."""
+    ``None`` otherwise: a read-then-look cascade with ``glance_below`` >= 1 (the default
+    ``cascade_glance``'s rule) at a known int ``budget`` whose glance
+    (:func:`~fovea_core.cascade.reading.glance_images`) is finer than ``gist_budget``."""
     from fovea_core.cascade.allocator import is_number
     from fovea_core.cascade.reading import reading_parts
 
@@ -672,12 +667,9 @@ _RESIZE_SWITCHES = ("resize_within", "resize_below", "resize_legible")
 
 
 def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
-    """The values of a cascade's own options, checked before any page is read by the
-    cascade's own checks (the messages name the option and its range): ``gist_budget``
-    (an int >= 1, below ``budget`` when that is an int), ``level``, ``legible_px``,
-    ``surround``, ``context``, ``context_weight``, ``localiser``, the switches to
-    ``resize``, and the read-then-look cascade's ``first_share``, ``geometry``, ``side``,
-    ``fovea``, ``glance_below`` and ``glance_share``."""
+    """The values of a cascade's own options (``gist_budget``, below ``budget`` when that is
+    an int, and every option the cascade's own checks hold), checked before any page is read
+    by those checks (the messages name the option and its range)."""
     from fovea_core.cascade import allocator as A
     from fovea_core.cascade.localisers import get_localiser
 
@@ -1231,13 +1223,11 @@ def run_page(job: Mapping) -> dict:
     """Foveate one file and save it (the command's unit of work; picklable for a process
     pool). ``job``: ``path, stem, out_dir, question, budget, method, options``. Returns
     ``{"path", "stem", "status": "done" | "skipped" | "failed", "message", "seconds"}``:
-    *skipped* when the path is not an image (a file Pillow does not recognise, or not a
-    regular file: :class:`NotAFileError`), *failed* when it is an image that cannot be
-    read (more pixels than the decompression-bomb limit, :class:`ImageTooLargeError`;
-    data that cannot be decoded, e.g. a truncated JPEG, :class:`ImageDecodeError`) or
-    when foveating or writing it raised (the message is the error's first line; no file
-    of the page is left behind). A file of several frames is read at its first, and the
-    message says so."""
+    *skipped* when the path is not an image (a file Pillow does not recognise, or a
+    :class:`NotAFileError`), *failed* when it is an image that cannot be read
+    (:class:`ImageTooLargeError`, :class:`ImageDecodeError`) or when foveating or writing
+    it raised (the message is the error's first line; no file of the page is left behind).
+    A file of several frames is read at its first, and the message says so."""
     t0 = time.perf_counter()
     out = dict(path=str(job["path"]), stem=job.get("stem"), status="done", message="",
                seconds=0.0)
