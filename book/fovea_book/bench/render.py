@@ -1,7 +1,7 @@
 """Benchmark: the block painter (``fovea_book.reference_samplers.render_blocks``) on one
 1024 x 1024 page per allocator (``python -m fovea_book.bench render [--rounds N]``): the C++
-painter (CPU default) against the torch painter it replaces, interleaved rounds, background from the pyramid (what the
-sweep's reader sees). Target (set on 2026-11-22): <= 50 ms per 1024^2 page. ``torch/cpp`` is the
+painter (CPU default) against the torch painter it replaces, interleaved rounds, background
+from the pyramid. Target (set on 2026-11-22): <= 50 ms per 1024^2 page. ``torch/cpp`` is the
 minimum and median of the per-round ratios (:func:`~fovea_book.bench.common.ratio`). Writes
 ``_build/benchmarks/render.json`` (``--record``: the committed ``data/benchmarks/render.json``,
 through the rule of :class:`~fovea_book.bench.common.Run`).
