@@ -8,22 +8,12 @@ wiring as a single function, for a researcher's own pages::
           --allocate(method, budget, query=question)--> TokenSet (exactly N tokens)
     TokenSet --sample--> patches [1, N, C, p, p] --render--> view [C, H, W]
 
-``method`` is any name of :data:`fovea_core.allocators.ALLOCATORS`; the default,
-``"cascade_glance"`` (:data:`DEFAULT_METHOD`), is chapter 14.7's read-then-look cascade under
-the glance rule: the whole page at 0.9 N, read by the core's OCR, and the rest of N where
-the reading points; ``"cascade"`` is the one-fixation learned cascade (a gist of the page,
-a learned localiser that reads the gist and the question, a fovea). Both spend every token
-inside N.
-Methods that rank a score map get ``scorer="saliency"`` without a question and the
-query-aware ``"query_saliency"`` with one (an OCR of the half-resolution page, outside the
-budget: chapter 07), unless ``scorer=`` says otherwise.
-
-The cost record (:class:`Cost`) counts what the method spent in the currency of the
-book's evaluation protocol: the N tokens the model receives plus the token equivalent of
-what the scorer and the allocator read outside them, computed by the cost model of
-:mod:`fovea_core.cost` (:func:`~fovea_core.cost.scorer_tokens`,
-:func:`~fovea_core.cost.alloc_read_tokens`), which the book's evaluator uses too, so that a
-page foveated here is labelled as the book's tables label it.
+``method`` is any name of :func:`method_names` (default :data:`DEFAULT_METHOD`). Methods
+that rank a score map get ``scorer="saliency"`` without a question and the query-aware
+``"query_saliency"`` with one (an OCR of the half-resolution page, outside the budget:
+chapter 07), unless ``scorer=`` says otherwise. The cost record (:class:`Cost`) follows the
+one cost rule the book's evaluator uses too (:func:`fovea_core.cost.method_cost`), so a page
+foveated here is labelled as the book's tables label it.
 """
 
 from __future__ import annotations
@@ -50,11 +40,12 @@ __all__ = ["Cost", "Foveation", "FoveateWarning", "ImageTooLargeError", "ImageDe
            "check_method", "check_options", "check_regular_file", "check_text",
            "unused_options", "plot_foveation"]
 
-#: the method :func:`foveate` runs by default: the read-then-look cascade under the glance
-#: rule (:func:`~fovea_core.cascade.reading.cascade_glance`), the one budgeted method of
-#: chapter 14.8 whose carry-over target on the WildReceipt photographs is met under both
-#: readers; ``"cascade"`` (one fixation, no reading) keeps more on pages like the training
-#: pages and less on the photographs
+#: the method :func:`foveate` runs by default: chapter 14.7's read-then-look cascade under the
+#: glance rule (:func:`~fovea_core.cascade.reading.cascade_glance`: the whole page at most of
+#: N, read by the core's OCR, the rest of N where the reading points), the one budgeted
+#: method of chapter 14.8 whose carry-over target on the WildReceipt photographs is met under
+#: both readers; ``"cascade"`` (one fixation, no reading) keeps more on pages like the
+#: training pages and less on the photographs
 DEFAULT_METHOD = "cascade_glance"
 #: cascade localisers that do not read the question (:mod:`fovea_core.cascade.localisers`)
 _QUESTION_BLIND_LOCALISERS = ("learned_prior", "uniform")
@@ -90,10 +81,10 @@ class ImageDecodeError(ValueError):
 
 
 class NotAFileError(ValueError):
-    """A path that is not a regular file: a folder, a named pipe (FIFO), a socket, a device,
-    a symbolic link loop or a dangling symbolic link. Refused before anything opens it (a
-    FIFO would block the reader forever). A ``ValueError``; the command skips such a path
-    and says why. ``what``: what the path is, e.g. ``"a named pipe (FIFO)"``."""
+    """A path that is not a regular file (:func:`check_regular_file` lists the kinds),
+    refused before anything opens it (a FIFO would block the reader forever). A
+    ``ValueError``; the command skips such a path and says why. ``what``: what the path is,
+    e.g. ``"a named pipe (FIFO)"``."""
 
     def __init__(self, path: Path, what: str, advice: str = ""):
         self.path, self.what = path, what
@@ -118,10 +109,8 @@ class Cost:
             text detector, :func:`~fovea_core.cascade.side.detector_flops`; ``None``: not
             declared, as for the scorers).
         reads_text: the outside look recognises text (an OCR): unbudgeted whatever its size.
-        label: ``"budgeted"`` (nothing read outside N), ``"side compute"`` (a look outside N
-            that recognises no text: costs at most N tokens' worth of pixels, or a method
-            registered as side compute, costed in FLOPs and milliseconds beside N) or
-            ``"unbudgeted"``.
+        label: ``"budgeted"``, ``"side compute"`` or ``"unbudgeted"``, by the one cost rule
+            (:mod:`fovea_core.cost`).
     """
 
     tokens: int
@@ -253,21 +242,10 @@ def _range_error(img: Any, lo: float, hi: float, accepted: str) -> ValueError:
 
 
 def _pil_to_array(img: Any) -> np.ndarray:
-    """A PIL image as ``[H, W]`` (grey) or ``[H, W, 3]`` uint8 / float32 in ``[0, 1]``.
-
-    Turned upright by its EXIF orientation (:func:`_upright`); transparency composited over
-    white, palettes expanded. Grey images of more than 8 bits by their mode:
-
-    * ``"I;16*"`` (16-bit): divided by 65535;
-    * ``"I"`` (32-bit integers): values in ``0..255`` divided by 255, in ``0..65535`` by
-      65535 (a 16-bit PNG opens as ``"I"``); anything else (negative, above 65535) raises;
-    * ``"F"`` (32-bit float, e.g. a float TIFF): values in ``[0, 1]`` (up to
-      :data:`~fovea_core.pyramid.IMAGE_RANGE_TOL` of round-off) are kept as they are, values
-      in ``[0, 255]`` are divided by 255; NaN / inf or anything else raises.
-
-    Raises:
-        ValueError: (message starts with ``image``) for values outside those ranges.
-    """
+    """A PIL image as ``[H, W]`` (grey) or ``[H, W, 3]`` uint8 / float32 in ``[0, 1]``, by
+    the rules :func:`load_image` states (a 16-bit PNG opens as mode ``"I"``; ``"F"`` keeps
+    ``[0, 1]`` up to :data:`~fovea_core.pyramid.IMAGE_RANGE_TOL`); ``ValueError`` (message
+    starts with ``image``) for values outside them."""
     from PIL import Image
 
     from fovea_core.pyramid import IMAGE_RANGE_TOL
@@ -406,13 +384,8 @@ def load_image(image: Any) -> torch.Tensor:
 
     Raises:
         FileNotFoundError: the path does not exist.
-        NotAFileError: (a ``ValueError``) the path is a folder, a named pipe (FIFO), a
-            socket, a device, a symbolic link loop or a dangling link: refused by
-            :func:`check_regular_file` before anything opens it.
-        ImageTooLargeError: (a ``ValueError``) the file declares more pixels than Pillow's
-            decompression-bomb limit; the message gives both.
-        ImageDecodeError: (a ``ValueError``) one of Pillow's formats recognises the file
-            but cannot read it to the end (a truncated or corrupt file).
+        NotAFileError, ImageTooLargeError, ImageDecodeError: (each a ``ValueError``) see
+            their classes; the message of the second gives the pixels and the limit.
         ValueError: (message starts with ``image``) a file no format of PIL recognises, a
             closed PIL image, values outside the ranges above, a meta or sparse tensor, a
             batch of more than one image, or an array :func:`~fovea_core.as_image_batch`
@@ -642,12 +615,9 @@ def _accepted_options(method: str) -> list[str]:
 def _glance(method: str, options: Mapping, budget: Any) -> int | None:
     """The glance's size (tokens) when ``method`` with ``options`` glances on every page at
     ``budget``, so that the glance replaces the gist and ``gist_budget`` is read nowhere;
-    ``None`` otherwise. That is a read-then-look cascade
-    (:mod:`fovea_core.cascade.reading`) under the glance rule with ``glance_below`` >= 1
-    (every map counts as unsure; the default ``cascade_glance``'s rule) at a known int
-    ``budget`` whose glance, ``min(round(glance_share * N), N - 2)`` tokens, is finer than
-    the gist asked for (``gist_budget`` < the glance). At a smaller budget, or with a
-    larger ``gist_budget``, the gist path may run, and ``gist_budget`` counts."""
+    ``None`` otherwise: a read-then-look cascade with ``glance_below`` >= 1 (the default
+    ``cascade_glance``'s rule) at a known int ``budget`` whose glance
+    (:func:`~fovea_core.cascade.reading.glance_images`) is finer than ``gist_budget``."""
     from fovea_core.cascade.allocator import is_number
     from fovea_core.cascade.reading import reading_parts
 
@@ -697,12 +667,9 @@ _RESIZE_SWITCHES = ("resize_within", "resize_below", "resize_legible")
 
 
 def _check_cascade_values(method: str, opts: Mapping, budget: Any) -> None:
-    """The values of a cascade's own options, checked before any page is read by the
-    cascade's own checks (the messages name the option and its range): ``gist_budget``
-    (an int >= 1, below ``budget`` when that is an int), ``level``, ``legible_px``,
-    ``surround``, ``context``, ``context_weight``, ``localiser``, the switches to
-    ``resize``, and the read-then-look cascade's ``first_share``, ``geometry``, ``side``,
-    ``fovea``, ``glance_below`` and ``glance_share``."""
+    """The values of a cascade's own options (``gist_budget``, below ``budget`` when that is
+    an int, and every option the cascade's own checks hold), checked before any page is read
+    by those checks (the messages name the option and its range)."""
     from fovea_core.cascade import allocator as A
     from fovea_core.cascade.localisers import get_localiser
 
@@ -1031,13 +998,10 @@ def foveate(image: Any, question: str | None = None, *, budget: int | None = DEF
             ``fixation=(x, y)``, and the allocator's own keywords (e.g. ``gist_budget=`` or
             ``localiser=`` for the cascade, ``strata=`` for ``stratified``).
 
-    An option the method accepts but does not read (``fixation`` for ``resize`` or the
-    cascade, ``seed`` for every method but ``random``, ``scorer`` for a method that reads
-    no map; :func:`unused_options`) is said once (a :class:`FoveateWarning` naming the
-    option and the method), not passed on and not recorded in :attr:`Foveation.options`,
-    which holds only what the method used. ``scorer="none"`` with a method that ranks a map
-    (``topk``, ...) runs, with a warning: the flat map leaves the choice to the tie-break
-    (the top rows of the page), which a researcher would otherwise read as the method's.
+    An option the method accepts but does not read (:func:`unused_options`) is said once (a
+    :class:`FoveateWarning`), not passed on and not recorded in :attr:`Foveation.options`.
+    ``scorer="none"`` with a method that ranks a map (``topk``, ...) runs, with a warning:
+    the flat map leaves the choice to the tie-break (the top rows of the page).
 
     Returns:
         A :class:`Foveation` (tokens ``[1, N]``, patches ``[1, N, C, p, p]``, cost; the
@@ -1259,13 +1223,11 @@ def run_page(job: Mapping) -> dict:
     """Foveate one file and save it (the command's unit of work; picklable for a process
     pool). ``job``: ``path, stem, out_dir, question, budget, method, options``. Returns
     ``{"path", "stem", "status": "done" | "skipped" | "failed", "message", "seconds"}``:
-    *skipped* when the path is not an image (a file Pillow does not recognise, or not a
-    regular file: :class:`NotAFileError`), *failed* when it is an image that cannot be
-    read (more pixels than the decompression-bomb limit, :class:`ImageTooLargeError`;
-    data that cannot be decoded, e.g. a truncated JPEG, :class:`ImageDecodeError`) or
-    when foveating or writing it raised (the message is the error's first line; no file
-    of the page is left behind). A file of several frames is read at its first, and the
-    message says so."""
+    *skipped* when the path is not an image (a file Pillow does not recognise, or a
+    :class:`NotAFileError`), *failed* when it is an image that cannot be read
+    (:class:`ImageTooLargeError`, :class:`ImageDecodeError`) or when foveating or writing
+    it raised (the message is the error's first line; no file of the page is left behind).
+    A file of several frames is read at its first, and the message says so."""
     t0 = time.perf_counter()
     out = dict(path=str(job["path"]), stem=job.get("stem"), status="done", message="",
                seconds=0.0)

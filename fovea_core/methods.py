@@ -1,16 +1,7 @@
-"""Every method by name: the allocators and the budgeted cascade in one registry.
-
-:mod:`fovea_core.allocators` registers the score-map allocators (grid top-K, pyramid, atlas,
-LOD DAG, frequency, log-polar, ...) and :mod:`fovea_core.cascade`, a layer above them, adds
-the cascade's methods (``"cascade"``, ``"cascade_gist_query"``, ``"cascade_prior"``,
-``"cascade_text"``) to the same table when it is imported. This module imports both, so::
-
-    from fovea_core.methods import ALLOCATORS, INFO, allocate, allocate_parts
-
-lists and runs every method (see :func:`~fovea_core.allocators.registry.allocate` for the
-call, :func:`~fovea_core.allocators.registry.allocate_parts` for a cascade's intermediates
-and :func:`~fovea_core.allocators.registry.register` for what ``INFO`` holds: metadata,
-options, runner).
+"""Every method by name: :mod:`fovea_core.allocators` registers the score-map allocators and
+:mod:`fovea_core.cascade`, a layer above them, adds the cascade's methods to the same table
+(:mod:`~fovea_core.allocators.registry`) when it is imported. This module imports both, so
+its ``ALLOCATORS``, ``INFO``, ``allocate`` and ``allocate_parts`` list and run every method.
 """
 
 from fovea_core.allocators.registry import (ALLOCATORS, INFO, allocate, allocate_parts,

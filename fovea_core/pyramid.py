@@ -217,38 +217,6 @@ class Pyramid:
         side = patch * 2**level
         return math.ceil(h / side), math.ceil(w / side)
 
-    def atlas(self) -> tuple[torch.Tensor, list[tuple[int, int]]] | None:
-        """``(atlas [B, C, Ha, Wa], origins [(y, x)] per level)`` when every level is a
-        rectangle of one 2-D image whose stored extent allows reading it as ``Ha x Wa`` with
-        both sides powers of two (:func:`build_pyramid`'s mip atlas; see
-        :func:`atlas_layout`), else ``None``."""
-        lv0 = self.levels[0]
-        b, c = lv0.shape[:2]
-        sb, sc, sy, sx = lv0.stride()
-        st = lv0.untyped_storage()
-        if min(sb, sc, sy, sx) < 0 or any(lv.untyped_storage().data_ptr() != st.data_ptr()
-                                          or lv.stride() != (sb, sc, sy, sx)
-                                          for lv in self.levels):
-            return None
-        if not ((sx == 1 and c > 1 and sc >= sy) or (sc == 1 and sx == c)):
-            return None                                   # neither NCHW nor channels last
-        base = lv0.storage_offset()
-        origins = []
-        for lv in self.levels:
-            y, rem = divmod(lv.storage_offset() - base, sy)
-            x, r2 = divmod(rem, sx) if sx else (0, rem)
-            if r2 or y < 0 or x < 0:
-                return None
-            origins.append((y, x))
-        ha = _pow2(max(y + lv.shape[-2] for (y, _), lv in zip(origins, self.levels)))
-        wa = _pow2(max(x + lv.shape[-1] for (_, x), lv in zip(origins, self.levels)) + 1)
-        if wa * sx > sy and sx != 0 and c > 1 and sx == 1:
-            return None                                   # NCHW rows cannot overlap channels
-        last = base + (b - 1) * sb + (c - 1) * sc + (ha - 1) * sy + (wa - 1) * sx
-        if last >= st.nbytes() // lv0.element_size():
-            return None
-        return lv0.as_strided((b, c, ha, wa), (sb, sc, sy, sx), base), origins
-
     def to(self, device: str | torch.device) -> "Pyramid":
         """The pyramid on ``device``; a packed pyramid (levels sharing one buffer) is moved
         as one buffer and stays packed."""
@@ -313,9 +281,6 @@ class ReducedPyramid(Pyramid):
     def image_size(self) -> tuple[int, int]:
         """``(H, W)`` of the page at full resolution (level 0, not stored)."""
         return tuple(self.page_size)  # type: ignore[return-value]
-
-    def atlas(self) -> None:
-        return None
 
     def to(self, device: str | torch.device) -> "ReducedPyramid":
         return ReducedPyramid(tuple(lv.to(device) for lv in self.levels), self.base_level,
@@ -408,9 +373,9 @@ def build_pyramid(image: np.ndarray | torch.Tensor, num_levels: int | None = Non
     available and imported (:mod:`fovea_core.kernels` registers it,
     :func:`register_pyr_down`), else by :func:`pyr_down`; all three compute the
     same filter (equal up to float rounding). ``levels[l]`` is the ``[B, C, H_l, W_l]`` view
-    of its rectangle. Samplers read every level of every token through the one atlas: one
-    ``grid_sample`` call in :func:`fovea_core.sample.sample`, one level table in
-    :mod:`fovea_core.kernels` (:meth:`Pyramid.atlas` gives the whole image).
+    of its rectangle. The Gaussian-pyramid samplers read every level of every token through
+    the one atlas: one ``grid_sample`` call in the book's ``sample_mip`` (its
+    ``pyramid_atlas`` gives the whole image), one level table in the kernels.
 
     Args:
         image: anything :func:`as_image_batch` accepts; ``[B, C, H, W]`` after conversion.

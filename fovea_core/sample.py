@@ -13,23 +13,18 @@ Coordinate conventions (shared with :mod:`fovea_core.tokens` and ``cuda/fovea_ke
 * A token of (possibly fractional) level ``lod`` samples a ``p x p`` grid whose spacing is
   ``2**lod`` base pixels, i.e. one level-``lod`` pixel, centred on the token centre:
   sample ``k`` (``0 <= k < p``) lies at ``X_k = X + (k - (p - 1) / 2) * 2**lod``.
-  For an integer level ``l`` this is bilinear sampling of level ``l``; for a grid-aligned
-  token it reads exactly the level-``l`` pixels of its cell (no interpolation).
-  A fractional ``lod`` (trilinear mode) samples the same base positions in levels
-  ``floor(lod)`` and ``floor(lod) + 1`` and blends them linearly (OpenGL-style mip mapping).
 
-Two filters read a token (``sample(..., filter=...)``): ``"area"`` (the default,
-:func:`sample_area`): sample ``k`` is the mean of the base image over the square of side
-``2**lod`` centred on ``X_k``, the page resampled at scale ``2**-lod`` the way a VLM
-processor resamples it, at any fractional level; ``"mip"``: the Gaussian-pyramid read
-above, blurrier than an area resample at the same scale (a fractional level blends two
-low-passed levels, so coarse tokens read less than a processor's resize would give them),
-kept because it is what the CUDA/g++ kernels compute.
+:func:`sample` reads sample ``k`` as the mean of the base image over the square of side
+``2**lod`` centred on ``X_k`` (:func:`sample_area`): the page resampled at scale ``2**-lod``
+the way a VLM processor resamples it, at any fractional level. The Gaussian-pyramid
+("mip") read the CUDA/g++ kernels compute (bilinear in level ``l``, trilinear between two
+levels at a fractional one) is the book's (``fovea_book.reference_samplers.sample_mip``):
+blurrier than an area resample at the same scale.
 
-Two painters reconstruct a page from tokens (:func:`render`): ``"smooth"`` (the default;
-what readers and the OCR see: bicubic across patch edges, no seams; ``resize``'s tokens
-reconstruct to an area-down, bicubic-up resize of the page) and ``"blocks"`` (the token
-structure, for figures only).
+:func:`render` reconstructs a page from its tokens as readers and the OCR see it: bicubic
+across patch edges, no seams; ``resize``'s tokens reconstruct to an area-down, bicubic-up
+resize of the page. (The block painter, nearest neighbour for figures of the token
+structure, is the book's: ``fovea_book.reference_samplers.render_blocks``.)
 """
 
 from __future__ import annotations
@@ -40,15 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from fovea_core.pyramid import Pyramid, ReducedPyramid, integer_page
-from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
+from fovea_core.tokens import TokenSet
 
-__all__ = ["FILTERS", "PAINTERS", "check_sample_args", "render", "sample", "sample_area",
+__all__ = ["check_render_args", "check_sample_args", "render", "sample", "sample_area",
            "sample_positions"]
-
-#: the ways :func:`sample` reads a token (see the module docstring)
-FILTERS = ("area", "mip")
-#: the ways :func:`render` paints tokens (see the module docstring)
-PAINTERS = ("smooth", "blocks")
 
 
 # --------------------------------------------------------------------------- patch gather
@@ -67,7 +57,7 @@ def sample_positions(tokens: TokenSet, patch: int | None = None) -> tuple[torch.
 
 
 def check_sample_args(pyramid: Pyramid, tokens: TokenSet, patch: int | None) -> int:
-    """Validate :func:`sample`'s arguments (shared with the kernels); return ``p``."""
+    """Validate :func:`sample`'s arguments (shared with the book's samplers); return ``p``."""
     if not isinstance(pyramid, Pyramid):
         raise TypeError(f"pyramid must be a fovea_core Pyramid, got {type(pyramid).__name__}")
     if not isinstance(tokens, TokenSet):
@@ -89,81 +79,17 @@ def check_sample_args(pyramid: Pyramid, tokens: TokenSet, patch: int | None) -> 
     return p
 
 
-def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None, *,
-           filter: str = "area") -> torch.Tensor:
-    """Read every token's ``p x p`` patch: ``[B, N, C, p, p]``.
-
-    ``filter="area"`` (default): :func:`sample_area`, the page resampled at scale
-    ``2**-level`` as a VLM processor resamples it. ``filter="mip"``: the Gaussian-pyramid
-    read (what the kernels compute): the ``p x p`` grid of spacing ``2**l`` base pixels
-    around each centre, clamp-to-edge borders, bilinear at integer levels and trilinear
-    between two levels at fractional ones [Williams 1983] (module docstring).
+def sample(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torch.Tensor:
+    """Read every token's ``p x p`` patch: ``[B, N, C, p, p]``, the page resampled at scale
+    ``2**-level`` as a VLM processor resamples it (:func:`sample_area`).
 
     Args:
         pyramid: :class:`~fovea_core.pyramid.Pyramid` with levels ``[B, C, H_l, W_l]``.
         tokens: :class:`~fovea_core.tokens.TokenSet` with the same ``B`` and ``image_size``,
             levels in ``[0, pyramid.num_levels - 1]``.
         patch: samples per side; default ``tokens.patch``.
-        filter: ``"area"`` or ``"mip"`` (:data:`FILTERS`).
-
-    Implementation: the path a torch user gets on any device. A pyramid from
-    :func:`~fovea_core.pyramid.build_pyramid` is one mip atlas (:meth:`Pyramid.atlas`):
-    every token's samples are placed in its level's rectangle of the atlas (clamped to it,
-    which is the clamp-to-edge border; guard bands hold the edge pixels) and **one**
-    ``F.grid_sample`` call reads all of them (a second one for the upper level of
-    fractional tokens). Other pyramids take one ``grid_sample`` call per level. The values
-    equal the kernels' up to float rounding of the sample coordinates (the normalised
-    grid's round trip; measured in ``tests/test_sample.py``).
     """
-    p = check_sample_args(pyramid, tokens, patch)
-    if filter == "area":
-        return sample_area(pyramid, tokens, p)
-    if filter != "mip":
-        raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
-    if isinstance(pyramid, ReducedPyramid):
-        raise ValueError("filter='mip' reads the pyramid's levels from level 0; this pyramid "
-                         f"is stored from level {pyramid.base_level} (a reduced decode): use "
-                         "filter='area'")
-    b, n = tokens.levels.shape
-    nl = pyramid.num_levels
-    dev = pyramid.base.device
-    c = pyramid.channels
-    lod = tokens.levels.to(dev)
-    cen = tokens.centers.to(dev)
-    h, w = tokens.image_size
-    step = torch.exp2(lod)[..., None]                                      # [B, N, 1]
-    k = torch.arange(p, device=dev, dtype=torch.float32) - (p - 1) / 2
-    xs = cen[..., 0:1] * w + k * step                                      # [B, N, p] base px
-    ys = cen[..., 1:2] * h + k * step
-    lo = torch.floor(lod).clamp(max=nl - 1)
-    frac = lod - lo
-    lo = lo.long()
-    fractional = bool((frac > 0).any())
-    at = pyramid.atlas()
-    if at is None:
-        return _sample_by_level(pyramid, xs, ys, lo, frac, fractional, p)
-    atlas, origins = at
-    ha, wa = atlas.shape[-2:]
-    tab = _atlas_table(pyramid, origins, dev)                              # [L, 5]
-
-    def read(m: torch.Tensor) -> torch.Tensor:                             # -> [B, C, N, p, p]
-        t = tab[m]                                                         # [B, N, 5]
-        inv, oy, ox, hh, ww = (t[..., i:i + 1] for i in range(5))
-        u = torch.minimum((xs * inv - 0.5).clamp(min=0), ww - 1) + ox     # atlas index coords
-        v = torch.minimum((ys * inv - 0.5).clamp(min=0), hh - 1) + oy
-        gx = (u + 0.5) * (2.0 / wa) - 1                                   # align_corners=False
-        gy = (v + 0.5) * (2.0 / ha) - 1
-        grid = torch.stack([gx[:, :, None, :].expand(b, n, p, p),
-                            gy[:, :, :, None].expand(b, n, p, p)], -1).reshape(b, n * p, p, 2)
-        out = F.grid_sample(atlas, grid, mode="bilinear", padding_mode="border",
-                            align_corners=False)                          # [B, C, N*p, p]
-        return out.view(b, c, n, p, p)
-
-    out = read(lo)
-    if fractional:
-        hi = read((lo + 1).clamp(max=nl - 1))
-        out = torch.lerp(out, hi, frac[:, None, :, None, None])
-    return out.permute(0, 2, 1, 3, 4)
+    return sample_area(pyramid, tokens, patch)
 
 
 # --------------------------------------------------------------------------- area read
@@ -365,50 +291,7 @@ def _area_reads(table: torch.Tensor, ry: torch.Tensor, fy: torch.Tensor, rx: tor
     return box / norm[..., None, None]
 
 
-def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device
-                 ) -> torch.Tensor:
-    """Per level ``[L, 5]`` float32: ``2**-l``, atlas origin ``y, x``, height, width (cached)."""
-    cache = pyramid.__dict__.setdefault("_atlas_table", {})
-    if device not in cache:
-        rows = [(2.0**-m, y, x, *lv.shape[-2:])
-                for m, ((y, x), lv) in enumerate(zip(origins, pyramid.levels))]
-        cache[device] = torch.tensor(rows, dtype=torch.float32).to(device)
-    return cache[device]
-
-
-def _sample_by_level(pyramid: Pyramid, xs: torch.Tensor, ys: torch.Tensor, lo: torch.Tensor,
-                     frac: torch.Tensor, fractional: bool, p: int) -> torch.Tensor:
-    """:func:`sample` for pyramids that are not one atlas: one ``grid_sample`` call per
-    level (its own border clamps), each token weighted by ``1 - frac`` at ``lo`` and
-    ``frac`` at ``lo + 1``. Returns ``[B, N, C, p, p]``."""
-    b, n = lo.shape
-    c, nl = pyramid.channels, pyramid.num_levels
-    out = None
-    for m, lv in enumerate(pyramid.levels):
-        wgt = torch.where(lo == m, 1 - frac, torch.zeros_like(frac))
-        if fractional and m > 0:
-            wgt = wgt + torch.where((lo == m - 1) & (frac > 0), frac, torch.zeros_like(frac))
-        if not bool((wgt != 0).any()):
-            continue
-        hh, ww = lv.shape[-2:]
-        u = xs * 2.0**-m - 0.5
-        v = ys * 2.0**-m - 0.5
-        gx = (u + 0.5) * (2.0 / ww) - 1
-        gy = (v + 0.5) * (2.0 / hh) - 1
-        grid = torch.stack([gx[:, :, None, :].expand(b, n, p, p),
-                            gy[:, :, :, None].expand(b, n, p, p)], -1).reshape(b, n * p, p, 2)
-        vals = F.grid_sample(lv, grid, mode="bilinear", padding_mode="border",
-                             align_corners=False).view(b, c, n, p, p)
-        vals = vals * wgt[:, None, :, None, None]
-        out = vals if out is None else out + vals
-    return out.permute(0, 2, 1, 3, 4)
-
-
 # --------------------------------------------------------------------------- render
-#: bits of the render priority key below the level: the token index (lowest wins a tie)
-_KEY_TOKEN_BITS = 20
-
-
 def _check_size(size: tuple[int, int] | None, default: tuple[int, int]) -> tuple[int, int]:
     """``size`` as two positive ints (``default`` when ``None``); ValueError naming ``size``."""
     if size is None:
@@ -466,32 +349,22 @@ def _background_source(background, tokens: TokenSet, patches: torch.Tensor) -> t
 
 
 def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None = None, *,
-           background: Pyramid | torch.Tensor | None = None, painter: str = "smooth",
+           background: Pyramid | torch.Tensor | None = None,
            window: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """Foveated reconstruction of the page from its tokens, ``[B, C, H, W]``.
 
-    ``painter="smooth"`` (default; what a reader sees): the tokens of each level are the
-    samples of a grid at that level's pitch (sample ``k`` of a token at level ``l`` sits at
-    base position ``X_k``, module docstring). Each level's samples are placed on their grid
-    (one canvas per level, tokens of nearly equal levels, within 1/4 octave, share the
-    coarsest of their levels' grids; coincident samples are averaged) and reconstructed
-    with **bicubic** interpolation across patch edges, so a grid of tokens shows no seams.
-    Levels are composited **coarse to fine**; a level covers the pixels within one of its
-    samples' pitch of its samples, with a soft (bilinear) edge, and the pixels around a
-    level's samples that its bicubic reads but no token holds take the coarser composite
-    there. For ``resize``'s tokens the result is an area-down, bicubic-up resize of the page.
-    Bicubic interpolation may overshoot ``[0, 1]`` by a few per cent near sharp edges: clamp
-    for display. Work: ``O(H W)`` per level present plus ``O(N p**2)``.
-
-    ``painter="blocks"`` (figures of the token structure only): token ``n`` (centre
-    ``(X, Y)``, level ``l``, footprint ``f = p 2**l``) paints sample ``(k_y, k_x)`` of its patch
-    over the sub-square of side ``2**l`` at ``k = floor((coord - (X - f/2)) / 2**l)`` of the
-    square ``[X - f/2, X + f/2) x [Y - f/2, Y + f/2)`` (nearest neighbour); a pixel shows the
-    covering token of the **finest level** (among equal levels the lowest index). On the
-    CPU it is painted by the C++ painter of :mod:`fovea_core.kernels` (same pixels as the
-    vectorised torch painter, ``tests/test_sample.py``).
-
-    Pixels no token reaches show the background (both painters).
+    The tokens of each level are the samples of a grid at that level's pitch (sample ``k``
+    of a token at level ``l`` sits at base position ``X_k``, module docstring). Each level's
+    samples are placed on their grid (one canvas per level, tokens of nearly equal levels,
+    within 1/4 octave, share the coarsest of their levels' grids; coincident samples are
+    averaged) and reconstructed with **bicubic** interpolation across patch edges, so a grid
+    of tokens shows no seams. Levels are composited **coarse to fine**; a level covers the
+    pixels within one of its samples' pitch of its samples, with a soft (bilinear) edge, and
+    the pixels around a level's samples that its bicubic reads but no token holds take the
+    coarser composite there. For ``resize``'s tokens the result is an area-down, bicubic-up
+    resize of the page. Bicubic interpolation may overshoot ``[0, 1]`` by a few per cent
+    near sharp edges: clamp for display. Pixels no token reaches show the background. Work:
+    ``O(H W)`` per level present plus ``O(N p**2)``.
 
     Args:
         tokens: the :class:`TokenSet` (``B`` images, ``N`` tokens).
@@ -502,46 +375,36 @@ def render(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None
             include every token's level): its **coarsest level**, bilinearly upsampled; a
             tensor ``[B, C, h, w]``: resized bilinearly; ``None``: each image's mean token
             colour.
-        painter: ``"smooth"`` or ``"blocks"`` (:data:`PAINTERS`).
         window: ``(y0, y1, x0, x1)`` of the output to compute (default: all of it); the
             result is ``[B, C, y1 - y0, x1 - x0]``, equal to that crop of the whole render
-            (the smooth painter computes only the window's pixels).
+            (only the window's pixels are computed).
     """
+    bg, size, win = check_render_args(tokens, patches, size, background, window)
+    return _render_smooth(tokens, patches, bg, size, win)
+
+
+def check_render_args(tokens: TokenSet, patches: torch.Tensor, size, background, window
+                      ) -> tuple[torch.Tensor, tuple[int, int], tuple[int, int, int, int]]:
+    """Validate :func:`render`'s arguments (shared with the book's block painter); return
+    ``(background [B, C, hb, wb], (Ho, Wo), (y0, y1, x0, x1))``."""
     if not isinstance(patches, torch.Tensor) or patches.ndim != 5 \
             or tuple(patches.shape[:2]) != tuple(tokens.levels.shape):
         shape = tuple(patches.shape) if isinstance(patches, torch.Tensor) else type(patches)
         raise ValueError(f"patches must be [B, N, C, p, p] with [B, N] = "
                          f"{tuple(tokens.levels.shape)}, got {shape}")
-    b, n, c, p, p2 = patches.shape
+    p, p2 = patches.shape[-2:]
     if p != p2 or p != tokens.patch:
         raise ValueError(f"patches must be p x p with p = tokens.patch = {tokens.patch}, "
                          f"got {p}x{p2}")
-    if painter not in PAINTERS:
-        raise ValueError(f"painter must be one of {PAINTERS}, got {painter!r}")
     if not bool(torch.isfinite(patches).all()):
         raise ValueError("patches contain NaN or inf values (a sampler fed a NaN image?)")
-    h, w = tokens.image_size
-    ho, wo = _check_size(size, (h, w))
+    ho, wo = _check_size(size, tokens.image_size)
     win = _check_window(window, (ho, wo))
-    bg = _background_source(background, tokens, patches)
-    if painter == "smooth":
-        return _render_smooth(tokens, patches, bg, (ho, wo), win)
-    y0, y1, x0, x1 = win
-    dev = patches.device
-    out = F.interpolate(bg, size=(ho, wo), mode="bilinear", align_corners=False)
-    if n >= 2**_KEY_TOKEN_BITS:
-        raise ValueError(f"render supports N < {2**_KEY_TOKEN_BITS} tokens, got {n}")
-    from fovea_core import kernels
-
-    if dev.type == "cpu" and _fast_painter and "cpu" in kernels.available_backends():
-        out = out.to(torch.float32).contiguous()
-        kernels.render_into(out, tokens, patches)      # the same pixels, in C++
-        return out.to(patches.dtype)[..., y0:y1, x0:x1]
-    return _render_pairs(tokens, patches, out, (h, w), (ho, wo))[..., y0:y1, x0:x1]
+    return _background_source(background, tokens, patches), (ho, wo), win
 
 
 # --------------------------------------------------------------------------- smooth painter
-#: levels within 1/LEVEL_BINS octave share one canvas in the smooth painter
+#: levels within 1/LEVEL_BINS octave share one canvas
 LEVEL_BINS = 4
 #: canvas pixels kept around a level's samples: bicubic reads 2 beyond a point that a
 #: sample's bilinear coverage reaches, 1 more for rounding
@@ -682,62 +545,3 @@ def _render_smooth(tokens: TokenSet, patches: torch.Tensor, bg: torch.Tensor,
         val = _composite(cvs, bg[b], (h, w), gx.reshape(-1), gy.reshape(-1))
         imgs.append(val.T.reshape(-1, y1 - y0, x1 - x0))
     return torch.stack(imgs)
-
-
-#: use the C++ painter of :mod:`fovea_core.kernels` for CPU tensors where it is built (tests
-#: switch it off to compare it with the torch painter below, which defines the result)
-_fast_painter = True
-
-
-def _render_pairs(tokens: TokenSet, patches: torch.Tensor, out: torch.Tensor,
-                  image_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
-    """The vectorised torch painter of :func:`render` (any device): every (token, covered
-    pixel) pair enumerated, a ``scatter_reduce(amin)`` of the priority keys per pixel, the
-    winners' samples gathered. ``out [B, C, Ho, Wo]`` holds the background."""
-    b, n, c, p, _ = patches.shape
-    h, w = image_size
-    ho, wo = size
-    dev = patches.device
-    tok = tokens.to(dev)
-    sy, sx = ho / h, wo / w                                       # output px per base px
-    step = torch.exp2(tok.levels).flatten()                       # [B*N] base px per sample
-    half = p * step / 2
-    cx, cy = tok.centers[..., 0].flatten() * w, tok.centers[..., 1].flatten() * h
-    x0, y0 = cx - half, cy - half                                 # footprint corner (base px)
-    # covered output pixels: centre (j + .5) / sx in [x0, x0 + f)  <=>  j in [j0, j1)
-    j0 = torch.ceil(x0 * sx - 0.5).clamp(0, wo).long()
-    j1 = torch.ceil((cx + half) * sx - 0.5).clamp(0, wo).long()
-    i0 = torch.ceil(y0 * sy - 0.5).clamp(0, ho).long()
-    i1 = torch.ceil((cy + half) * sy - 0.5).clamp(0, ho).long()
-    nx = j1 - j0
-    cnt = nx * (i1 - i0)                                          # [B*N] covered pixels
-    # per token: first covered pixel (flat), row length, priority key (finest level, then
-    # lowest index); every (token, pixel) pair is then one element of a flat enumeration
-    img = torch.arange(b, device=dev).repeat_interleave(n)
-    start = (img * ho + i0) * wo + j0
-    lq = torch.round(tok.levels.flatten() * LEVEL_QUANTUM).long()
-    tkey = lq * 2**_KEY_TOKEN_BITS + torch.arange(n, device=dev).repeat(b)
-    owner = torch.repeat_interleave(torch.arange(b * n, device=dev), cnt)       # [E]
-    sel = lambda t: t.index_select(0, owner)                                   # noqa: E731
-    off = torch.arange(owner.numel(), device=dev) - sel(torch.cumsum(cnt, 0) - cnt)
-    rowlen = sel(nx.clamp(min=1))
-    r = torch.div(off, rowlen, rounding_mode="floor")
-    pix = sel(start) + r * wo + (off - r * rowlen)
-    best = torch.full((b * ho * wo,), torch.iinfo(torch.int64).max, dtype=torch.int64,
-                      device=dev)
-    best.scatter_reduce_(0, pix, sel(tkey), reduce="amin", include_self=True)
-    hit = (best != torch.iinfo(torch.int64).max).nonzero().squeeze(1)          # covered pixels
-    win = best.index_select(0, hit) % 2**_KEY_TOKEN_BITS                       # token index
-    pb = torch.div(hit, ho * wo, rounding_mode="floor")
-    rem = hit - pb * (ho * wo)
-    prow = torch.div(rem, wo, rounding_mode="floor")
-    pcol = rem - prow * wo
-    flat = pb * n + win
-    stp = step.index_select(0, flat)
-    kx = torch.floor(((pcol.float() + 0.5) / sx - x0.index_select(0, flat)) / stp)
-    ky = torch.floor(((prow.float() + 0.5) / sy - y0.index_select(0, flat)) / stp)
-    src = (flat * p + ky.long().clamp(0, p - 1)) * p + kx.long().clamp(0, p - 1)
-    vals = patches.permute(0, 1, 3, 4, 2).reshape(-1, c).index_select(0, src)  # [P, C]
-    out = out.permute(0, 2, 3, 1).reshape(-1, c).clone()
-    out.index_copy_(0, hit, vals.to(out.dtype))
-    return out.reshape(b, ho, wo, c).permute(0, 3, 1, 2).contiguous()

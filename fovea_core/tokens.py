@@ -4,8 +4,8 @@ Per image, exactly ``N`` tokens (the budget; identical across the batch, so ever
 downstream shape is fixed). Token ``n`` of image ``b`` is a ``patch x patch`` sample grid
 read at scale ``levels[b, n]`` and centred at ``centers[b, n]``; it covers a square
 footprint of ``patch * 2**level`` base pixels. The level is **continuous** (a float):
-integer levels are the mip levels of the pyramid, a fractional level is read trilinearly
-between its two neighbours (:func:`fovea_core.sample.sample`), so a token can be any scale
+integer levels are the mip levels of the pyramid, and any level reads the page resampled
+at scale ``2**-level`` (:func:`fovea_core.sample.sample`), so a token can be any scale
 (e.g. the whole page resized to fit N cells, :func:`fovea_core.allocators.grid.resize`).
 
 Coordinates: ``(x, y)`` normalised to ``[0, 1]`` over the base image, x to the right, y

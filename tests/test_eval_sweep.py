@@ -358,7 +358,7 @@ def test_page_scorers_share_the_page_parts_exactly(monkeypatch, tmp_path):
     saliency, read_page = imp.SCORERS["saliency"], imp.read_page
     monkeypatch.setitem(imp.SCORERS, "saliency",
                         lambda *a, **k: calls.append("saliency") or saliency(*a, **k))
-    monkeypatch.setattr(imp.registry, "read_page",      # where score_page looks it up
+    monkeypatch.setattr(imp.query, "read_page",         # where score_page looks it up
                         lambda *a, **k: calls.append("ocr") or read_page(*a, **k))
     page: dict = {}
     for (s, q), w in want.items():

@@ -26,6 +26,7 @@ from fovea_core.foveation import (PLACED_BEFORE_DECODING, _decode_for, _geometry
                                   foveate, load_image)
 from fovea_core.importance.text import TextRead
 from fovea_core.pyramid import ReducedPyramid
+from fovea_book.reference_samplers import sample_mip
 from fovea_core.sample import sample, sample_area
 
 
@@ -169,8 +170,8 @@ def test_a_reduced_pyramid_reads_what_the_full_page_holds():
                                atol=1e-5)
     with pytest.raises(ValueError, match="level 0 is not stored"):
         red.base
-    with pytest.raises(ValueError, match="filter='mip'"):
-        sample(red, t, filter="mip")
+    with pytest.raises(ValueError, match="sample_mip reads"):
+        sample_mip(red, t)
     fine = TokenSet(cen, torch.full((1, cen.shape[1]), 1.0), torch.zeros(1, cen.shape[1]),
                     torch.full((1, 1, 2), 0.5), (256, 192), 16)
     with pytest.raises(ValueError, match=">= 2"):

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_book.kernel_source import KERNEL_NAMES, compile_cuda
-from fovea_core import kernels as K
-from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical, v1_layout
+from fovea_book import kernels as K
+from fovea_core.allocators.cortical import plan_v1, v1_candidates, v1_cortical
 from fovea_core.pyramid import build_pyramid
 from fovea_core.pyramid import Pyramid
-from fovea_book.reference_samplers import remap, remap_reference, sample_reference
-from fovea_core.sample import sample
+from fovea_book.reference_samplers import (pyramid_atlas, remap, remap_reference, sample_mip,
+                                           sample_reference)
 from fovea_core.tokens import TokenSet
 
 HAS_NVCC = shutil.which("nvcc") is not None
@@ -129,7 +129,7 @@ def test_cpu_gather_equals_torch_reference(seed, b, c, h, w, n, patch, levels, t
     assert torch.equal(K.gather_patches(sep, ts, backend="cpu"), ref)
     assert torch.equal(sample_reference(sep, ts), ref)
     # the fast torch path (one grid_sample) equals the reference up to coordinate rounding
-    assert (sample(pyr, ts, filter="mip") - ref).abs().max() <= 1e-4
+    assert (sample_mip(pyr, ts) - ref).abs().max() <= 1e-4
 
 
 @needs_gxx
@@ -170,7 +170,7 @@ def test_v1_kernel_equals_torch_allocator(f1, f2, budget, size, fov):
     assert torch.equal(got_c, ref_c)
     pyr = build_pyramid(torch.zeros(2, 1, h, w), num_levels=levels)
     ts = v1_cortical(pyr, torch.zeros(2, h // 16, w // 16), budget, fixation=fix, fov_deg=fov)
-    cen, lev = v1_layout(fix, size, budget, num_levels=levels, backend="cpu", fov_deg=fov)
+    cen, lev = K.v1_allocate(fix, size, budget, num_levels=levels, backend="cpu", fov_deg=fov)
     assert torch.equal(cen, ts.centers) and torch.equal(lev, ts.levels)
     assert ts.budget == budget and bool(ts.is_distinct().all())
 
@@ -254,7 +254,7 @@ def test_gpu_gather_equals_torch_reference(binding):
     tri = replace(gt, levels=torch.rand(3, 273, generator=g).cuda() * 3)
     assert torch.equal(K.gather_patches(gp, tri, binding=binding), sample_reference(gp, tri))
     assert (got.cpu() - sample_reference(pyr, ts)).abs().max() <= 1e-5
-    assert (sample(gp, gt, filter="mip") - ref).abs().max() <= 1e-4      # grid_sample path on the GPU
+    assert (sample_mip(gp, gt) - ref).abs().max() <= 1e-4      # grid_sample path on the GPU
 
 
 @gpu
@@ -276,7 +276,7 @@ def test_gpu_path_stays_on_the_device_and_the_current_stream():
     for a, b in zip(pyr.levels, cpu.levels):
         assert a.is_cuda and (a.cpu() - b).abs().max() <= 1e-5
     atlas = build_pyramid(x)                                 # torch pyramid: kernel-built atlas
-    assert atlas.atlas() is not None and atlas.base.is_cuda
+    assert pyramid_atlas(atlas) is not None and atlas.base.is_cuda
     for a, b in zip(atlas.levels, cpu.levels):
         assert (a.cpu() - b).abs().max() <= 1e-5
 

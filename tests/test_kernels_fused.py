@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_book.kernel_source import kernel_resources
-from fovea_core import kernels as K
+from fovea_book import kernels as K
 from fovea_core.pyramid import Pyramid
 from fovea_book.reference_samplers import sample_reference
 from fovea_core.tokens import TokenSet
@@ -138,7 +138,7 @@ def test_nvcc_builds_it_without_spills_within_its_launch_bounds():
     res = kernel_resources("sm_90")["gather_tokens"]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0
     # __launch_bounds__(256, 2): 2 blocks of 256 threads an SM fit 65,536 registers
-    assert res["registers"] * K.ops.GATHER_TOKENS_BLOCK * K.ops.GATHER_TOKENS_BLOCKS_PER_SM \
+    assert res["registers"] * K.GATHER_TOKENS_BLOCK * K.GATHER_TOKENS_BLOCKS_PER_SM \
         <= 65536
 
 

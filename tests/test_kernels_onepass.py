@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fovea_core import kernels as K
+from fovea_book import kernels as K
 from fovea_core.kernels.cpu import _cpu_lib
 from fovea_book.reference_samplers import sample_reference
 from fovea_core.tokens import TokenSet

@@ -15,6 +15,7 @@ from fovea_core import TokenSet, build_pyramid
 from fovea_core.methods import allocate
 from fovea_core.allocators.grid import resize_grid
 from fovea_book.eval.density import token_density
+from fovea_book.reference_samplers import render_blocks
 from fovea_core.sample import render, sample
 from fovea_book.qwen_pooled import footprint_weights
 from fovea_core.vlm.positions import mrope_positions, token_scale
@@ -162,8 +163,7 @@ def test_density_mass_follows_the_fractional_footprint():
 def test_render_paints_fractional_footprints_exactly():
     ts = _fractional_tokens()
     patches = torch.arange(3.0)[None, :, None, None, None].expand(1, 3, 1, 28, 28) + 1
-    out = render(ts, patches.contiguous(), background=torch.zeros(1, 1, 4, 4),
-                 painter="blocks")[0, 0]
+    out = render_blocks(ts, patches.contiguous(), background=torch.zeros(1, 1, 4, 4))[0, 0]
     for n in range(3):
         x0, y0, x1, y1 = ts.boxes()[0, n].tolist()
         # pixel centres well inside the footprint (away from finer tokens) show token n

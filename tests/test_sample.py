@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fovea_core.pyramid import Pyramid, build_pyramid
-from fovea_book.reference_samplers import remap, remap_fast, remap_reference, sample_reference
-from fovea_core.sample import PAINTERS, render, sample, sample_positions
+from fovea_book.reference_samplers import (pyramid_atlas, remap, remap_fast, remap_reference,
+                                           render_blocks, sample_mip, sample_reference)
+from fovea_core.sample import render, sample, sample_positions
 from fovea_core.tokens import TokenSet
 
 
@@ -91,7 +92,7 @@ def test_grid_tokens_read_exact_pixels(level, row, col, patch):
     r, c = min(row, gh - 1), min(col, gw - 1)
     ts = TokenSet.from_grid(torch.tensor([[r]]), torch.tensor([[c]]), level,
                             image_size=(h, w), patch=patch)
-    got = sample(pyr, ts, filter="mip")[0, 0]
+    got = sample_mip(pyr, ts)[0, 0]
     want = pyr.levels[level][0, :, r * patch:(r + 1) * patch, c * patch:(c + 1) * patch]
     assert torch.equal(got, want)
     f = 2**level                                            # area: box means of the cell
@@ -112,7 +113,7 @@ def test_sample_matches_grid_sample_border(seed, h, w, patch):
     centers[:, :4] = torch.tensor([[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.37]])  # edges
     levels = torch.randint(0, 3, (2, n), generator=g)
     ts = _tokens(centers, levels, (h, w), patch)
-    got = sample(pyr, ts, filter="mip")
+    got = sample_mip(pyr, ts)
     k = torch.arange(patch) - (patch - 1) / 2
     for b in range(2):
         for m in range(3):
@@ -151,9 +152,9 @@ def test_constant_image_and_trilinear():
     lo, hi = ts, _tokens(ts.centers, torch.full((1, 7), 2), (128, 128))
     # level 1.5: levels 1 and 2 read at the same base positions (spacing 2**1.5), blended
     mid_ts = _tokens(ts.centers, torch.full((1, 7), 1.5), (128, 128))
-    mid = sample(pyr, mid_ts, filter="mip")
-    assert not torch.allclose(mid, sample(pyr, lo, filter="mip")) \
-        and not torch.allclose(mid, sample(pyr, hi, filter="mip"))
+    mid = sample_mip(pyr, mid_ts)
+    assert not torch.allclose(mid, sample_mip(pyr, lo)) \
+        and not torch.allclose(mid, sample_mip(pyr, hi))
     assert mid.shape == (1, 7, 3, 16, 16)
     # = 0.5 * (bilinear in level 1 + bilinear in level 2) at the positions of spacing 2**1.5
     xs, ys = sample_positions(mid_ts)
@@ -183,7 +184,7 @@ def test_render_full_grid_reproduces_the_image():
     ts = TokenSet.from_grid(rows.reshape(1, -1).expand(2, -1), cols.reshape(1, -1).expand(2, -1),
                             0, image_size=(64, 96))
     patches = sample(pyr, ts)
-    assert torch.equal(render(ts, patches, background=pyr, painter="blocks"), img)
+    assert torch.equal(render_blocks(ts, patches, background=pyr), img)
     # bicubic at the samples' own positions reads them back (up to grid_sample's rounding)
     assert torch.allclose(render(ts, patches, background=pyr), img, atol=1e-5)
 
@@ -194,18 +195,18 @@ def test_blocks_painter_fine_over_coarse_and_background():
     # one coarse token (level 2: 64 px) at the top-left cell and one fine token inside it
     ts = TokenSet.from_grid(torch.tensor([[0, 1]]), torch.tensor([[0, 1]]),
                             torch.tensor([[2, 0]]), image_size=(128, 128))
-    patches = sample(pyr, ts, filter="mip")
-    out = render(ts, patches, background=pyr, painter="blocks")
+    patches = sample_mip(pyr, ts)
+    out = render_blocks(ts, patches, background=pyr)
     fine = img[0, :, 16:32, 16:32]
     assert torch.equal(out[0, :, 16:32, 16:32], fine)                  # fine on top
     coarse = pyr.levels[2][0, :, :16, :16].repeat_interleave(4, 1).repeat_interleave(4, 2)
     assert torch.equal(out[0, :, :16, :64], coarse[:, :16, :64])        # coarse elsewhere
     bg = F.interpolate(pyr.levels[-1], size=(128, 128), mode="bilinear", align_corners=False)
     assert torch.equal(out[0, :, 64:, 64:], bg[0, :, 64:, 64:])         # gaps: background
-    small = render(ts, patches, size=(64, 64), background=pyr, painter="blocks")
+    small = render_blocks(ts, patches, size=(64, 64), background=pyr)
     assert small.shape == (1, 3, 64, 64)
     assert torch.equal(small[0, :, 8:16, 8:16], fine[:, 1::2, 1::2])   # pixel-centre sampling
-    nobg = render(ts, patches, painter="blocks")
+    nobg = render_blocks(ts, patches)
     assert torch.allclose(nobg[0, :, 100, 100], patches[0].mean(dim=(0, 2, 3)))
 
 
@@ -236,20 +237,16 @@ def test_smooth_window_equals_the_crop_and_rejects_bad_windows():
     pyr = build_pyramid(img, num_levels=3)
     ts = _tokens(torch.rand(1, 20, 2, generator=g), torch.rand(1, 20, generator=g) * 2, (70, 90), 4)
     patches = sample(pyr, ts)
-    for painter in PAINTERS:
+    for paint in (render, render_blocks):
         for size in (None, (35, 120)):
-            full = render(ts, patches, size, background=pyr, painter=painter)
-            win = render(ts, patches, size, background=pyr, painter=painter, window=(5, 30, 7, 33))
+            full = paint(ts, patches, size, background=pyr)
+            win = paint(ts, patches, size, background=pyr, window=(5, 30, 7, 33))
             assert torch.allclose(win, full[..., 5:30, 7:33], atol=1e-6)
     for bad in [(0, 0, 0, 5), (5, 3, 0, 5), (0, 71, 0, 5), (0.5, 3, 0, 5), "all"]:
         with pytest.raises(ValueError, match="window"):
             render(ts, patches, window=bad)
-    with pytest.raises(ValueError, match="painter"):
-        render(ts, patches, painter="nearest")
     with pytest.raises(ValueError, match="NaN"):
         render(ts, patches * float("nan"))
-    with pytest.raises(ValueError, match="filter"):
-        sample(pyr, ts, filter="bilinear")
 
 
 # ------------------------------------------------------------------------------ any scale
@@ -268,7 +265,7 @@ def test_area_filter_is_the_processors_area_resample(level):
     Reference: ``cv2.resize(INTER_AREA)`` of the page to scale ``2**-l``, then the token's
     ``p x p`` cell of that image (the token grid is aligned with the resized pixel grid).
     The area filter equals it at every fractional level; the Gaussian pyramid's trilinear
-    read (``filter="mip"``, the kernels') is blurrier: on this text page its mean absolute
+    read (``sample_mip``, the kernels') is blurrier: on this text page its mean absolute
     error is ~0.045 and its contrast (std) ~25 % lower, the handicap that made every coarse
     token (``resize``, peripheries) read worse than a processor's resize.
     """
@@ -289,7 +286,7 @@ def test_area_filter_is_the_processors_area_resample(level):
     got = sample(pyr, ts)[0, :, 0]
     # box edges are snapped to 1/1024 px (sample_area): up to ~2e-4 here, < 1/255
     assert float((got - want).abs().max()) < 1e-3
-    mip = sample(pyr, ts, filter="mip")[0, :, 0]
+    mip = sample_mip(pyr, ts)[0, :, 0]
     assert float((mip - want).abs().mean()) > 0.03
     assert float(mip.std()) < 0.85 * float(want.std())
 
@@ -326,7 +323,7 @@ def test_resize_reconstructs_to_an_area_down_bicubic_up_resize(page):
     level = float(ts.levels.max())
     ref = _area_bicubic(img, level)
     fair = render(ts, sample(pyr, ts), background=pyr)[0, 0].clamp(0, 1).numpy()
-    old = render(ts, sample(pyr, ts, filter="mip"), background=pyr, painter="blocks")[0, 0]
+    old = render_blocks(ts, sample_mip(pyr, ts), background=pyr)[0, 0]
     assert np.abs(fair - ref).mean() <= 0.03
     assert np.abs(old.clamp(0, 1).numpy() - ref).mean() > 2 * np.abs(fair - ref).mean()
 
@@ -376,7 +373,7 @@ def test_packed_atlas_levels_and_borders():
     from fovea_core.pyramid import atlas_layout
 
     pyr = build_pyramid(torch.rand(2, 3, 70, 45), num_levels=4)
-    at = pyr.atlas()
+    at = pyramid_atlas(pyr)
     assert at is not None
     atlas, origins = at
     (ha, wa), org, sizes = atlas_layout(70, 45, 4)
@@ -388,8 +385,8 @@ def test_packed_atlas_levels_and_borders():
         below = atlas[..., y + h, x:x + w]
         assert torch.isfinite(right).all() and torch.isfinite(below).all()
     moved = pyr.to("meta")
-    assert moved.atlas() is not None                         # moved as one buffer
-    assert Pyramid(tuple(lv.contiguous() for lv in pyr.levels)).atlas() is None
+    assert pyramid_atlas(moved) is not None                  # moved as one buffer
+    assert pyramid_atlas(Pyramid(tuple(lv.contiguous() for lv in pyr.levels))) is None
 
 
 @settings(max_examples=20, deadline=None)
@@ -407,7 +404,7 @@ def test_fast_sample_equals_the_reference(seed, h, w, frac, atlas):
     lv = torch.rand(2, 30, generator=g) * 2 if frac else torch.randint(0, 3, (2, 30), generator=g)
     ts = _tokens(cen, lv, (h, w))
     ref = sample_reference(pyr, ts)
-    assert (sample(pyr, ts, filter="mip") - ref).abs().max() <= 1e-4
+    assert (sample_mip(pyr, ts) - ref).abs().max() <= 1e-4
 
 
 def test_fast_remap_equals_the_reference():
@@ -430,22 +427,16 @@ def test_fast_remap_equals_the_reference():
 @given(seed=st.integers(0, 10_000), h=st.integers(8, 70), w=st.integers(8, 70),
        frac=st.booleans(), size=st.sampled_from([None, (33, 47), (90, 20)]))
 def test_cpu_painter_equals_the_torch_painter(seed, h, w, frac, size):
-    """render's C++ painter (CPU) paints exactly the pixels of the torch painter: random
+    """The C++ block painter (CPU) paints exactly the pixels of the torch painter: random
     off-grid centres, overlapping footprints, fractional levels, rescaled output."""
-    import fovea_core.sample as S
-
     g = torch.Generator().manual_seed(seed)
     n, p = 25, 4
     cen = torch.rand(2, n, 2, generator=g)
     lv = torch.rand(2, n, generator=g) * 3 if frac else torch.randint(0, 3, (2, n), generator=g)
     ts = _tokens(cen, lv, (h, w), p)
     patches = torch.rand(2, n, 3, p, p, generator=g)
-    fast = render(ts, patches, size, painter="blocks")
-    S._fast_painter = False
-    try:
-        ref = render(ts, patches, size, painter="blocks")
-    finally:
-        S._fast_painter = True
+    fast = render_blocks(ts, patches, size)
+    ref = render_blocks(ts, patches, size, fast=False)
     assert torch.equal(fast, ref)
 
 

@@ -1,11 +1,13 @@
-"""The torch definitions the kernels are checked against, and the LUT remap (chapters 03, 05).
+"""The torch definitions the kernels are checked against, the LUT remap (chapters 03, 05)
+and the block painter.
 
-* :func:`sample_reference`: the exact definition of the ``"mip"`` read of
-  :func:`fovea_core.sample.sample`, every arithmetic step in the order of the gather kernel
-  (:func:`fovea_core.kernels.gather_patches` returns the same bits);
+* :func:`sample_reference`: the exact definition of the Gaussian-pyramid (``"mip"``) read,
+  every arithmetic step in the order of the gather kernel
+  (:func:`fovea_book.kernels.gather_patches` returns the same bits), and :func:`sample_mip`,
+  the same read by one ``grid_sample`` call;
 * :func:`remap` / :func:`remap_reference`: bilinear look-up-table sampling with
   ``cv2.remap``'s semantics (zero border), the operations of the ``remap_lut`` kernel
-  (:func:`fovea_core.kernels.remap`) in its order; :func:`remap_fast` is one
+  (:func:`fovea_book.kernels.remap`) in its order; :func:`remap_fast` is one
   ``grid_sample`` call. The log-polar transform (:mod:`fovea_book.logpolar`) builds on them.
 
 Coordinates as in :mod:`fovea_core.sample`.
@@ -16,11 +18,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fovea_core.pyramid import Pyramid
+from fovea_core.pyramid import Pyramid, ReducedPyramid, _pow2
 from fovea_core.sample import check_sample_args
-from fovea_core.tokens import TokenSet
+from fovea_core.tokens import LEVEL_QUANTUM, TokenSet
 
-__all__ = ["remap", "remap_fast", "remap_reference", "sample_reference"]
+__all__ = ["pyramid_atlas", "remap", "remap_fast", "remap_reference", "render_blocks",
+           "sample_mip", "sample_reference"]
 
 
 def _check_remap_args(image: torch.Tensor, lut: torch.Tensor) -> None:
@@ -179,8 +182,8 @@ def _gather_level(flat: torch.Tensor, tab: torch.Tensor, inv: torch.Tensor, bidx
 
 def sample_reference(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None
                      ) -> torch.Tensor:
-    """The exact definition of the ``"mip"`` read of :func:`fovea_core.sample.sample`: every
-    token's ``p x p`` patch, ``[B, N, C, p, p]``.
+    """The exact definition of the Gaussian-pyramid (``"mip"``) read: every token's
+    ``p x p`` patch, ``[B, N, C, p, p]``.
 
     Token ``n`` of image ``b`` at level ``l`` and centre ``(x, y)`` samples a ``p x p`` grid
     with spacing ``2**l`` base pixels (one level-``l`` pixel; ``p * 2**l`` base pixels in
@@ -205,8 +208,8 @@ def sample_reference(pyramid: Pyramid, tokens: TokenSet, patch: int | None = Non
         patch: samples per side; default ``tokens.patch``.
 
     This is the function the kernels equal **bit for bit**
-    (:func:`fovea_core.kernels.gather_patches`): every arithmetic step is one torch operation
-    with its own rounding, in the kernels' order. ``sample`` computes the same values
+    (:func:`fovea_book.kernels.gather_patches`): every arithmetic step is one torch operation
+    with its own rounding, in the kernels' order. :func:`sample_mip` computes the same values
     with one ``grid_sample`` call (faster; it differs by float rounding of the coordinates).
 
     Implementation (vectorised: a fixed number of tensor operations whatever the levels):
@@ -265,3 +268,251 @@ def sample_reference(pyramid: Pyramid, tokens: TokenSet, patch: int | None = Non
     return out.reshape(b, n, c, p, p)
 
 
+def sample_mip(pyramid: Pyramid, tokens: TokenSet, patch: int | None = None) -> torch.Tensor:
+    """The Gaussian-pyramid (``"mip"``) read, :func:`sample_reference`'s values by one
+    ``grid_sample`` call: ``[B, N, C, p, p]`` (arguments as :func:`fovea_core.sample.sample`).
+
+    A pyramid from :func:`~fovea_core.pyramid.build_pyramid` is one mip atlas
+    (:func:`pyramid_atlas`): every token's samples are placed in its
+    level's rectangle of the atlas (clamped to it, which is the clamp-to-edge border; guard
+    bands hold the edge pixels) and **one** ``F.grid_sample`` call reads all of them (a
+    second one for the upper level of fractional tokens). Other pyramids take one
+    ``grid_sample`` call per level. The values equal the kernels' up to float rounding of the
+    sample coordinates (the normalised grid's round trip; measured in
+    ``tests/test_sample.py``). Blurrier than :func:`fovea_core.sample.sample`'s area read at
+    the same scale (a fractional level blends two low-passed levels); kept because it is
+    what the CUDA/g++ kernels compute. A reduced pyramid raises ``ValueError``.
+    """
+    p = check_sample_args(pyramid, tokens, patch)
+    if isinstance(pyramid, ReducedPyramid):
+        raise ValueError("sample_mip reads the pyramid's levels from level 0; this pyramid "
+                         f"is stored from level {pyramid.base_level} (a reduced decode): use "
+                         "fovea_core.sample.sample")
+    b, n = tokens.levels.shape
+    nl = pyramid.num_levels
+    dev = pyramid.base.device
+    c = pyramid.channels
+    lod = tokens.levels.to(dev)
+    cen = tokens.centers.to(dev)
+    h, w = tokens.image_size
+    step = torch.exp2(lod)[..., None]                                      # [B, N, 1]
+    k = torch.arange(p, device=dev, dtype=torch.float32) - (p - 1) / 2
+    xs = cen[..., 0:1] * w + k * step                                      # [B, N, p] base px
+    ys = cen[..., 1:2] * h + k * step
+    lo = torch.floor(lod).clamp(max=nl - 1)
+    frac = lod - lo
+    lo = lo.long()
+    fractional = bool((frac > 0).any())
+    at = pyramid_atlas(pyramid)
+    if at is None:
+        return _sample_by_level(pyramid, xs, ys, lo, frac, fractional, p)
+    atlas, origins = at
+    ha, wa = atlas.shape[-2:]
+    tab = _atlas_table(pyramid, origins, dev)                              # [L, 5]
+
+    def read(m: torch.Tensor) -> torch.Tensor:                             # -> [B, C, N, p, p]
+        t = tab[m]                                                         # [B, N, 5]
+        inv, oy, ox, hh, ww = (t[..., i:i + 1] for i in range(5))
+        u = torch.minimum((xs * inv - 0.5).clamp(min=0), ww - 1) + ox     # atlas index coords
+        v = torch.minimum((ys * inv - 0.5).clamp(min=0), hh - 1) + oy
+        gx = (u + 0.5) * (2.0 / wa) - 1                                   # align_corners=False
+        gy = (v + 0.5) * (2.0 / ha) - 1
+        grid = torch.stack([gx[:, :, None, :].expand(b, n, p, p),
+                            gy[:, :, :, None].expand(b, n, p, p)], -1).reshape(b, n * p, p, 2)
+        out = F.grid_sample(atlas, grid, mode="bilinear", padding_mode="border",
+                            align_corners=False)                          # [B, C, N*p, p]
+        return out.view(b, c, n, p, p)
+
+    out = read(lo)
+    if fractional:
+        hi = read((lo + 1).clamp(max=nl - 1))
+        out = torch.lerp(out, hi, frac[:, None, :, None, None])
+    return out.permute(0, 2, 1, 3, 4)
+
+
+def pyramid_atlas(pyramid: Pyramid) -> tuple[torch.Tensor, list[tuple[int, int]]] | None:
+    """``(atlas [B, C, Ha, Wa], origins [(y, x)] per level)`` when every level of
+    ``pyramid`` is a rectangle of one 2-D image whose stored extent allows reading it as
+    ``Ha x Wa`` with both sides powers of two (:func:`~fovea_core.pyramid.build_pyramid`'s
+    mip atlas; see :func:`~fovea_core.pyramid.atlas_layout`), else ``None`` (a reduced
+    pyramid too)."""
+    if isinstance(pyramid, ReducedPyramid):
+        return None
+    lv0 = pyramid.levels[0]
+    b, c = lv0.shape[:2]
+    sb, sc, sy, sx = lv0.stride()
+    st = lv0.untyped_storage()
+    if min(sb, sc, sy, sx) < 0 or any(lv.untyped_storage().data_ptr() != st.data_ptr()
+                                      or lv.stride() != (sb, sc, sy, sx)
+                                      for lv in pyramid.levels):
+        return None
+    if not ((sx == 1 and c > 1 and sc >= sy) or (sc == 1 and sx == c)):
+        return None                                   # neither NCHW nor channels last
+    base = lv0.storage_offset()
+    origins = []
+    for lv in pyramid.levels:
+        y, rem = divmod(lv.storage_offset() - base, sy)
+        x, r2 = divmod(rem, sx) if sx else (0, rem)
+        if r2 or y < 0 or x < 0:
+            return None
+        origins.append((y, x))
+    ha = _pow2(max(y + lv.shape[-2] for (y, _), lv in zip(origins, pyramid.levels)))
+    wa = _pow2(max(x + lv.shape[-1] for (_, x), lv in zip(origins, pyramid.levels)) + 1)
+    if wa * sx > sy and sx != 0 and c > 1 and sx == 1:
+        return None                                   # NCHW rows cannot overlap channels
+    last = base + (b - 1) * sb + (c - 1) * sc + (ha - 1) * sy + (wa - 1) * sx
+    if last >= st.nbytes() // lv0.element_size():
+        return None
+    return lv0.as_strided((b, c, ha, wa), (sb, sc, sy, sx), base), origins
+
+
+def _atlas_table(pyramid: Pyramid, origins: list[tuple[int, int]], device: torch.device
+                 ) -> torch.Tensor:
+    """Per level ``[L, 5]`` float32: ``2**-l``, atlas origin ``y, x``, height, width (cached)."""
+    cache = pyramid.__dict__.setdefault("_atlas_table", {})
+    if device not in cache:
+        rows = [(2.0**-m, y, x, *lv.shape[-2:])
+                for m, ((y, x), lv) in enumerate(zip(origins, pyramid.levels))]
+        cache[device] = torch.tensor(rows, dtype=torch.float32).to(device)
+    return cache[device]
+
+
+def _sample_by_level(pyramid: Pyramid, xs: torch.Tensor, ys: torch.Tensor, lo: torch.Tensor,
+                     frac: torch.Tensor, fractional: bool, p: int) -> torch.Tensor:
+    """:func:`sample_mip` for pyramids that are not one atlas: one ``grid_sample`` call per
+    level (its own border clamps), each token weighted by ``1 - frac`` at ``lo`` and
+    ``frac`` at ``lo + 1``. Returns ``[B, N, C, p, p]``."""
+    b, n = lo.shape
+    c, nl = pyramid.channels, pyramid.num_levels
+    out = None
+    for m, lv in enumerate(pyramid.levels):
+        wgt = torch.where(lo == m, 1 - frac, torch.zeros_like(frac))
+        if fractional and m > 0:
+            wgt = wgt + torch.where((lo == m - 1) & (frac > 0), frac, torch.zeros_like(frac))
+        if not bool((wgt != 0).any()):
+            continue
+        hh, ww = lv.shape[-2:]
+        u = xs * 2.0**-m - 0.5
+        v = ys * 2.0**-m - 0.5
+        gx = (u + 0.5) * (2.0 / ww) - 1
+        gy = (v + 0.5) * (2.0 / hh) - 1
+        grid = torch.stack([gx[:, :, None, :].expand(b, n, p, p),
+                            gy[:, :, :, None].expand(b, n, p, p)], -1).reshape(b, n * p, p, 2)
+        vals = F.grid_sample(lv, grid, mode="bilinear", padding_mode="border",
+                             align_corners=False).view(b, c, n, p, p)
+        vals = vals * wgt[:, None, :, None, None]
+        out = vals if out is None else out + vals
+    return out.permute(0, 2, 1, 3, 4)
+
+
+# ----------------------------------------------------------------------------- block painter
+#: bits of the block painter's priority key below the level: the token index (lowest wins a tie)
+_KEY_TOKEN_BITS = 20
+
+
+def render_blocks(tokens: TokenSet, patches: torch.Tensor, size: tuple[int, int] | None = None,
+                  *, background: Pyramid | torch.Tensor | None = None,
+                  window: tuple[int, int, int, int] | None = None,
+                  fast: bool = True) -> torch.Tensor:
+    """The block painter (figures of the token structure): ``[B, C, H, W]``, arguments and
+    background as :func:`fovea_core.sample.render`.
+
+    Token ``n`` (centre ``(X, Y)``, level ``l``, footprint ``f = p 2**l``) paints sample
+    ``(k_y, k_x)`` of its patch over the sub-square of side ``2**l`` at
+    ``k = floor((coord - (X - f/2)) / 2**l)`` of the square
+    ``[X - f/2, X + f/2) x [Y - f/2, Y + f/2)`` (nearest neighbour); a pixel shows the
+    covering token of the **finest level** (among equal levels the lowest index). With
+    ``fast`` (the default) CPU tensors are painted by the C++ painter of the kernels' g++
+    build where it is built (the same pixels, ``tests/test_sample.py``); else by the
+    vectorised torch painter, which defines the result.
+    """
+    from fovea_core import kernels
+    from fovea_core.sample import check_render_args
+
+    bg, (ho, wo), (y0, y1, x0, x1) = check_render_args(tokens, patches, size, background,
+                                                        window)
+    n = patches.shape[1]
+    out = F.interpolate(bg, size=(ho, wo), mode="bilinear", align_corners=False)
+    if n >= 2**_KEY_TOKEN_BITS:
+        raise ValueError(f"render supports N < {2**_KEY_TOKEN_BITS} tokens, got {n}")
+    if patches.device.type == "cpu" and fast and "cpu" in kernels.available_backends():
+        out = out.to(torch.float32).contiguous()
+        _render_into(out, tokens, patches)             # the same pixels, in C++
+        return out.to(patches.dtype)[..., y0:y1, x0:x1]
+    return _render_pairs(tokens, patches, out, tokens.image_size, (ho, wo))[..., y0:y1, x0:x1]
+
+
+def _render_into(out: torch.Tensor, tokens: TokenSet, patches: torch.Tensor) -> None:
+    """The C++ block painter (``render_cpu`` of the g++ build): paints ``patches
+    [B, N, C, p, p]`` over ``out [B, C, Ho, Wo]`` (contiguous float32, holding the
+    background), in place. Raises ``RuntimeError`` when no CPU build exists."""
+    import ctypes
+
+    from fovea_core.kernels.cpu import _cpu_lib, _ptr
+    from fovea_core.kernels.ops import _choose
+
+    _choose("cpu", False)
+    b, n, c, p, _ = patches.shape
+    ho, wo = out.shape[-2:]
+    h, w = tokens.image_size
+    cen = tokens.centers.detach().cpu().float().contiguous()
+    lv = tokens.levels.detach().cpu().float().contiguous()
+    steps = torch.exp2(lv)
+    pat = patches.detach().cpu().float().contiguous()
+    zbuf = torch.empty(ho * wo, dtype=torch.int64)
+    _cpu_lib().render_cpu(b, n, c, p, h, w, ho, wo, ctypes.c_float(wo / w), ctypes.c_float(ho / h),
+                          _ptr(cen), _ptr(lv), _ptr(steps), _ptr(pat), _ptr(out), _ptr(zbuf))
+
+
+def _render_pairs(tokens: TokenSet, patches: torch.Tensor, out: torch.Tensor,
+                  image_size: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """The vectorised torch block painter (any device): every (token, covered
+    pixel) pair enumerated, a ``scatter_reduce(amin)`` of the priority keys per pixel, the
+    winners' samples gathered. ``out [B, C, Ho, Wo]`` holds the background."""
+    b, n, c, p, _ = patches.shape
+    h, w = image_size
+    ho, wo = size
+    dev = patches.device
+    tok = tokens.to(dev)
+    sy, sx = ho / h, wo / w                                       # output px per base px
+    step = torch.exp2(tok.levels).flatten()                       # [B*N] base px per sample
+    half = p * step / 2
+    cx, cy = tok.centers[..., 0].flatten() * w, tok.centers[..., 1].flatten() * h
+    x0, y0 = cx - half, cy - half                                 # footprint corner (base px)
+    # covered output pixels: centre (j + .5) / sx in [x0, x0 + f)  <=>  j in [j0, j1)
+    j0 = torch.ceil(x0 * sx - 0.5).clamp(0, wo).long()
+    j1 = torch.ceil((cx + half) * sx - 0.5).clamp(0, wo).long()
+    i0 = torch.ceil(y0 * sy - 0.5).clamp(0, ho).long()
+    i1 = torch.ceil((cy + half) * sy - 0.5).clamp(0, ho).long()
+    nx = j1 - j0
+    cnt = nx * (i1 - i0)                                          # [B*N] covered pixels
+    # per token: first covered pixel (flat), row length, priority key (finest level, then
+    # lowest index); every (token, pixel) pair is then one element of a flat enumeration
+    img = torch.arange(b, device=dev).repeat_interleave(n)
+    start = (img * ho + i0) * wo + j0
+    lq = torch.round(tok.levels.flatten() * LEVEL_QUANTUM).long()
+    tkey = lq * 2**_KEY_TOKEN_BITS + torch.arange(n, device=dev).repeat(b)
+    owner = torch.repeat_interleave(torch.arange(b * n, device=dev), cnt)       # [E]
+    sel = lambda t: t.index_select(0, owner)                                   # noqa: E731
+    off = torch.arange(owner.numel(), device=dev) - sel(torch.cumsum(cnt, 0) - cnt)
+    rowlen = sel(nx.clamp(min=1))
+    r = torch.div(off, rowlen, rounding_mode="floor")
+    pix = sel(start) + r * wo + (off - r * rowlen)
+    best = torch.full((b * ho * wo,), torch.iinfo(torch.int64).max, dtype=torch.int64,
+                      device=dev)
+    best.scatter_reduce_(0, pix, sel(tkey), reduce="amin", include_self=True)
+    hit = (best != torch.iinfo(torch.int64).max).nonzero().squeeze(1)          # covered pixels
+    win = best.index_select(0, hit) % 2**_KEY_TOKEN_BITS                       # token index
+    pb = torch.div(hit, ho * wo, rounding_mode="floor")
+    rem = hit - pb * (ho * wo)
+    prow = torch.div(rem, wo, rounding_mode="floor")
+    pcol = rem - prow * wo
+    flat = pb * n + win
+    stp = step.index_select(0, flat)
+    kx = torch.floor(((pcol.float() + 0.5) / sx - x0.index_select(0, flat)) / stp)
+    ky = torch.floor(((prow.float() + 0.5) / sy - y0.index_select(0, flat)) / stp)
+    src = (flat * p + ky.long().clamp(0, p - 1)) * p + kx.long().clamp(0, p - 1)
+    vals = patches.permute(0, 1, 3, 4, 2).reshape(-1, c).index_select(0, src)  # [P, C]
+    out = out.permute(0, 2, 3, 1).reshape(-1, c).clone()
+    out.index_copy_(0, hit, vals.to(out.dtype))
+    return out.reshape(b, ho, wo, c).permute(0, 3, 1, 2).contiguous()

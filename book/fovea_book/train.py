@@ -107,7 +107,7 @@ from fovea_core.cascade.core import Gist, gist
 from fovea_core.cascade.learned import (EMBED_NOISE, SIZE_WEIGHT, GistLocaliserNet,  # noqa: F401
                                         answer_targets, batch_loss, collate_pages,
                                         file_sha256, gist_features, jitter_embedding,
-                                        pool_target, target_map, weights_path)
+                                        pool_target, weights_path)
 from fovea_book.eval.documents import FORM_FIELD, Document, Question, make_document
 from fovea_book.paths import DatasetNotFound, dataset_path, project_root
 from fovea_core.pyramid import Pyramid, default_num_levels
@@ -222,6 +222,14 @@ def fast_pyramid(image: np.ndarray, num_levels: int) -> Pyramid:
     as_t = (lambda a: torch.from_numpy(a)[None, None]) if grey else \
         (lambda a: torch.from_numpy(a).permute(2, 0, 1)[None])  # noqa: E731
     return Pyramid(tuple(as_t(np.ascontiguousarray(a)) for a in levels))
+
+
+def target_map(g: Gist, boxes) -> torch.Tensor:
+    """``[h, w]`` training target of one question on gist ``g``:
+    :func:`~fovea_core.cascade.learned.answer_targets` of its ``boxes`` (``[K, 4]`` base px)
+    on the gist's pixels."""
+    ys, xs = g.pixel_centres()
+    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
 
 
 def answer_text_px(q: Question) -> float:

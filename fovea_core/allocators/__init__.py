@@ -1,8 +1,8 @@
 """Homunculus allocators: importance map -> exactly N tokens per image (a :class:`TokenSet`).
 
-Interface (every registered name)::
-
-    allocate(name, pyramid, scores, budget, *, fixation=None, query=None, seed=0, **params)
+Every registered name is called as ``allocate(name, pyramid, scores, budget, *,
+fixation=None, query=None, seed=0, **params)`` (the signature:
+:mod:`~fovea_core.allocators.registry`):
 
 * ``pyramid``: :class:`~fovea_core.pyramid.Pyramid` of the image batch ``[B, C, H, W]``;
 * ``scores``: importance on the level-0 patch grid ``[B, Gh, Gw]``, ``Gh = ceil(H / patch)``
@@ -15,12 +15,8 @@ Interface (every registered name)::
 * ``seed``: only the random methods use it; results are deterministic for a seed and the
   batch result equals the per-image loop.
 
-``ALLOCATORS`` maps names to callables, ``INFO`` to metadata
-(:mod:`~fovea_core.allocators.registry`; the two wrappers whose output differs are listed
-there). Rankings are deterministic and the same on every CPU
-(:mod:`~fovea_core.allocators.base`). The budgeted cascade's methods (a higher layer) join
-the same table when :mod:`fovea_core.cascade` is imported; :mod:`fovea_core.methods`
-imports both and is the registry of every method.
+Rankings are deterministic and the same on every CPU (:mod:`~fovea_core.allocators.base`).
+:mod:`fovea_core.methods` is the registry of every method, the cascade's included.
 """
 
 from fovea_core.allocators.registry import ALLOCATORS, INFO, allocate, register

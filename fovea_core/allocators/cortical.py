@@ -3,8 +3,8 @@
 This is the torch reference of the ``v1_candidates`` CUDA kernel in
 ``cuda/fovea_kernels.cuh`` (the same formulas, in float64 so both agree exactly on which
 candidate is valid); ``tests/test_kernels.py`` checks the two against each other. The
-allocator makes the plan (:func:`plan_v1`) and hands it to the kernels (:func:`v1_layout`);
-the kernel layer never imports this module.
+plan (:func:`plan_v1`) is what the book's kernel path executes
+(``fovea_book.kernels.v1_layout``); the kernel layer never imports this module.
 
 The layout, for a fixation ``f`` (pixels) on an image seen under ``fov_deg`` degrees across
 its width (``ppd = W / fov_deg`` pixels per degree):
@@ -55,7 +55,6 @@ from dataclasses import dataclass
 
 import torch
 
-from fovea_core import kernels
 from fovea_core.allocators.base import check_inputs, resolve_fixation
 from fovea_core.pyramid import Pyramid
 from fovea_core.tokens import TokenSet, token_keys
@@ -64,7 +63,7 @@ HORTON_HOYT_K: float = 17.3   # mm (Horton & Hoyt 1991)
 HORTON_HOYT_E0: float = 0.75  # deg (Horton & Hoyt 1991)
 
 __all__ = ["V1Plan", "plan_v1", "v1_candidates", "select_candidates", "v1_cortical",
-           "v1_layout", "FOV_DEG", "FOVEA_DEG"]
+           "FOV_DEG", "FOVEA_DEG"]
 
 FOV_DEG = 20.0     #: default horizontal field of view of the image, degrees (see module doc)
 FOVEA_DEG = 2.0    #: default diameter of the full-resolution foveal block, degrees
@@ -376,20 +375,3 @@ def v1_cortical(pyramid: Pyramid, scores: torch.Tensor, budget: int, *,
     row = (centers[..., 1] * gh).long().clamp(0, gh - 1)
     tok_scores = s.reshape(b, -1).gather(1, row * gw + col)
     return TokenSet(centers, levels, tok_scores, fix.float()[:, None, :], (h, w), patch)
-
-
-def v1_layout(fixations: torch.Tensor, image_size: tuple[int, int], budget: int, *,
-              num_levels: int, patch: int = 16, backend: str | None = None,
-              binding: str | None = None, **params) -> tuple[torch.Tensor, torch.Tensor]:
-    """The V1 allocation on the kernels: ``(centers [B, N, 2], levels [B, N])`` for
-    fixations ``[B, 2]`` (``(x, y)`` in ``[0, 1]``).
-
-    The allocator plans (:func:`plan_v1`; ``params`` are its keywords) and the kernel layer
-    executes the plan (:func:`fovea_core.kernels.v1_layout`: the ``v1_candidates`` kernel on
-    ``backend``, ``"cpu"`` by default, then the C++ selection of the first ``budget``
-    distinct candidates). Same result as :func:`v1_cortical` (the torch reference) with the
-    same fixations; raises ``RuntimeError`` naming what is missing when the CPU build (or
-    the requested backend) is unavailable.
-    """
-    plan = plan_v1(fixations, image_size, budget, patch=patch, num_levels=num_levels, **params)
-    return kernels.v1_layout(plan, backend, binding=binding)

@@ -586,20 +586,15 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     found no text). Its cost is :attr:`CascadeParts.side`.
 
     ``fovea="regions"`` replaces the core and its surround by a level per region
-    (:func:`~fovea_core.cascade.core.foveate_regions`): every level-0 cell is read at the
-    rung of a ladder of levels (every :data:`REGION_STEP` octaves, through the one-level
-    choice) nearest to the level at which the text height under it (:func:`text_heights`:
-    the detector's measurement with ``side="text"``, else the gist's estimate) is
-    ``legible_px``, and the tokens go to the cells with the most map mass per unit of page
-    area, so several modes of the map are read, each at its level.
+    (:func:`~fovea_core.cascade.core.foveate_regions` on a ladder of levels every
+    :data:`REGION_STEP` octaves, from :func:`text_heights`), so several modes of the map are
+    read, each at its level.
 
-    ``fovea="saccade"`` reads the surround first, as a first look at the cells with the most
-    map mass, and then the core: a cell the first look showed blank
-    (:func:`~fovea_core.cascade.core.look_ink`: no sample differs from its token's paper by
+    ``fovea="saccade"`` reads the surround first, as a first look, and then the core: a cell
+    the first look showed blank (:func:`~fovea_core.cascade.core.look_ink` below
     :data:`~fovea_core.cascade.core.INK_MIN`) keeps :data:`BLANK_FLOOR` of its mass, so the
-    fine tokens go to the marks the map points at rather than to the paper between them. The
-    token counts and levels are those of ``"core"``; where the page leaves no room for a
-    surround the saccade is the core alone.
+    fine tokens go to the marks rather than to the paper between them. The token counts and
+    levels are those of ``"core"`` (the core alone where no surround fits).
 
     ``resize_within`` (a number >= 0, default ``None``: never): on a page whose level-0 grid
     holds at most ``resize_within * budget`` cells the budget is spent as
@@ -609,17 +604,14 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     every page size there).
 
     ``resize_below`` (a number in ``[0, 1]``, default ``None``: never): an image whose
-    localiser map is unsure -- :func:`map_confidence`, the share of its mass on its top
-    :data:`CONFIDENCE_TOP` of cells, below ``resize_below`` -- is given ``resize``'s tokens
-    instead (the map was computed from the gist, inside N: still budgeted).
-    :mod:`fovea_book.eval.tried.confidence_rule` fits it on photograph-like training pages.
+    localiser map is unsure (:func:`map_confidence` below ``resize_below``) is given
+    ``resize``'s tokens instead (the map was computed from the gist, inside N: still
+    budgeted). :mod:`fovea_book.eval.tried.confidence_rule` fits it.
 
     ``resize_legible`` (a number of octaves, default ``None``: never): an image whose
-    page's median text, estimated from the gist, would be at least ``legible_px /
-    2**resize_legible`` pixels high in ``resize``'s view (:func:`page_legibility` >=
-    ``-resize_legible``) is given ``resize``'s tokens too: a fovea pays where the text is
-    too small for a resize, not where a resize already reads it.
-    :mod:`fovea_book.eval.tried.safe_rule` fits it with ``resize_below``.
+    :func:`page_legibility` is at least ``-resize_legible`` (its median text already legible
+    to a resize) is given ``resize``'s tokens too. :mod:`fovea_book.eval.tried.safe_rule`
+    fits it with ``resize_below``.
 
     ``scores`` and ``seed`` are ignored (the cascade looks at the page itself, through the
     gist); ``fixation`` is replaced by the peak of the localiser's map (a given one is still
@@ -627,16 +619,13 @@ def cascade(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     in ``[0, 1]``). Returns a :class:`TokenSet` whose ``stage`` is 0 for the gist's tokens
     and 1 for the fovea's.
 
-    A localiser map with nothing above 0 (a blank page under the ``gist_query`` localiser:
-    nothing stands out) is read as the ``uniform`` localiser's flat map, so every
-    registered cascade accepts the pages the others accept; a NaN / inf map is refused.
+    The localiser's map is read by :func:`localiser_map` (a map with no mass as flat, a
+    NaN / inf map refused).
 
     Raises:
         ValueError: naming the argument, for a ``budget`` outside the page's range
-            (:func:`budget_range`: the gist plus at least one fovea token, at most
-            ``Gh * Gw``; the message states the range, or that no budget fits a page too
-            small for the cascade), a ``gist_budget`` that is not an int (numpy integers
-            are accepted) or leaves no fovea token, a ``level`` that is
+            (:func:`budget_range`; the message states it), a ``gist_budget`` that is not an
+            int (numpy integers are accepted) or leaves no fovea token, a ``level`` that is
             neither ``"auto"`` nor a finite number, ``legible_px <= 0``, ``surround``
             outside ``[0, 1)``, ``context`` not two ints >= 0, ``context_weight`` outside
             ``[0, 1]`` (NaN included), or a ``fixation`` outside ``[0, 1]``.

@@ -5,28 +5,21 @@ page at half resolution (the query scorer of :mod:`fovea_core.importance.query` 
 the budget). The cascade spends the budget in stages, each a function that can be called
 alone:
 
-(a) :func:`gist` -- the whole page at ``G`` tokens on the ``resize`` baseline's grid (its
-    ``G - rows * cols`` leftovers go to the fovea); :attr:`Gist.image` is what those tokens
-    show, never the full-resolution page.
+(a) :func:`gist` -- the whole page at ``G`` tokens on the ``resize`` baseline's grid;
+    :attr:`Gist.image` is what those tokens show, never the full-resolution page.
 (b) *localise* -- a :data:`Localiser` maps the gist (and the question) to a score map on the
     level-0 patch grid ``[B, Gh, Gw]`` (:mod:`fovea_core.cascade.localisers`).
 (c) :func:`place_fovea` -- the remaining tokens on the cells with the most score mass, at
-    the level that makes text legible (:func:`~fovea_core.cascade.allocator.choose_level`);
-    a surround one octave coarser is a second :func:`place_fovea` call with the same label.
-    :func:`foveate_regions` is the alternative with a level per region: each cell read at
-    the coarsest of a ladder of levels at which its own text is legible.
-(d) *a second look* (``fovea="saccade"`` of the cascade): the first look is the coarse
-    part of the fovea, put where the map points; :func:`look_ink` says which of the cells it
-    showed hold ink, and the fine core reads only those (and the cells it did not show).
+    the level that makes text legible; :func:`foveate_regions` chooses a level per region.
+(d) *a second look* (``fovea="saccade"``): :func:`look_ink` says which cells the coarse
+    first look showed hold ink, and the fine core reads only those.
 
-:func:`~fovea_core.cascade.allocator.cascade` chains them; the token counts add up to
-exactly ``N`` and ``TokenSet.stage`` says where every token came from
-(:data:`STAGE_GIST` = 0, :data:`STAGE_FOVEA` = 1; a second fixation's tokens
-:data:`STAGE_SECOND` = 2). It is registered as the allocator
-``"cascade"`` (:mod:`fovea_core.cascade.allocator`). The second look decides *where* to read
-finely from what the first look showed (ink or blank paper), never from what the text says:
-the cascade does not read, so it cannot tell which of the lines it found answers the
-question (chapter 14.7).
+:func:`~fovea_core.cascade.allocator.cascade` chains them into exactly ``N`` tokens, and
+``TokenSet.stage`` says where every token came from (:data:`STAGE_GIST`,
+:data:`STAGE_FOVEA`, a second fixation's :data:`STAGE_SECOND`). The second look decides
+*where* to read finely from ink or blank paper, never from what the text says: the cascade
+does not read, so it cannot tell which of the lines it found answers the question (chapter
+14.7).
 
 The idea is the seeds' "saccade" Homunculus (look coarsely, decide, look again) and the
 classic coarse-to-fine search of active vision [Ballard 1991, Animate vision]; the

@@ -48,7 +48,7 @@ from fovea_core.paths import resource
 
 __all__ = ["IN_CHANNELS", "EMBED_DIM", "gist_features", "paper_region", "PAPER_MIN", "PAPER_MAX",
            "GistLocaliserNet", "question_embedding", "weights_path", "load_model", "file_sha256",
-           "LearnedLocaliser", "encode_gist", "answer_targets", "target_map", "pool_target",
+           "LearnedLocaliser", "encode_gist", "answer_targets", "pool_target",
            "collate_pages", "augment_ink", "jitter_embedding", "batch_loss", "SIZE_WEIGHT",
            "EMBED_NOISE"]
 
@@ -432,10 +432,10 @@ def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torc
     the overlap of the pixel's square ``[c - half, c + half]`` with each box, separable in
     y and x and summed over the boxes -- zero off the page, normalised to sum 1 (a
     distribution over locations, the cross-entropy's target; all zeros when the boxes
-    miss the page). This is the one definition: :func:`target_map` (one question on a
-    :class:`~fovea_core.cascade.core.Gist`), the training batches (:func:`collate_pages`)
-    and the adaptation (:func:`fovea_core.adapt`) call it, and the committed weights were
-    trained on exactly these values (``tests/test_cascade_train.py``).
+    miss the page). This is the one definition: the book's ``fovea_book.train.target_map``
+    (one question on a :class:`~fovea_core.cascade.core.Gist`), the training batches
+    (:func:`collate_pages`) and the adaptation (:func:`fovea_core.adapt`) call it, and the
+    committed weights were trained on exactly these values (``tests/test_cascade_train.py``).
 
     Parameters
     ----------
@@ -466,13 +466,6 @@ def answer_targets(ys: torch.Tensor, xs: torch.Tensor, half: float, inside: torc
         t = torch.einsum("ky,kx->yx", oy, ox) * inside
         out.append(t / t.sum().clamp(min=1e-12))
     return torch.stack(out).float()
-
-
-def target_map(g: Gist, boxes) -> torch.Tensor:
-    """``[h, w]`` training target of one question on gist ``g``: :func:`answer_targets`
-    of its ``boxes`` (``[K, 4]`` base px) on the gist's pixels."""
-    ys, xs = g.pixel_centres()
-    return answer_targets(ys, xs, g.pixel / 2, g.inside(), [boxes])[0]
 
 
 def jitter_embedding(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

@@ -7,43 +7,30 @@ where the answer probably is, reads what it sees there ("TOTAL", a date, the ite
 question names) and looks again where the answer lies *relative to* what it read. This
 module spends the N tokens that way, registered as the allocator ``"cascade_read"``:
 
-1. **fixation 1** (:func:`first_fixation`) -- the gist and a first fovea from the localiser
-   (the learned one by default), exactly the one-fixation cascade's stages
-   (:func:`~fovea_core.cascade.allocator.run_cascade`) at about ``first_share * N``
-   tokens (:data:`FIRST_SHARE`, :func:`split_budget`), the gist being that of the whole
-   N (:func:`~fovea_core.cascade.allocator.gist_budget_for`); under the glance rule
-   (:func:`glance_images`) a glance, the whole page at most of N, instead;
-2. **reading** (:func:`read_fixation`) -- the view those tokens make (:func:`first_view`:
-   :func:`~fovea_core.sample.render` of their patches over their mean colour, so no pixel
-   outside them) is read by the OCR the core already has (RapidOCR detection +
-   recognition, :func:`~fovea_core.importance.query.read_page` at ``coarse_level=0``, which
-   caches each read by a SHA-1 of the view's bytes in memory and on disk), and the question
-   is matched to the lines read (:func:`match_lines`: a key of the question such as "DATE"
-   or "TOTAL", a pattern the question implies such as a date or an amount, or another word
-   of the question); the best matches become a map on the level-0 patch grid
-   (:func:`read_map`), with the mass where the answer lies relative to each match
-   (:class:`AnswerGeometry`: for a key, to its right along its row and on the line just
-   below);
+1. **fixation 1** (:func:`first_fixation`) -- the one-fixation cascade's gist and first
+   fovea at about ``first_share * N`` tokens (:data:`FIRST_SHARE`, :func:`split_budget`),
+   or under the glance rule a glance at the whole page (:func:`glance_images`);
+2. **reading** (:func:`read_fixation`) -- the view those tokens make (:func:`first_view`)
+   is read by the core's OCR (:func:`read_view`) and the question matched to the lines
+   (:func:`match_lines`: a key such as "DATE" or "TOTAL", a pattern such as a date or an
+   amount, or another word of the question); the best matches become a map
+   (:func:`read_map`) with the mass where the answer lies relative to each
+   (:class:`AnswerGeometry`);
 3. **the second map** (:func:`second_map`) -- that map, or the localiser's when nothing
-   matched (no question, nothing to look for in it, nothing read, no line matches; the
-   parts say so: :attr:`Reading.path`, :attr:`Reading.reason`);
-4. **fixation 2** (:func:`second_fixation`) -- the rest of N on that map with the cascade's
-   own placement (:func:`~fovea_core.cascade.core.place_fovea`, at the level
-   :func:`~fovea_core.cascade.allocator.choose_level` gives it), less what fixation 1
-   already read at that scale (:func:`~fovea_core.cascade.core.discount_seen`, the one rule
-   the processor's two fixations follow too).
+   matched (:attr:`Reading.path`, :attr:`Reading.reason`);
+4. **fixation 2** (:func:`second_fixation`) -- the rest of N on that map, less what
+   fixation 1 already read at that scale (:func:`~fovea_core.cascade.core.discount_seen`,
+   the one rule the processor's two fixations follow too).
 
 ``TokenSet.stage`` is 0 for the gist, 1 for the first fovea (its core and surround) and
 :data:`~fovea_core.cascade.core.STAGE_SECOND` = 2 for the second fixation; the token counts
 add up to exactly N and no two tokens share level and centre.
 
-**Cost.** Every pixel the method looks at is carried by its own tokens: the reading reads
-fixation 1's view, made of N-budget tokens only, and the localiser reads the gist. It is
-registered ``uses_scores=False, side_compute=False`` with ``reads`` = 0, so the cost model
-(:mod:`fovea_core.cost`) labels it **budgeted**. The reading's work is not free: in the
-real-model design it is the VLM's own prefill and decode of fixation 1's tokens, which the
-book costs separately; here it is an OCR, whose wall milliseconds are kept per image in
-:attr:`Reading.ocr_ms` (0 ms-ish on a cache hit) beside the view's pixel count.
+**Cost.** Every pixel the method looks at is carried by its own tokens (the reading reads
+fixation 1's view, the localiser the gist), so the cost model (:mod:`fovea_core.cost`)
+labels it **budgeted**. The reading's work is not free: in the real-model design it is the
+VLM's own prefill and decode of fixation 1's tokens, which the book costs separately; here
+it is an OCR, timed per image (:attr:`Reading.ocr_ms`).
 
 **Fitted on training pages.** :data:`DEFAULT_GEOMETRY` (where the answer lies relative to
 a key that was read) and :data:`FIRST_SHARE` (fixation 1's share of N) are read from
@@ -612,9 +599,7 @@ class Reading:
             when the view was not read).
         matches: the kept :class:`Match` es, best first.
         ocr_ms: wall milliseconds of the OCR of the view (near 0 on a cache hit; 0 when
-            not read; the render of the view is not counted). In the real-model design this
-            is the model's prefill and decode of fixation 1's tokens, which the book costs
-            separately.
+            not read; the render of the view is not counted; module docstring, "Cost").
         view_pixels: pixels of the view read (its ``h * w``, at the scale of fixation 1's
             finest token, :func:`view_scale`; 0 when not read).
         first_tokens: tokens of fixation 1 (gist + first fovea).
@@ -969,11 +954,8 @@ def cascade_read(pyramid: Pyramid, scores=None, budget: int = DEFAULT_BUDGET, *,
     :data:`DEFAULT_GEOMETRY`) places the answer relative to what was read
     (:func:`read_map`). ``query`` is the question (``None``: no reading, fixation 2
     continues on the localiser's map). ``glance_below`` (a map confidence in [0, 1], default
-    ``None``: never) with ``glance_share`` (in (0, 1)): an image whose localiser map on the
-    gist is unsure (:func:`~fovea_core.cascade.allocator.map_confidence` below
-    ``glance_below``) spends fixation 1 on a glance instead, the whole page at
-    ``round(glance_share * budget)`` tokens (a ``resize`` at that share of N), then reads
-    and looks as above (``python -m fovea_book.eval.glance_rule`` fits the two on
+    ``None``: never) with ``glance_share`` (in (0, 1)): the glance rule
+    (:func:`glance_images`; ``python -m fovea_book.eval.glance_rule`` fits the two on
     photograph-like training pages). The cascade's own keywords (``gist_budget``,
     ``localiser``, ``level``, ``legible_px``, ``surround``, ``context``,
     ``context_weight``) shape fixation 1 as they shape
@@ -1019,12 +1001,10 @@ def cascade_glance(pyramid: Pyramid, scores: torch.Tensor | None, budget: int, *
     ``glance_share=``:data:`GLANCE_SHARE` (both overridable; fitted on photograph-like
     training pages for the committed localiser).
 
-    The glance is the whole page at ``round(0.9 * budget)`` tokens (a ``resize`` at that
-    share of N; at most ``budget - 2``; at a budget too small for a glance finer than the
-    gist, the gist and a first fovea instead). Every token counts toward N (``budget``); the
-    reading reads only the glance's tokens (*budgeted*). With ``query=None`` nothing is read
-    and the last tokens follow the localiser's map. Returns the tokens ``[B, N]``; raises
-    what :func:`cascade_read` raises.
+    The glance (:func:`glance_images`) is the whole page at ``round(0.9 * budget)`` tokens;
+    every token counts toward N and the reading reads only the glance's tokens (*budgeted*).
+    With ``query=None`` nothing is read and the last tokens follow the localiser's map.
+    Returns the tokens ``[B, N]``; raises what :func:`cascade_read` raises.
     """
     return allocate_parts(GLANCE_NAME, pyramid, scores, budget, fixation=fixation,
                           query=query, seed=seed, patch=patch, **kw).tokens

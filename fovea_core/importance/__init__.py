@@ -26,14 +26,10 @@ none              all zeros: for allocators that look at the pixels themselves (
 
 The models (RapidOCR, MiniLM) load lazily, once per process, from files inside their wheels.
 
-**Cost in tokens.** A scorer looks at the image before any token is chosen; that look is
-part of what a method spends. :data:`READS` declares, per scorer, how many pixels it reads
-(the pixels of the view it works on, e.g. the 64-px thumbnail of the spectral residual or
-the half-resolution page the query scorer's OCR reads), and :func:`scorer_cost` converts
-them to an equivalent number of 16 x 16-pixel tokens. A method whose scorer reads more than
-its token budget is *unbudgeted* (the evaluation protocol (``book/protocol.md``)).
-
-The registry and the cost rule live in :mod:`fovea_core.importance.registry`, the scorers in
+**Cost in tokens.** A scorer's look at the image is part of what a method spends:
+:data:`READS` (pixels per scorer) and :func:`scorer_cost` (their 16 x 16-pixel token
+equivalent). The registry and the cost rule live in :mod:`fovea_core.importance.registry`,
+the scorers in
 :mod:`~fovea_core.importance.saliency`, :mod:`~fovea_core.importance.text`,
 :mod:`~fovea_core.importance.query` and :mod:`~fovea_core.importance.fixation`; this package
 re-exports them.
@@ -46,12 +42,12 @@ from fovea_core.importance.fixation import fixation_scores
 from fovea_core.importance.query import query_map, query_scores, read_page, spatial_prior
 from fovea_core.importance.registry import (PAGE_PARTS, READS, SCORERS, TOKEN_PIXELS, Scorer,
                                             ScorerCost, query_saliency_from, score,
-                                            score_page, scorer_cost)
+                                            scorer_cost)
 from fovea_core.importance.saliency import center_bias, edge_density, spectral_residual
 from fovea_core.importance.text import read_text, text_likelihood, text_probability
 
 __all__ = ["PAGE_PARTS", "READS", "SCORERS", "ScorerCost", "query_saliency_from",
-           "score_page", "scorer_cost", "center_bias", "edge_density", "fixation_from_scores",
+           "scorer_cost", "center_bias", "edge_density", "fixation_from_scores",
            "fixation_scores", "normalise", "pool_to_grid", "query_map", "query_scores",
            "read_page", "read_text", "score", "spatial_prior", "spectral_residual",
            "text_likelihood", "text_probability"]

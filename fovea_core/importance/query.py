@@ -390,7 +390,7 @@ def query_scores(image: ImageLike, query: str, *, patch: int = 16, coarse_level:
     """Query-aware score map ``[B, Gh, Gw]`` (see the module docstring for the formula).
 
     ``query_map(read_page(image), query)``: several questions about one page can share the
-    :func:`read_page` half (the sweep does, through :func:`fovea_core.importance.score_page`).
+    :func:`read_page` half (the book's sweep does: ``fovea_book.eval.evaluator``).
 
     Args:
         image: image batch or :class:`~fovea_core.Pyramid`.

@@ -1,5 +1,5 @@
-"""The scorer registry: :data:`SCORERS` (name -> scorer), :func:`score`, the per-page
-sharing of :func:`score_page` (:data:`PAGE_PARTS`), and what each scorer reads
+"""The scorer registry: :data:`SCORERS` (name -> scorer), :func:`score`, the parts a page's
+questions share (:data:`PAGE_PARTS`), and what each scorer reads
 (:data:`READS`, :func:`scorer_cost`). The table of scorers and the cost rule are in
 :mod:`fovea_core.importance`'s docstring; that package re-exports every name here.
 """
@@ -14,7 +14,7 @@ import torch
 
 from fovea_core.importance.base import ImageLike, normalise, prepare
 from fovea_core.importance.fixation import fixation_reads, fixation_scores
-from fovea_core.importance.query import query_map, query_scores, read_page
+from fovea_core.importance.query import query_scores
 from fovea_core.importance.saliency import center_bias, edge_density, spectral_residual
 from fovea_core.importance.text import text_likelihood
 
@@ -53,43 +53,19 @@ def _query(image: ImageLike, *, query: str | None = None, patch: int = 16,
 def query_saliency_from(query_map: torch.Tensor, saliency_map: torch.Tensor) -> torch.Tensor:
     """The ``query_saliency`` map ``[B, Gh, Gw]`` from its parts, the ``query`` (or
     ``query_noprior``) map and the ``saliency`` map: ``0.8 * query + 0.2 * saliency``, peak 1.
-    A page asked several questions needs its saliency once (:func:`score_page`)."""
+    A page asked several questions needs its saliency once (:data:`PAGE_PARTS`)."""
     return normalise(0.8 * query_map + 0.2 * saliency_map)
 
 
 #: scorers whose map is a per-question function of per-page parts: ``{name: (spatial prior?,
 #: the parts: "text" = the OCR read (:func:`~fovea_core.importance.query.read_page`),
-#: "saliency" = the saliency map)}``; :func:`score_page` computes each part once per page
+#: "saliency" = the saliency map)}``; the book's sweep computes each part once per page
 PAGE_PARTS: dict[str, tuple[bool, tuple[str, ...]]] = {
     "query": (True, ("text",)),
     "query_noprior": (False, ("text",)),
     "query_saliency": (True, ("text", "saliency")),
     "query_saliency_noprior": (False, ("text", "saliency")),
 }
-
-
-def score_page(name: str, image: ImageLike, *, query: str | None = None, patch: int = 16,
-               page: dict) -> torch.Tensor:
-    """``score(name, image, query=query, patch=patch)`` for one of a page's questions, the
-    same numbers, computing what the page's questions share only once.
-
-    ``page`` is a dict kept by the caller for one page (the same ``image`` and ``patch``):
-    the parts of :data:`PAGE_PARTS` are stored in it under their names (``"text"``, the
-    OCR of the half-resolution page, seconds; ``"saliency"``); a caller may put a part there
-    itself (e.g. a saliency map from a cache). Scorers that share nothing are computed as
-    :func:`score` does.
-    """
-    if name not in PAGE_PARTS or query is None:
-        return score(name, image, query=query, patch=patch)
-    prior, parts = PAGE_PARTS[name]
-    if "text" not in page:
-        page["text"] = read_page(image)
-    q = query_map(page["text"], query, patch=patch, prior=prior)
-    if "saliency" not in parts:
-        return q
-    if "saliency" not in page:
-        page["saliency"] = score("saliency", image, patch=patch)
-    return query_saliency_from(q, page["saliency"])
 
 
 def _query_saliency(image: ImageLike, *, query: str | None = None, patch: int = 16,
@@ -206,4 +182,4 @@ def score(name: str, image: ImageLike, *, query: str | None = None, patch: int =
 
 
 __all__ = ["PAGE_PARTS", "READS", "SCORERS", "TOKEN_PIXELS", "Scorer", "ScorerCost",
-           "query_saliency_from", "score", "score_page", "scorer_cost"]
+           "query_saliency_from", "score", "scorer_cost"]

@@ -1,8 +1,7 @@
 """How a pyramid reaches the kernels: the ``LevelTable`` (``cuda/fovea_kernels.cuh``).
 
-A pointer and element strides per level, passed by value: any
-:class:`~fovea_core.pyramid.Pyramid` (packed NCHW atlas, channels-last views) is read in
-place, without repacking.
+A pointer and element strides per level, passed by value: any pyramid (packed NCHW atlas,
+channels-last views) is read in place, without repacking.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from collections.abc import Sequence
 
 import torch
 
-from fovea_core.pyramid import Pyramid
 
 __all__ = ["MAX_LEVELS", "LevelTable", "level_table"]
 
@@ -28,27 +26,6 @@ class LevelTable(ctypes.Structure):
                 ("sc", ctypes.c_int * MAX_LEVELS), ("sy", ctypes.c_int * MAX_LEVELS),
                 ("sx", ctypes.c_int * MAX_LEVELS), ("num_levels", ctypes.c_int),
                 ("channels", ctypes.c_int)]
-
-
-def _table_of(pyramid: "Pyramid | Sequence[torch.Tensor]"
-              ) -> tuple[list[torch.Tensor], LevelTable]:
-    """The levels and their :class:`LevelTable`, cached on a :class:`Pyramid` (immutable)."""
-    if isinstance(pyramid, Pyramid):
-        hit = pyramid.__dict__.get("_kernel_table")
-        if hit is None:
-            levels = list(pyramid.levels)
-            hit = (levels, level_table(levels))
-            pyramid.__dict__["_kernel_table"] = hit
-        return hit
-    levels = _levels_of(pyramid)
-    return levels, level_table(levels)
-
-
-def _levels_of(pyramid: "Pyramid | Sequence[torch.Tensor]") -> list[torch.Tensor]:
-    """The levels ``[B, C, H_m, W_m]`` of any pyramid form (views, no copy)."""
-    if isinstance(pyramid, Pyramid):
-        return list(pyramid.levels)
-    return list(pyramid)
 
 
 def level_table(levels: Sequence[torch.Tensor]) -> LevelTable:

@@ -33,17 +33,9 @@ so the extension equals the stock model's ``rope_deltas`` rule. A transformers w
 ``_prepare_position_ids_for_generation`` hook) would recompute them; this module is tested
 on the installed 5.x only.
 
-**Two fixations** (:meth:`FoveatedProcessor.two_fixations`): the N tokens in two looks, the
-second where the model itself says the answer is::
-
-    page --cascade at N1 = first_budget (default N / 2)--> fixation 1 (gist G1 + fovea)
-         --grounding prompt, model.generate--> reply --parse_grounding_box--> box or None
-    box --SecondFixationMap (area share per cell; None: the cascade's own localiser)-->
-         the cascade again, on fixation 1's gist --> fixation 2: N2 = N - N1 fovea tokens
-    fixation 1 + fixation 2 --encode(answer prompt)--> inputs: N image tokens, one image block
-
-Its cost (two prefills, ``N1 + N`` image tokens, and a short decode) is counted in
-:class:`FixationCounts`.
+**Two fixations** (:meth:`FoveatedProcessor.two_fixations`, its four steps): the N tokens in
+two looks, the second where the model itself says the answer is (its cost:
+:class:`FixationCounts`).
 
 *Box conventions.* Qwen2.5-VL grounds in absolute pixels of its input image, i.e. of the
 page as ``smart_resize`` (here :meth:`~FoveatedProcessor.resized_page`) made it: its report
@@ -566,11 +558,8 @@ class FoveatedProcessor:
            its cell and the image's start (:func:`~fovea_core.vlm.positions.mrope_positions`),
            so each fixation's tokens keep the ids they have in a prompt of their own.
 
-        Cost: two prefills. The grounding call reads ``N1`` image tokens (plus its text) and
-        generates the reply; the answer call re-reads those ``N1`` with the ``N2`` new ones
-        (no KV cache is shared: the prompts differ). :attr:`TwoFixations.counts` has both;
-        compare with ``resize`` at the same ``total = N`` knowing that the vision tower and
-        the prefill saw ``N1 + N`` image tokens and the model decoded the reply.
+        Cost: two prefills (no KV cache is shared: the prompts differ) and the reply's
+        decode, in :attr:`TwoFixations.counts` (:class:`FixationCounts`).
 
         Args:
             model: a Qwen-VL ``...ForConditionalGeneration`` of this processor's family

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fovea_core import kernels as K
+from fovea_book import kernels as K
 from fovea_book.bench.common import BenchError
 from fovea_book.bench.sampling import v1_tokens
 

@@ -17,7 +17,7 @@ sizes: 256 x 256 (angles x log-radius bins; 65,536 samples = 256 tokens of 16 x 
   (what ``backend="opencv"`` does, no HWC copy);
 * ``opencv_warppolar``: ``cv2.warpPolar(..., WARP_POLAR_LOG)`` (builds its maps every call);
 * ``to_logpolar_auto`` / ``to_logpolar_torch``: the public entry point end to end;
-* ``kernel_cpu``: ``fovea_core.kernels.remap(image, lut, backend="cpu")`` when importable;
+* ``kernel_cpu``: ``fovea_book.kernels.remap(image, lut, backend="cpu")`` when importable;
 * ``batch8_*``: 8 centres on the same image, torch in one call vs the OpenCV plane loop.
 
 All paths of one output size are timed in interleaved rounds
@@ -70,10 +70,10 @@ def _paths(image: torch.Tensor, out_size: tuple[int, int]) -> dict:
                                                  backend="torch"),
     }
     try:
-        from fovea_core.kernels import remap as kernel_remap
+        from fovea_book.kernels import remap as kernel_remap
         kernel_remap(image, lut, backend="cpu")
         paths["kernel_cpu"] = lambda: kernel_remap(image, lut, backend="cpu")
-        kernel_note = "fovea_core.kernels.remap(backend='cpu') timed"
+        kernel_note = "fovea_book.kernels.remap(backend='cpu') timed"
     except Exception as exc:  # noqa: BLE001 - any failure means "not available here"
         kernel_note = f"g++ kernel not timed: {type(exc).__name__}: {exc}"
     # Correctness of what is timed: every path against cv2.warpPolar.

@@ -4,7 +4,7 @@
 all paths interleaved round by round, :func:`~fovea_book.bench.common.time_rounds`):
 
 * ``copy_floor``: a float32 copy of the image (touching every pixel once): the floor;
-* ``e2e_kernel``: :func:`fovea_core.kernels.sample_image`: one pass of the g++ build
+* ``e2e_kernel``: :func:`fovea_book.kernels.sample_image`: one pass of the g++ build
   (``sample_image_onepass_cpu``) that blurs each image row once, builds only the levels the
   tokens read row by row (deeper levels from the rows just written) with ``cv2.pyrDown``'s
   arithmetic, and gathers the tokens from them;
@@ -14,7 +14,7 @@ all paths interleaved round by round, :func:`~fovea_book.bench.common.time_round
   ``pyramid_cv2_needed_levels`` and ``gather_kernel``, are timed too;
 * ``grid_sample_one_call``: one ``F.grid_sample`` call gathering all 273 patches from
   level 0: what the torch path is measured against;
-* ``sample_torch``: :func:`fovea_core.sample.sample` with ``filter="mip"`` (what the kernels
+* ``sample_torch``: :func:`fovea_book.reference_samplers.sample_mip` (what the kernels
   compute) on the packed mip atlas of :func:`fovea_core.pyramid.build_pyramid` (one
   ``grid_sample`` call); ``sample_area``: the default area filter (summed-area table of the
   base image, the book's reading of every token); ``sample_reference``
@@ -51,13 +51,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fovea_core import kernels as K
-from fovea_core.kernels.pyramids import _layout, _workspace  # sizes build_pyramid_cv2's buffer
-from fovea_core.allocators.cortical import v1_cortical, v1_layout
+from fovea_book import kernels as K
+from fovea_book.kernels import _layout, _workspace  # build_pyramid_cv2's buffer
+from fovea_core.allocators.cortical import v1_cortical
 from fovea_book.bench.common import (BenchError, Run, add_output_args, int_at_least, ratio,
                                      time_it, time_rounds)
 from fovea_core.pyramid import Pyramid, build_pyramid, default_num_levels
-from fovea_book.reference_samplers import remap, remap_fast, remap_reference, sample_reference
+from fovea_book.reference_samplers import (remap, remap_fast, remap_reference, sample_mip,
+                                           sample_reference)
 from fovea_core.sample import sample
 from fovea_core.tokens import TokenSet
 
@@ -65,7 +66,8 @@ SIZE = 1024
 BUDGET = 273
 PATCH = 16
 SOURCES = ("book/fovea_book/bench/sampling.py", "fovea_core/kernels", "fovea_core/sample.py",
-           "book/fovea_book/reference_samplers.py", "cuda", "fovea_core/allocators/cortical.py")
+           "book/fovea_book/kernels.py", "book/fovea_book/reference_samplers.py", "cuda",
+           "fovea_core/allocators/cortical.py")
 #: the speed targets (set on 2026-11-22; the copy-floor ratio of the fastest rounds: 2026-11-25)
 TARGETS = {"cpu_e2e_ms": 2.0, "cpu_e2e_over_copy_moonshot": 1.5,
            "cpu_e2e_over_copy_minima_issue22": 2.0,
@@ -159,7 +161,7 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
     """Kernels vs torch references on ``n_cases`` random pyramids and token sets (edge
     tokens included): a DataFrame with one row per case. ``gather`` / ``trilinear`` /
     ``remap``: max abs difference kernel - exact reference (0 = bit for bit); ``fused``:
-    the same for :func:`~fovea_core.kernels.gather_tokens` (trilinear tokens, written as 2 x
+    the same for :func:`~fovea_book.kernels.gather_tokens` (trilinear tokens, written as 2 x
     2 blocks, twice along T, on its own NHWC4 pyramid) and ``fused_bf16_exact``: its
     bfloat16 output equals the reference rounded to bfloat16;
     ``torch_vs_reference``: the fast torch path :func:`sample` against the exact one;
@@ -182,8 +184,8 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
         lut = torch.rand(b, 64, 48, 2, generator=g) * torch.tensor([w + 4.0, h + 4.0]) - 2
         fix = torch.rand(b, 2, generator=g).double()
         budget = min(BUDGET, (h // patch) * (w // patch))
-        cen, lev = v1_layout(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
-                             backend=backend)
+        cen, lev = K.v1_allocate(fix, (h, w), budget, num_levels=pyr.num_levels, patch=patch,
+                                 backend=backend)
         ref = v1_cortical(pyr, torch.zeros(b, *pyr.grid_shape(patch)), budget, fixation=fix,
                           patch=patch)
         exact = sample_reference(pyr, ts)
@@ -206,7 +208,7 @@ def parity_cases(n_cases: int, seed: int = 0, backend: str = "cpu"):
             "fused_bf16_exact": bool(torch.equal(fused[torch.bfloat16],
                                                  ref4.to(torch.bfloat16).expand_as(
                                                      fused[torch.bfloat16]))),
-            "torch_vs_reference": float((sample(pyr, tri, filter="mip") - sample_reference(pyr, tri))
+            "torch_vs_reference": float((sample_mip(pyr, tri) - sample_reference(pyr, tri))
                                         .abs().max()),
             "reference_vs_grid_sample": float((exact - grid_sample_by_level(pyr, ts))
                                               .abs().max()),
@@ -243,7 +245,7 @@ def cpu_section(rounds: int) -> dict:
                                                     K.sample_image(img, tokens, onepass=False))),
         "kernel_e2e_vs_torch_pyramid_max_abs": float((K.sample_image(img, tokens) - exact)
                                                      .abs().max()),
-        "torch_vs_reference_max_abs": float((sample(pyr, tokens, filter="mip") - exact)
+        "torch_vs_reference_max_abs": float((sample_mip(pyr, tokens) - exact)
                                             .abs().max()),
         "loop_vs_reference_max_abs": float((loop_sample(pyr, tokens) - exact).abs().max()),
         "remap_torch_vs_reference_max_abs": float((remap(base_hwc, lut)
@@ -262,7 +264,7 @@ def cpu_section(rounds: int) -> dict:
         "grid_sample_one_call": lambda: F.grid_sample(base_hwc, grid, mode="bilinear",
                                                       padding_mode="border",
                                                       align_corners=False),
-        "sample_torch": lambda: sample(pyr, tokens, filter="mip"),
+        "sample_torch": lambda: sample_mip(pyr, tokens),
         "sample_area": lambda: sample(pyr, tokens),
         "remap_cv2": lambda: cv2.remap(img, mx, my, cv2.INTER_LINEAR,
                                        borderMode=cv2.BORDER_CONSTANT),
@@ -273,7 +275,7 @@ def cpu_section(rounds: int) -> dict:
     t = time_rounds(fns, rounds=rounds, warmup=3)
     slow = {
         "pyramid_torch_all_levels": lambda: build_pyramid(img),
-        "e2e_torch": lambda: sample(build_pyramid(img), tokens, filter="mip"),
+        "e2e_torch": lambda: sample_mip(build_pyramid(img), tokens),
         "sample_reference": lambda: sample_reference(pyr, tokens),
         "loop": lambda: loop_sample(pyr, tokens),
     }
@@ -423,7 +425,7 @@ def gpu_section(batch: int) -> dict:
         "e2e_kernel_nhwc": lambda: K.sample_image(x_cl, tokens),
         "pyramid_kernel": lambda: K.device_pyramid(x),
         "e2e_kernel": lambda: K.sample_image(x, tokens),
-        "sample_torch": lambda: sample(apyr, tokens, filter="mip"),
+        "sample_torch": lambda: sample_mip(apyr, tokens),
         "pyramid_torch_atlas": lambda: build_pyramid(x),
         "grid_sample_one_call": lambda: F.grid_sample(x, grid, mode="bilinear",
                                                       padding_mode="border",

@@ -56,7 +56,7 @@ processor made first is a few ms of waste at most), ``vision`` (the tower,
 language model with a KV cache, the LM head on the last position: ``generate``'s first
 step). "Gather" in the book's sense is ``sample`` + ``encode`` (on a GPU,
 :mod:`fovea_book.bench.vlm_latency`'s ``--pipeline`` fuses them into
-:func:`fovea_core.kernels.gather_tokens`; the CPU processor path runs them as here).
+:func:`fovea_book.kernels.gather_tokens`; the CPU processor path runs them as here).
 Nested calls are timed exclusively (:class:`StageClock`) by probes that wrap the functions
 ``foveate`` and the cascade call (:data:`PROBES`); a probe that sees no call raises, naming it.
 

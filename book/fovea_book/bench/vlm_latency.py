@@ -231,7 +231,7 @@ def pipeline(name: str, device: str, dtype: torch.dtype, *, budget: int = PIPELI
     ``PIPELINE_TARGET``, and the device the allocator's tokens came back on (``"cpu"`` for a
     CUDA run means a host round trip inside the allocator).
     """
-    from fovea_core import kernels as K
+    from fovea_book import kernels as K
     from fovea_core.methods import allocate
     from fovea_book.bench.common import time_it
     from fovea_core.vlm.positions import merged_cell_px
@@ -419,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         **({"pipeline": pipe} if pipe is not None else {})},
         sources=("book/fovea_book/bench/vlm_latency.py", "book/fovea_book/qwen_models.py",
                  "fovea_core/vlm")
-        + (("fovea_core/kernels", "cuda", "fovea_core/allocators") if pipe else ()))
+        + (("fovea_core/kernels", "book/fovea_book/kernels.py", "cuda", "fovea_core/allocators")
+           if pipe else ()))
     return 0
 
 

@@ -17,7 +17,7 @@ question text; the answer boxes are used by the reader (and the columns hook) al
 **Per-page state.** :class:`PageState` holds what a page's cells and questions share: the
 pyramid (built once, on the first missing cell), its CPU copy the reader's crops are
 rendered from, the score maps by (scorer, question), the scorers' shared reads of the page
-(:func:`fovea_core.importance.score_page`'s parts: the page's OCR text, its saliency map),
+(:func:`score_page`'s parts: the page's OCR text, its saliency map),
 the cascade's gists by gist budget, and a free ``memo`` for what a method hook computes
 once per page.
 
@@ -174,14 +174,41 @@ def _fn_id(fn: Callable | str | None) -> str | None:
 def _score(scorer: str | Callable, image: torch.Tensor, query: str | None,
            patch: int, page: dict | None = None) -> torch.Tensor:
     """``score(scorer, image, query)``; with a ``page`` dict (one per page), what the page's
-    questions share is computed once (:func:`~fovea_core.importance.score_page`)."""
+    questions share is computed once (:func:`score_page`)."""
     if callable(scorer):
         return scorer(image, query=query, patch=patch)
-    from fovea_core.importance import score, score_page
+    from fovea_core.importance import score
 
     if page is None:
         return score(scorer, image, query=query, patch=patch)
     return score_page(scorer, image, query=query, patch=patch, page=page)
+
+
+def score_page(name: str, image: torch.Tensor, *, query: str | None = None, patch: int = 16,
+               page: dict) -> torch.Tensor:
+    """``score(name, image, query=query, patch=patch)`` for one of a page's questions, the
+    same numbers, computing what the page's questions share only once.
+
+    ``page`` is a dict kept by the caller for one page (the same ``image`` and ``patch``):
+    the parts of :data:`~fovea_core.importance.PAGE_PARTS` are stored in it under their
+    names (``"text"``, the OCR of the half-resolution page, seconds; ``"saliency"``); a
+    caller may put a part there itself (e.g. a saliency map from a cache). Scorers that
+    share nothing are computed as :func:`~fovea_core.importance.score` does.
+    """
+    from fovea_core.importance import PAGE_PARTS, query_map, query_saliency_from, score
+    from fovea_core.importance import query as reader
+
+    if name not in PAGE_PARTS or query is None:
+        return score(name, image, query=query, patch=patch)
+    prior, parts = PAGE_PARTS[name]
+    if "text" not in page:
+        page["text"] = reader.read_page(image)
+    q = query_map(page["text"], query, patch=patch, prior=prior)
+    if "saliency" not in parts:
+        return q
+    if "saliency" not in page:
+        page["saliency"] = score("saliency", image, patch=patch)
+    return query_saliency_from(q, page["saliency"])
 
 
 def _uses_saliency(scorer: str) -> bool:
@@ -202,7 +229,7 @@ def cached_score(cache: SqliteCache | None, doc_hash: str, scorer: str | Callabl
     scorers are stored once per (page content ``doc_hash``, scorer, query, patch, device,
     ``fovea_core`` source, library versions), as the exact float bytes; callables and
     ``cache=None`` are computed every time. ``page``: the scorers' shared reads of one page
-    (:attr:`PageState.parts`, see :func:`~fovea_core.importance.score_page`); its saliency
+    (:attr:`PageState.parts`, see :func:`score_page`); its saliency
     map is also read through ``cache``.
     """
     def run() -> torch.Tensor:
@@ -270,8 +297,7 @@ class PageState:
         refresh: recompute the score maps (and overwrite the cache).
         scores: score maps ``[1, Gh, Gw]`` on ``device`` by ``(scorer id, query)``.
         parts: the scorers' shared reads of the page, by part name (``"text"``: the OCR of
-            the half-resolution page; ``"saliency"``), :func:`~fovea_core.importance.
-            score_page`'s ``page``.
+            the half-resolution page; ``"saliency"``), :func:`score_page`'s ``page``.
         gists: the cascade's gists of the page by gist budget (filled by its allocate hook).
         memo: anything else a method hook computes once per page, by a key of its choice
             (prefix it with the hook's name).
