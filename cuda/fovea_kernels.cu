@@ -867,7 +867,7 @@ FOVEA_AI void gather_tokens_hwc(const LevelTable& T, int b, int t0, int t1, int 
 // image [B, H, W, C] float32 contiguous (C in 1..4) -> patches [B * N, C, p, p] of the tokens,
 // building levels_needed(tokens, max_levels) = min(ceil(max lods) + 1, max_levels) levels
 // (max_levels of them when there are no tokens), levels 1.. written to `work` as
-// fovea_core.kernels.pyramids' _layout(first=1) packs them (level m: [B, H_m, W_m, C];
+// fovea_book.kernels' _layout(first=1) packs them (level m: [B, H_m, W_m, C];
 // `work` must hold max_levels of them). Image by image, the levels are built and at once the
 // image's tokens gathered from them, while they are in cache (tokens on OpenMP threads from
 // min_parallel tokens an image). steps: 2^lods as torch.exp2 gives them; NULL: computed here
